@@ -1,0 +1,13 @@
+"""FlashAttention in NVIDIA cuTile Python: the kernels, references and tools behind the book.
+
+    import flashattn
+    o = flashattn.attention(q, k, v, causal=True)            # fastest known step on this GPU
+    o = flashattn.attention(q, k, v, causal=True, step="baseline")
+    flashattn.STEPS                                           # the steps of the book, in order
+"""
+from .api import attention, sdpa
+from .steps import ARCHS, FLAGS, SEED_STEPS, STEP_NAMES, STEPS, Config, Step, get_step
+
+__version__ = "0.1.0"
+__all__ = ["attention", "sdpa", "STEPS", "STEP_NAMES", "SEED_STEPS", "Step", "Config",
+           "get_step", "ARCHS", "FLAGS", "__version__"]

@@ -1,0 +1,291 @@
+"""Ahead-of-time compilation and static analysis, no GPU needed (chapters 5 and 6).
+
+``compile_step(name, arch)`` compiles a step's kernels with ``tileiras`` (through cuTile's
+``export_kernel``) into cubins, and ``analyze_cubin`` reads them back with ``cuobjdump``:
+registers, stack (spill) bytes, shared memory and the SASS instructions the book discusses.
+
+    python -m flashattn compile --arch sm_90 --arch sm_100 [--step NAME ...] [--json]
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from .steps import ARCHS, STEP_NAMES, Config, Step, get_step
+
+# The workload the book's static tables describe: the seed's B=4, H=32, D=128, fp16, causal.
+DEFAULT_SHAPE = dict(head_dim=128, causal=True, even_k=True, dtype="float16")
+
+# SASS opcodes the book counts. MMA: HGMMA (Hopper warpgroup MMA), UTCHMMA/UTCQMMA
+# (Blackwell tensor-memory MMA), HMMA (Ampere-style warp MMA).
+SASS_COUNTS = {
+    "HGMMA": r"\bHGMMA\b", "UTCHMMA": r"\bUTC\w*HMMA\b", "HMMA": r"\bHMMA\b",
+    "MUFU.EX2": r"\bMUFU\.EX2\b", "MUFU.RCP": r"\bMUFU\.RCP\b",
+    "LDL": r"\bLDL\b", "STL": r"\bSTL\b", "FFMA": r"\bFFMA\b", "FMUL": r"\bFMUL\b",
+    "BAR": r"\bBAR\b", "UTMALDG": r"\bUTMALDG\b", "LDGSTS": r"\bLDGSTS\b",
+}
+
+
+@dataclass
+class KernelReport:
+    step: str
+    arch: str
+    kernel: str
+    config: str
+    registers: int = 0
+    stack_bytes: int = 0
+    shared_bytes: int = 0
+    sass: dict = field(default_factory=dict)
+    sass_lines: int = 0
+    compile_s: float = 0.0
+    cubin_bytes: int = 0
+    error: str = ""
+
+    @property
+    def mma_ops(self) -> int:
+        return sum(self.sass.get(k, 0) for k in ("HGMMA", "UTCHMMA", "HMMA"))
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d["mma_ops"] = self.mma_ops
+        return d
+
+
+def cuobjdump_path() -> str:
+    """cuobjdump from the nvidia-cuda-cuobjdump wheel, else from PATH."""
+    try:
+        import nvidia.cu13 as cu  # the wheels of CUDA 13 share this namespace
+        for base in cu.__path__:
+            p = Path(base) / "bin" / "cuobjdump"
+            if p.exists():
+                return str(p)
+    except ImportError:
+        pass
+    p = shutil.which("cuobjdump")
+    if p:
+        return p
+    raise FileNotFoundError("cuobjdump not found: pip install nvidia-cuda-cuobjdump")
+
+
+def analyze_cubin(path: str | os.PathLike) -> dict:
+    """Registers, stack, shared memory and SASS opcode counts of the one kernel in a cubin."""
+    exe = cuobjdump_path()
+    res = subprocess.run([exe, "--dump-resource-usage", str(path)], capture_output=True,
+                         text=True, check=True).stdout
+    out = dict(registers=0, stack_bytes=0, shared_bytes=0)
+    for key, pat in (("registers", r"REG:(\d+)"), ("stack_bytes", r"STACK:(\d+)"),
+                     ("shared_bytes", r"SHARED:(\d+)")):
+        m = re.search(pat, res)
+        if m:
+            out[key] = int(m.group(1))
+    sass = subprocess.run([exe, "--dump-sass", str(path)], capture_output=True, text=True,
+                          check=True).stdout
+    instr = [ln for ln in sass.splitlines() if re.match(r"\s*/\*[0-9a-f]{4,}\*/", ln)]
+    out["sass"] = {k: sum(1 for ln in instr if re.search(p, ln)) for k, p in SASS_COUNTS.items()}
+    out["sass_lines"] = len(instr)
+    out["sass_text"] = sass
+    return out
+
+
+def _signature(kernel_name: str, step: Step, config: Config, *, head_dim: int, causal: bool,
+               even_k: bool, dtype: str):
+    """The KernelSignature cuTile's JIT would build for contiguous (B, H, N, D) tensors."""
+    import cuda.tile as ct
+    from cuda.tile.compilation import (ArrayConstraint, CallingConvention, ConstantConstraint,
+                                       KernelSignature, ScalarConstraint)
+    from .api import tile_d_for
+    dt = {"float16": ct.float16, "bfloat16": ct.bfloat16}[dtype]
+    align = 8 if head_dim % 8 == 0 else 1
+
+    def arr(dtype_, ndim):
+        return ArrayConstraint(dtype_, ndim, index_dtype=ct.int32, stride_lower_bound_incl=0,
+                               alias_groups=(), may_alias_internally=False,
+                               stride_constant=(None,) * (ndim - 1) + (1,),
+                               stride_divisible_by=(align,) * (ndim - 1) + (1,),
+                               base_addr_divisible_by=16)
+    f32, i32 = ScalarConstraint(ct.float32), ScalarConstraint(ct.int32)
+    C = ConstantConstraint
+    TD = tile_d_for(head_dim)
+    if kernel_name == "fmha":
+        fl = step.flag_values()
+        params = [arr(dt, 4)] * 4 + [f32, i32, i32, i32, i32] + [
+            C(config.TILE_M), C(config.TILE_N), C(TD), C(causal), C(even_k),
+            C(fl["FAST_MATH"]), C(fl["SPLIT_LOOP"]), C(fl["REMAP"]), C(fl["PAIR"]),
+            C(fl["LAZY_RESCALE"])]
+    elif kernel_name == "naive_scores":
+        params = [arr(dt, 4), arr(dt, 4), arr(ct.float32, 3), f32, i32, i32, i32, i32,
+                  C(config.TILE_M), C(config.TILE_N), C(TD), C(causal)]
+    elif kernel_name == "naive_softmax":
+        params = [arr(ct.float32, 3), arr(dt, 3), C(16), C(config.TILE_N)]
+    elif kernel_name == "naive_pv":
+        params = [arr(dt, 3), arr(dt, 4), arr(dt, 4), i32, i32, i32,
+                  C(config.TILE_M), C(config.TILE_N), C(TD)]
+    else:
+        raise ValueError(kernel_name)
+    return KernelSignature(params, calling_convention=CallingConvention.cutile_python_v2())
+
+
+def kernels_of(step: Step):
+    """[(name, kernel object)] a step launches."""
+    if step.kernel == "naive":
+        from .kernels.naive import pv_kernel, scores_kernel, softmax_kernel
+        return [("naive_scores", scores_kernel), ("naive_softmax", softmax_kernel),
+                ("naive_pv", pv_kernel)]
+    from .kernels.fmha import fmha_kernel
+    return [("fmha", fmha_kernel)]
+
+
+def _cache_dir() -> Path:
+    root = Path(os.environ.get("FLASHATTN_CACHE", Path.home() / ".cache" / "flashattn"))
+    return root / "cubins"
+
+
+def _source_hash() -> str:
+    h = hashlib.sha256()
+    kdir = Path(__file__).parent / "kernels"
+    for p in sorted(kdir.glob("*.py")):
+        h.update(p.read_bytes())
+    import cuda.tile as ct
+    h.update(ct.__version__.encode())
+    return h.hexdigest()[:16]
+
+
+def compile_step(name: str, arch: str, *, config: Config | None = None, head_dim: int = 128,
+                 causal: bool = True, even_k: bool = True, dtype: str = "float16",
+                 use_cache: bool = True, keep_sass: bool = False) -> list[KernelReport]:
+    """Compile every kernel of step ``name`` for ``arch``; one KernelReport per kernel.
+
+    Compilation errors are reported in ``KernelReport.error``, not raised.
+    """
+    from cuda.tile.compilation import export_kernel
+    from .api import hinted
+    if arch not in ARCHS:
+        raise ValueError(f"unknown arch {arch!r}; choose from {', '.join(ARCHS)}")
+    step = get_step(name)
+    cfg = config or (step.config_for(arch) if not step.tuned else _first_tuned(arch))
+    reports = []
+    for kname, kernel in kernels_of(step):
+        kernel = hinted(kernel, cfg)
+        rep = KernelReport(step=name, arch=arch, kernel=kname, config=cfg.label())
+        key = hashlib.sha256(json.dumps([_source_hash(), kname, step.flag_values(), cfg.label(),
+                                         arch, head_dim, causal, even_k, dtype]).encode())
+        cubin = _cache_dir() / f"{kname}-{arch}-{key.hexdigest()[:20]}.cubin"
+        t0 = time.perf_counter()
+        try:
+            if not (use_cache and cubin.exists()):
+                sig = _signature(kname, step, cfg, head_dim=head_dim, causal=causal,
+                                 even_k=even_k, dtype=dtype)
+                cubin.parent.mkdir(parents=True, exist_ok=True)
+                tmp = cubin.with_suffix(f".tmp{os.getpid()}")
+                export_kernel(kernel, [sig], str(tmp), gpu_code=arch, output_format="cubin")
+                tmp.replace(cubin)
+            rep.compile_s = time.perf_counter() - t0
+            rep.cubin_bytes = cubin.stat().st_size
+            a = analyze_cubin(cubin)
+            rep.registers, rep.stack_bytes, rep.shared_bytes = (
+                a["registers"], a["stack_bytes"], a["shared_bytes"])
+            rep.sass, rep.sass_lines = a["sass"], a["sass_lines"]
+            if keep_sass:
+                rep.sass_text = a["sass_text"]  # type: ignore[attr-defined]
+        except Exception as e:  # report, don't crash: the table shows which variant failed
+            rep.compile_s = time.perf_counter() - t0
+            rep.error = f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"[:500]
+        reports.append(rep)
+    return reports
+
+
+def _first_tuned(arch: str) -> Config:
+    from .autotune import search_space
+    return search_space(arch)[0]
+
+
+def sass_of(name: str, arch: str, **kw) -> str:
+    """The full SASS listing of a step's (first) kernel."""
+    rep = compile_step(name, arch, keep_sass=True, **kw)[0]
+    if rep.error:
+        raise RuntimeError(rep.error)
+    return rep.sass_text  # type: ignore[attr-defined]
+
+
+def format_table(reports: list[KernelReport]) -> str:
+    cols = ["step", "arch", "kernel", "config", "REG", "STACK", "SHARED", "MMA", "EX2", "RCP",
+            "LDL", "STL", "compile s"]
+    rows = []
+    for r in reports:
+        if r.error:
+            rows.append([r.step, r.arch, r.kernel, r.config, "ERROR: " + r.error[:60]] +
+                        [""] * 8)
+            continue
+        rows.append([r.step, r.arch, r.kernel, r.config, r.registers, r.stack_bytes,
+                     r.shared_bytes, r.mma_ops, r.sass.get("MUFU.EX2", 0),
+                     r.sass.get("MUFU.RCP", 0), r.sass.get("LDL", 0), r.sass.get("STL", 0),
+                     f"{r.compile_s:.1f}"])
+    w = [max(len(str(c)), *(len(str(row[i])) for row in rows)) for i, c in enumerate(cols)]
+    lines = ["  ".join(str(c).ljust(w[i]) for i, c in enumerate(cols))]
+    lines += ["  ".join(str(v).ljust(w[i]) for i, v in enumerate(row)) for row in rows]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+    p = argparse.ArgumentParser(prog="python -m flashattn compile",
+                                description="Compile steps ahead of time (no GPU needed) and "
+                                            "report registers, spills, shared memory and SASS.")
+    p.add_argument("--arch", action="append", choices=ARCHS,
+                   help="target architecture (repeatable; default sm_90 and sm_100)")
+    p.add_argument("--step", action="append", choices=STEP_NAMES,
+                   help="step to compile (repeatable; default: all)")
+    p.add_argument("--head-dim", type=int, default=128)
+    p.add_argument("--no-causal", action="store_true")
+    p.add_argument("--dtype", choices=["float16", "bfloat16"], default="float16")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.add_argument("--out", help="also write the JSON report to this file")
+    p.add_argument("--no-cache", action="store_true", help="recompile even if a cubin is cached")
+    a = p.parse_args(argv)
+    archs = a.arch or ["sm_90", "sm_100"]
+    steps = a.step or list(STEP_NAMES)
+    reports = []
+    for arch in archs:
+        for s in steps:
+            for r in compile_step(s, arch, head_dim=a.head_dim, causal=not a.no_causal,
+                                  dtype=a.dtype, use_cache=not a.no_cache):
+                reports.append(r)
+                if not a.json:
+                    print(f"compiled {r.step} for {r.arch} ({r.kernel}) in {r.compile_s:.1f} s"
+                          + (f": {r.error}" if r.error else ""), file=sys.stderr)
+    doc = dict(meta=_meta(a, archs, steps), kernels=[r.as_dict() for r in reports])
+    if a.out:
+        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.out).write_text(json.dumps(doc, indent=1))
+    print(json.dumps(doc, indent=1) if a.json else format_table(reports))
+    return 1 if any(r.error for r in reports) else 0
+
+
+def _meta(a, archs, steps) -> dict:
+    import platform
+
+    import cuda.tile as ct
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        tileiras = version("nvidia-cuda-tileiras")
+    except PackageNotFoundError:
+        tileiras = "unknown"
+    return dict(command="python -m flashattn compile " + " ".join(sys.argv[2:] if
+                sys.argv[1:2] == ["compile"] else sys.argv[1:]),
+                cuda_tile=ct.__version__, tileiras=tileiras, archs=archs, steps=steps,
+                head_dim=a.head_dim, causal=not a.no_causal, dtype=a.dtype,
+                python=platform.python_version(),
+                date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

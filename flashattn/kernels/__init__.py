@@ -1,0 +1,1 @@
+"""cuTile kernels: ``fmha`` (every FlashAttention step) and ``naive`` (standard attention)."""

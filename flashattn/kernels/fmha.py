@@ -1,0 +1,175 @@
+"""The fused attention kernel behind every FlashAttention step of the book.
+
+One kernel body, specialised at compile time by upper-case ``ct.Constant`` flags. Each step of
+the book (``flashattn.STEPS``) is a choice of flags, tile shape and launch hints, so the lines a
+step changes are exactly the lines under its flag; ``flashattn.source.step_source(name)`` prints
+the kernel as the compiler sees it for one step and ``flashattn.source.step_diff`` the change
+from the step before.
+
+Layout is that of ``torch.nn.functional.scaled_dot_product_attention``::
+
+    Q, Out: (B, Hq, Nq, D)      K, V: (B, Hkv, Nk, D)      Hq % Hkv == 0
+
+Grid: ``(cdiv(Nq, TILE_M), B * Hq, 1)``, one program per query tile per (batch, head); with
+``PAIR`` the first axis is halved and each program does two query tiles (chapter 10).
+"""
+import math
+
+import cuda.tile as ct
+from cuda.tile import RoundingMode as RMd
+
+ConstInt = ct.Constant[int]
+ConstBool = ct.Constant[bool]
+
+INV_LOG_2 = 1.0 / math.log(2)  # exp(x) = exp2(x * log2(e)): the hardware has exp2 (MUFU.EX2)
+
+
+def mask_scores(qk, offs_m, offs_n_tile, j, k_seqlen,
+                TILE_N: ConstInt, CAUSAL: ConstBool, EVEN_K: ConstBool):
+    """Add -inf where key ``j * TILE_N + n`` is past the sequence or, if causal, in the future.
+
+    qk: [TILE_M, TILE_N] raw scores; offs_m: [TILE_M, 1] absolute query positions;
+    offs_n_tile: [1, TILE_N] key offsets inside the tile. Chapter 4 draws this mask.
+    """
+    offs_n = j * TILE_N + offs_n_tile                                # [1, TILE_N]
+    mask = ct.full(qk.shape, True, dtype=ct.bool_)                  # [TILE_M, TILE_N]
+    if not EVEN_K:
+        mask = mask & (offs_n < k_seqlen)                            # keys past Nk
+    if CAUSAL:
+        mask = mask & (offs_m >= offs_n)                             # future keys
+    return qk + ct.where(mask, 0.0, -math.inf)                       # [TILE_M, TILE_N]
+
+
+def online_softmax_update(qk, m_i, l_i, acc, qk_scale, FAST_MATH: ConstBool):
+    """One block of the online softmax (chapter 2): returns p and the updated m_i, l_i, acc.
+
+    qk: [TILE_M, TILE_N] masked raw scores; m_i, l_i: [TILE_M, 1] running max (already scaled
+    by qk_scale, in log2 units) and running sum; acc: [TILE_M, TILE_D] unnormalised output.
+    """
+    # The scale is applied after the row max: one multiply per row instead of per element.
+    m_ij = max(m_i, ct.max(qk, axis=-1, keepdims=True) * qk_scale)  # [TILE_M, 1]
+    qk = qk * qk_scale - m_ij                                        # [TILE_M, TILE_N]
+    if FAST_MATH:
+        # Chapter 6: flush denormals to zero, so exp2 is one MUFU.EX2 with no range fix-up.
+        p = ct.exp2(qk, flush_to_zero=True)                          # [TILE_M, TILE_N]
+        alpha = ct.exp2(m_i - m_ij, flush_to_zero=True)              # [TILE_M, 1]
+    else:
+        p = ct.exp2(qk)                                              # [TILE_M, TILE_N]
+        alpha = ct.exp2(m_i - m_ij)                                  # [TILE_M, 1]
+    l_i = l_i * alpha + ct.sum(p, axis=-1, keepdims=True)            # [TILE_M, 1]
+    acc = acc * alpha                                                # [TILE_M, TILE_D]
+    return p, m_ij, l_i, acc
+
+
+def attend_query_tile(Q, K, V, Out, qk_scale, input_pos, bid_x, batch_idx, head_idx, kv_head,
+                      TILE_M: ConstInt, TILE_N: ConstInt, TILE_D: ConstInt,
+                      CAUSAL: ConstBool, EVEN_K: ConstBool, FAST_MATH: ConstBool,
+                      SPLIT_LOOP: ConstBool, LAZY_RESCALE: ConstBool):
+    """Compute Out[batch_idx, head_idx, bid_x*TILE_M : (bid_x+1)*TILE_M, :]."""
+    # --- Query tile and running state (fp32 for the softmax statistics and the output) ---
+    offs_m = input_pos + bid_x * TILE_M + ct.arange(TILE_M, dtype=ct.int32)  # [TILE_M]
+    offs_m = offs_m[:, None]                                         # [TILE_M, 1]
+    offs_n_tile = ct.arange(TILE_N, dtype=ct.int32)[None, :]         # [1, TILE_N]
+    m_i = ct.full((TILE_M, 1), -math.inf, dtype=ct.float32)          # running max (log2 units)
+    l_i = ct.full((TILE_M, 1), 0.0, dtype=ct.float32)               # running sum of exp2
+    acc = ct.full((TILE_M, TILE_D), 0.0, dtype=ct.float32)          # unnormalised output
+    # Zero padding: rows past Nq and columns past D (D=80 runs with TILE_D=128) read as 0.
+    q = ct.load(Q, index=(batch_idx, head_idx, bid_x, 0), shape=(1, 1, TILE_M, TILE_D),
+                padding_mode=ct.PaddingMode.ZERO).reshape((TILE_M, TILE_D))  # [TILE_M, TILE_D]
+
+    # --- Which key tiles this query tile visits ---
+    k_seqlen = K.shape[2]
+    if CAUSAL:
+        # Tiles past the diagonal are fully masked: stop before them.
+        m_end = input_pos + (bid_x + 1) * TILE_M
+        Tc = ct.cdiv(min(m_end, k_seqlen), TILE_N)
+        # First tile that can hold a future key (or the ragged end of K): chapter 7.
+        mask_start = min((input_pos + bid_x * TILE_M) // TILE_N, k_seqlen // TILE_N)
+    else:
+        Tc = ct.cdiv(k_seqlen, TILE_N)
+        mask_start = k_seqlen // TILE_N
+
+    # --- Main loop over key/value tiles ---
+    for j in range(0, Tc):
+        # K is read transposed straight from (Nk, D) memory: order swaps the last two axes.
+        k = ct.load(K, index=(batch_idx, kv_head, 0, j), shape=(1, 1, TILE_D, TILE_N),
+                    order=(0, 1, 3, 2), latency=2,
+                    padding_mode=ct.PaddingMode.ZERO).reshape((TILE_D, TILE_N))  # [TILE_D, TILE_N]
+        qk = ct.full((TILE_M, TILE_N), 0.0, dtype=ct.float32)       # [TILE_M, TILE_N]
+        qk = ct.mma(q, k, qk)                                        # S = Q K^T
+
+        if SPLIT_LOOP:
+            # Only tiles that straddle the diagonal (or the end of K) need the mask.
+            if (CAUSAL or not EVEN_K) and j >= mask_start:
+                qk = mask_scores(qk, offs_m, offs_n_tile, j, k_seqlen, TILE_N, CAUSAL, EVEN_K)
+        else:
+            if CAUSAL or not EVEN_K:
+                qk = mask_scores(qk, offs_m, offs_n_tile, j, k_seqlen, TILE_N, CAUSAL, EVEN_K)
+
+        if LAZY_RESCALE:
+            # Chapter 10: keep the stale max unless some row's max grew by more than 2^8;
+            # p <= 256 still fits fp16/bf16 and the final division by l_i cancels the offset.
+            m_blk = ct.max(qk, axis=-1, keepdims=True) * qk_scale    # [TILE_M, 1]
+            grow = ct.max(m_blk - m_i)                               # scalar over the tile
+            if grow > 8.0:
+                p, m_i, l_i, acc = online_softmax_update(qk, m_i, l_i, acc, qk_scale, FAST_MATH)
+            else:
+                p = ct.exp2(qk * qk_scale - m_i, flush_to_zero=FAST_MATH)  # [TILE_M, TILE_N]
+                l_i = l_i + ct.sum(p, axis=-1, keepdims=True)        # [TILE_M, 1]
+        else:
+            p, m_i, l_i, acc = online_softmax_update(qk, m_i, l_i, acc, qk_scale, FAST_MATH)
+
+        v = ct.load(V, index=(batch_idx, kv_head, j, 0), shape=(1, 1, TILE_N, TILE_D),
+                    latency=4, padding_mode=ct.PaddingMode.ZERO).reshape((TILE_N, TILE_D))
+        acc = ct.mma(p.astype(Q.dtype), v, acc)                      # O += P V, [TILE_M, TILE_D]
+
+    # --- Normalise and store ---
+    if FAST_MATH:
+        acc = ct.truediv(acc, l_i, flush_to_zero=True, rounding_mode=RMd.APPROX)
+    else:
+        acc = ct.truediv(acc, l_i)                                   # IEEE division
+    acc = acc.reshape((1, 1, TILE_M, TILE_D)).astype(Out.dtype)
+    ct.store(Out, index=(batch_idx, head_idx, bid_x, 0), tile=acc)   # rows past Nq are dropped
+
+
+@ct.kernel
+def fmha_kernel(Q, K, V, Out,
+                qk_scale: float, input_pos: int, num_heads: int, group_size: int,
+                num_m_blocks: int,
+                TILE_M: ConstInt, TILE_N: ConstInt, TILE_D: ConstInt,
+                CAUSAL: ConstBool, EVEN_K: ConstBool,
+                FAST_MATH: ConstBool, SPLIT_LOOP: ConstBool, REMAP: ConstBool,
+                PAIR: ConstBool, LAZY_RESCALE: ConstBool):
+    """FlashAttention forward. See the module docstring for shapes and grid.
+
+    qk_scale: softmax scale (1/sqrt(D) by default); input_pos: absolute position of query row 0
+    (causal only); group_size = Hq // Hkv; num_m_blocks = cdiv(Nq, TILE_M).
+    """
+    # --- Program id -> (query tile, batch, head); GQA maps Hq heads onto Hkv ---
+    bid_y = ct.bid(1)
+    batch_idx = bid_y // num_heads
+    head_idx = bid_y % num_heads
+    kv_head = head_idx // group_size                                 # chapter 4
+    qk_scale = qk_scale * INV_LOG_2                                  # softmax in base 2
+
+    if PAIR:
+        # Chapter 10: program i does query tiles i and n-1-i, so every program of a causal
+        # launch does the same number of key tiles (seed 003, section 6).
+        first = ct.bid(0)
+        attend_query_tile(Q, K, V, Out, qk_scale, input_pos, first, batch_idx, head_idx,
+                          kv_head, TILE_M, TILE_N, TILE_D, CAUSAL, EVEN_K, FAST_MATH,
+                          SPLIT_LOOP, LAZY_RESCALE)
+        second = num_m_blocks - 1 - first
+        if second != first:
+            attend_query_tile(Q, K, V, Out, qk_scale, input_pos, second, batch_idx, head_idx,
+                              kv_head, TILE_M, TILE_N, TILE_D, CAUSAL, EVEN_K, FAST_MATH,
+                              SPLIT_LOOP, LAZY_RESCALE)
+    else:
+        if REMAP and CAUSAL:
+            # Chapter 8: launch the longest query tiles (bottom rows) first.
+            bid_x = num_m_blocks - 1 - ct.bid(0)
+        else:
+            bid_x = ct.bid(0)
+        attend_query_tile(Q, K, V, Out, qk_scale, input_pos, bid_x, batch_idx, head_idx,
+                          kv_head, TILE_M, TILE_N, TILE_D, CAUSAL, EVEN_K, FAST_MATH,
+                          SPLIT_LOOP, LAZY_RESCALE)
