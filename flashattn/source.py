@@ -1,0 +1,169 @@
+"""The kernel source as each step compiles it, and the diff between steps.
+
+The fused kernel is one file whose steps differ by ``ct.Constant`` flags. The compiler folds
+``if FLAG:`` away; so does ``step_source``: it keeps the branch the step takes, drops the
+other, and writes the flag's value where it is used as an argument, so the book can print
+exactly the code a step runs and ``step_diff`` exactly the lines a step changes.
+"""
+from __future__ import annotations
+
+import ast
+import difflib
+import inspect
+import textwrap
+
+from .steps import FLAGS, Step, get_step, previous_step
+
+# Compile-time booleans of the kernel that do not depend on the step.
+_SHAPE_FLAGS = ("CAUSAL", "EVEN_K")
+
+
+def kernel_source(kind: str = "fmha") -> str:
+    """The source file of a kernel module (``fmha`` or ``naive``)."""
+    from .kernels import fmha, naive
+    return inspect.getsource({"fmha": fmha, "naive": naive}[kind])
+
+
+def _eval_flag_expr(node: ast.AST, env: dict):
+    """Value of a test built from flag names, not/and/or and constants; None if not foldable."""
+    if isinstance(node, ast.Name):
+        return env.get(node.id)
+    if isinstance(node, ast.Constant) and isinstance(node.value, bool):
+        return node.value
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+        v = _eval_flag_expr(node.operand, env)
+        return None if v is None else (not v)
+    if isinstance(node, ast.BoolOp):
+        vals = [_eval_flag_expr(v, env) for v in node.values]
+        if isinstance(node.op, ast.And):
+            if any(v is False for v in vals):
+                return False
+            return True if all(v is True for v in vals) else None
+        if any(v is True for v in vals):
+            return True
+        return False if all(v is False for v in vals) else None
+    return None
+
+
+def _fold_once(src: str, env: dict) -> str | None:
+    """Fold the first foldable ``if`` in ``src``; None when nothing is left to fold."""
+    tree = ast.parse(src)
+    lines = src.splitlines()
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.If):
+            continue
+        val = _eval_flag_expr(node.test, env)
+        if val is None:
+            continue
+        indent = node.col_offset
+        start, end = node.lineno - 1, node.end_lineno  # [start, end) lines of the whole if
+        # Comment lines directly above the if belong to it when the branch is dropped.
+        keep = node.body if val else node.orelse
+        if keep and not (len(keep) == 1 and isinstance(keep[0], ast.If) and not val
+                         and lines[keep[0].lineno - 1].lstrip().startswith("elif")):
+            first = keep[0].lineno - 1
+            # Comments between the `if`/`else` line and the first statement belong to the body.
+            while first - 1 > start and lines[first - 1].strip().startswith("#"):
+                first -= 1
+            body = lines[first:keep[-1].end_lineno]
+            body = textwrap.indent(textwrap.dedent("\n".join(body)), " " * indent).splitlines()
+        elif keep:  # an elif chain: turn `elif` into `if` at this level
+            inner = lines[keep[0].lineno - 1:keep[-1].end_lineno]
+            inner[0] = inner[0].replace("elif", "if", 1)
+            body = textwrap.indent(textwrap.dedent("\n".join(inner)), " " * indent).splitlines()
+        else:
+            body = []
+            # A dropped branch takes its leading comment lines with it.
+            while start > 0 and lines[start - 1].strip().startswith("#") and \
+                    len(lines[start - 1]) - len(lines[start - 1].lstrip()) == indent:
+                start -= 1
+        new = lines[:start] + body + lines[end:]
+        return "\n".join(new) + "\n"
+    return None
+
+
+def _substitute_flags(src: str, env: dict) -> str:
+    """Write flag values where flags are passed as keyword values (``flush_to_zero=FLAG``)."""
+    out = src
+    for name, val in env.items():
+        out = out.replace(f"={name})", f"={val})").replace(f"={name},", f"={val},")
+    return out
+
+
+def specialize(src: str, flags: dict) -> str:
+    """Fold ``if`` statements whose tests depend only on ``flags`` (name -> bool)."""
+    while True:
+        nxt = _fold_once(src, flags)
+        if nxt is None:
+            return _substitute_flags(src, flags)
+        src = nxt
+
+
+def _function_source(src: str, name: str) -> str:
+    tree = ast.parse(src)
+    lines = src.splitlines()
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and node.name == name:
+            first = min([d.lineno for d in node.decorator_list] + [node.lineno]) - 1
+            return "\n".join(lines[first:node.end_lineno]) + "\n"
+    raise KeyError(name)
+
+
+def step_source(name: str, *, causal: bool | None = None, even_k: bool | None = None,
+                functions: tuple[str, ...] | None = None) -> str:
+    """The fused kernel's source with step ``name``'s flags folded away.
+
+    ``causal`` / ``even_k`` fold those shape flags too (None leaves them in). ``functions``
+    restricts the output to some functions of the kernel file, in file order.
+    """
+    step: Step = get_step(name)
+    if step.kernel == "naive":
+        return kernel_source("naive")
+    env = step.flag_values()
+    if causal is not None:
+        env["CAUSAL"] = bool(causal)
+    if even_k is not None:
+        env["EVEN_K"] = bool(even_k)
+    src = specialize(kernel_source("fmha"), env)
+    if functions:
+        src = "\n\n".join(_function_source(src, f) for f in functions)
+    return src
+
+
+def step_diff(name: str, base: str | None = None, *, context: int = 3, **kw) -> str:
+    """Unified diff of the kernel source from ``base`` (default: the previous step) to ``name``.
+
+    Steps that differ only in tile shape or hints have an empty source diff; their change is
+    in ``config_diff``.
+    """
+    base = base or previous_step(name)
+    if base is None:
+        return ""
+    a = step_source(base, **kw).splitlines(keepends=True)
+    b = step_source(name, **kw).splitlines(keepends=True)
+    return "".join(difflib.unified_diff(a, b, f"{base}", f"{name}", n=context))
+
+
+def config_diff(name: str, base: str | None = None, arch: str = "sm_90") -> dict:
+    """What changes outside the source: {field: (before, after)} for tiles, hints, flags."""
+    base = base or previous_step(name)
+    if base is None:
+        return {}
+    a, b = get_step(base), get_step(name)
+    ca, cb = a.config_for(arch), b.config_for(arch)
+    out = {}
+    for f in ("TILE_M", "TILE_N", "occupancy", "num_ctas"):
+        if getattr(ca, f) != getattr(cb, f):
+            out[f] = (getattr(ca, f), getattr(cb, f))
+    for f in FLAGS:
+        if a.flag_values()[f] != b.flag_values()[f]:
+            out[f] = (a.flag_values()[f], b.flag_values()[f])
+    if a.tuned != b.tuned:
+        out["tuned"] = (a.tuned, b.tuned)
+    return out
+
+
+def show(code: str, language: str = "python"):
+    """Render code (or a diff, language="diff") with syntax colours in a notebook."""
+    from IPython.display import Markdown
+    return Markdown(f"```{language}\n{code.rstrip()}\n```")
