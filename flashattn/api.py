@@ -52,11 +52,6 @@ def validate(q, k, v, *, causal: bool, scale, input_pos) -> None:
                             "flashattn.reference.attention)")
     if not (q.dtype == k.dtype == v.dtype):
         raise TypeError(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
-    if not (q.device == k.device == v.device):
-        raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
-    if q.device.type != "cuda":
-        raise ValueError(f"flashattn kernels run on a CUDA GPU; the tensors are on {q.device}. "
-                         "On a CPU use flashattn.reference.attention(q, k, v, causal=...)")
     B, Hq, Nq, D = q.shape
     if k.shape != v.shape:
         raise ValueError(f"k and v must have the same shape, got {tuple(k.shape)} and "
@@ -87,6 +82,11 @@ def validate(q, k, v, *, causal: bool, scale, input_pos) -> None:
                          f"(query row i sits at position input_pos + i), got {input_pos}")
     if input_pos and not causal:
         raise ValueError("input_pos only has a meaning with causal=True")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
+    if q.device.type != "cuda":
+        raise ValueError(f"flashattn kernels run on a CUDA GPU; the tensors are on {q.device}. "
+                         "On a CPU use flashattn.reference.attention(q, k, v, causal=...)")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,0 +1,33 @@
+"""Shared test setup: the `gpu` marker skips where no CUDA GPU (or no cuTile) is usable."""
+import os
+
+import pytest
+
+# Autotune searches compile every configuration; tests use the first one unless they opt in.
+os.environ.setdefault("FLASHATTN_AUTOTUNE", "0")
+
+
+def _gpu_reason():
+    try:
+        import torch
+    except ImportError:
+        return "torch is not installed"
+    if not torch.cuda.is_available():
+        return "no CUDA GPU"
+    try:
+        import cuda.tile  # noqa: F401
+    except Exception as e:  # pragma: no cover
+        return f"cuda.tile unusable: {e}"
+    return None
+
+
+def pytest_collection_modifyitems(config, items):
+    reason = _gpu_reason()
+    if reason is None:
+        return
+    skip = pytest.mark.skip(reason=f"gpu test: {reason}")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+

@@ -1,0 +1,61 @@
+"""Ahead-of-time compilation of every step for Hopper and Blackwell, on a machine with no GPU.
+
+These are the static facts the book's chapters 5 and 6 rest on: they must hold on any
+machine, because the compiler is deterministic.
+"""
+import json
+
+import pytest
+
+from flashattn import STEP_NAMES
+from flashattn.aot import compile_step, main
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def reports():
+    out = {}
+    for arch in ("sm_90", "sm_100"):
+        for step in STEP_NAMES:
+            for r in compile_step(step, arch):
+                out[(step, arch, r.kernel)] = r
+    return out
+
+
+@pytest.mark.parametrize("arch", ["sm_90", "sm_100"])
+@pytest.mark.parametrize("step", STEP_NAMES)
+def test_every_step_compiles(reports, step, arch):
+    rs = [r for (s, a, _), r in reports.items() if s == step and a == arch]
+    assert rs
+    for r in rs:
+        assert not r.error, r.error
+        assert r.registers > 0 and r.sass_lines > 100
+        if r.kernel in ("fmha", "naive_scores", "naive_pv"):
+            assert r.mma_ops > 0, "the matrix products must run on tensor cores"
+
+
+def test_hopper_uses_warpgroup_mma_and_blackwell_tensor_memory(reports):
+    assert reports[("baseline", "sm_90", "fmha")].sass["HGMMA"] > 0
+    assert reports[("baseline", "sm_100", "fmha")].sass["UTCHMMA"] > 0
+
+
+def test_large_tile_trap_is_a_spill_on_hopper_only(reports):
+    # Chapter 5: the 256x128 fp32 accumulators overflow Hopper's 255 registers.
+    base, big = reports[("baseline", "sm_90", "fmha")], reports[("large_tiles", "sm_90", "fmha")]
+    assert base.stack_bytes == 0 and base.sass["STL"] == 0
+    assert big.stack_bytes > 1000 and big.sass["STL"] > 100
+    bw = reports[("large_tiles", "sm_100", "fmha")]
+    assert bw.stack_bytes < big.stack_bytes / 10
+
+
+def test_fast_math_removes_the_reciprocals(reports):
+    # Chapter 6: approximate division is one MUFU.RCP per row, not a Newton iteration per element.
+    exact, fast = reports[("large_tiles", "sm_90", "fmha")], reports[("fast_math", "sm_90", "fmha")]
+    assert fast.sass["MUFU.RCP"] < exact.sass["MUFU.RCP"] / 5
+
+
+def test_cli_json(capsys):
+    assert main(["--arch", "sm_90", "--step", "baseline", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["meta"]["cuda_tile"] and doc["kernels"][0]["registers"] > 0
