@@ -1,0 +1,201 @@
+"""Record the book's measurements under ``results/<gpu>/`` (the notebooks read them back).
+
+    python -m flashattn record --out results/h200 --part bench        # ~5 min on an H200
+    python -m flashattn record --out results/h200 --part bench-extra  # ~7 min (or --workload)
+    python -m flashattn record --out results/h200 --part profile      # Nsight Compute
+    python -m flashattn record --out results/h200 --part compile      # any machine, no GPU
+    python -m flashattn record --quick --out /tmp/r                   # tiny, to test the tools
+
+Writes::
+
+    results/<gpu>/bench/<workload>.json     python -m flashattn bench documents
+    results/<gpu>/profiles/                 flashattn.profile.record_profiles (summary.json, ...)
+    results/<gpu>/compile/<arch>.json       python -m flashattn compile --json documents
+
+Each part is sized to finish inside one 10-minute command on an H200; the elapsed time of each
+is printed. Files are written atomically, and each carries ``flashattn.env.metadata()``.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+from .bench import run_bench, workload_name, write_json
+from .env import command_line, gpu_slug, metadata
+from .steps import STEP_NAMES
+
+PARTS = ("bench", "bench-extra", "profile", "compile")
+COMPILE_ARCHS = ("sm_90", "sm_100")
+PROFILE_N = 4096
+
+# The extra workloads of chapter 10: steps from autotune on, the baseline, the libraries.
+EXTRA_STEPS = ("baseline", *STEP_NAMES[STEP_NAMES.index("autotune"):], "best")
+EXTRA_WORKLOADS = (
+    dict(causal=False, dtype="float16", head_dim=128, gqa=None, seqlens=(4096, 16384)),
+    dict(causal=True, dtype="bfloat16", head_dim=128, gqa=None, seqlens=(4096, 8192, 16384)),
+    dict(causal=True, dtype="float16", head_dim=128, gqa=(32, 8), seqlens=(4096, 8192, 16384)),
+    dict(causal=True, dtype="float16", head_dim=64, gqa=None, seqlens=(4096, 8192, 16384)),
+)
+
+# --quick: a tiny shape, a few implementations; file names say "-quick".
+QUICK = dict(seqlens=(256,), batch=1, heads=2, reps=5)
+QUICK_STEPS = ("baseline", "best")
+QUICK_BASELINES = ("cudnn", "flash")
+
+
+def default_out(quick: bool = False) -> Path:
+    from .results import results_root
+    return results_root() / (gpu_slug() + ("-quick" if quick else ""))
+
+
+def _extra_name(w: dict, heads: int) -> str:
+    hq, hkv = w["gqa"] or (heads, heads)
+    return workload_name(w["dtype"], w["causal"], w["head_dim"], hq, hkv)
+
+
+def record_bench(out: Path, *, quick: bool = False, command: str | None = None) -> list[Path]:
+    """The default workload (fp16, causal, D=128, B=4, H=32): every step and library."""
+    if quick:
+        kw = dict(QUICK, steps=list(QUICK_STEPS), baselines=list(QUICK_BASELINES))
+        name = workload_name() + "-quick"
+    else:
+        kw, name = {}, workload_name()
+    doc = run_bench(causal=True, dtype="float16", command=command, name=name, **kw)
+    return [write_json(out / "bench" / f"{name}.json", doc)]
+
+
+def record_bench_extra(out: Path, *, quick: bool = False, workloads: list[str] | None = None,
+                       command: str | None = None) -> list[Path]:
+    """fp16-full-d128, bf16-causal-d128, fp16-causal-d128-gqa32x8, fp16-causal-d64."""
+    written = []
+    heads = QUICK["heads"] if quick else 32
+    for w in EXTRA_WORKLOADS:
+        full_name = _extra_name(w, 32)
+        if workloads and full_name not in workloads:
+            continue
+        t0 = time.perf_counter()
+        if quick:
+            gqa = (heads, 1) if w["gqa"] else None
+            wq = dict(w, gqa=gqa)
+            name = _extra_name(wq, heads) + "-quick"
+            doc = run_bench(["baseline"], QUICK["seqlens"], causal=w["causal"], dtype=w["dtype"],
+                            gqa=gqa, head_dim=w["head_dim"], batch=QUICK["batch"], heads=heads,
+                            baselines=["cudnn"], reps=QUICK["reps"], command=command, name=name)
+        else:
+            name = full_name
+            doc = run_bench(list(EXTRA_STEPS), list(w["seqlens"]), causal=w["causal"],
+                            dtype=w["dtype"], gqa=w["gqa"], head_dim=w["head_dim"],
+                            command=command, name=name)
+        written.append(write_json(out / "bench" / f"{name}.json", doc))
+        print(f"  {name}: {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
+    return written
+
+
+def record_profile(out: Path, *, quick: bool = False, command: str | None = None) -> list[Path]:
+    """Nsight Compute on one launch of each step (flashattn.profile does the work)."""
+    try:
+        from .profile import record_profiles
+    except ImportError as e:
+        raise RuntimeError(f"flashattn.profile is not available here: {e}") from e
+    steps = ["baseline"] if quick else list(STEP_NAMES)
+    kw = dict(batch=QUICK["batch"], heads=QUICK["heads"]) if quick else {}
+    res = record_profiles(out / "profiles", steps, N=512 if quick else PROFILE_N, causal=True,
+                          **kw)
+    if isinstance(res, (list, tuple)):
+        return [Path(p) for p in res]
+    return [Path(res) if res else out / "profiles"]
+
+
+def record_compile(out: Path, *, quick: bool = False, archs=COMPILE_ARCHS,
+                   command: str | None = None) -> list[Path]:
+    """``python -m flashattn compile --arch A --json`` for each arch (no GPU needed)."""
+    from . import aot
+    written = []
+    for arch in archs:
+        t0 = time.perf_counter()
+        dest = out / "compile" / f"{arch}.json"
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dest.with_name(f".{dest.name}.aot{os.getpid()}")
+        args = ["--arch", arch, "--json", "--out", str(tmp)]
+        if quick:
+            args += ["--step", "baseline"]
+        with contextlib.redirect_stdout(io.StringIO()):   # the JSON goes to the file only
+            rc = aot.main(args)
+        try:
+            doc = json.loads(tmp.read_text())
+        finally:
+            tmp.unlink(missing_ok=True)
+        env = metadata(command=f"python -m flashattn compile {' '.join(args[:3])} --out {dest}")
+        env["record_command"] = command or command_line()
+        doc["meta"] = {**env, **{k: v for k, v in doc.get("meta", {}).items() if k not in env}}
+        written.append(write_json(dest, doc))
+        errors = sum(1 for k in doc.get("kernels", []) if k.get("error"))
+        print(f"  compile {arch}: {len(doc.get('kernels', []))} kernels, {errors} errors, "
+              f"{time.perf_counter() - t0:.0f} s (aot rc={rc})", file=sys.stderr, flush=True)
+    return written
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+    p = argparse.ArgumentParser(prog="python -m flashattn record",
+                                description="Record benchmarks, Nsight Compute profiles and "
+                                            "compile reports under results/<gpu>/.")
+    p.add_argument("--out", help="output folder (default: results/<gpu>, or results/<gpu>-quick "
+                                 "with --quick)")
+    p.add_argument("--part", choices=[*PARTS, "all"], default="all",
+                   help="what to record (default: all; each part fits a 10-minute command)")
+    p.add_argument("--quick", action="store_true", help="a tiny workload, to test the tools")
+    p.add_argument("--workload", action="append",
+                   help="bench-extra: only this workload (repeatable), e.g. fp16-full-d128")
+    a = p.parse_args(argv)
+    out = Path(a.out) if a.out else default_out(a.quick)
+    parts = list(PARTS) if a.part == "all" else [a.part]
+    command = command_line()
+    valid = [_extra_name(w, 32) for w in EXTRA_WORKLOADS]
+    for w in a.workload or []:
+        if w not in valid:
+            p.error(f"unknown workload {w!r}; bench-extra has {', '.join(valid)}")
+    needs_gpu = [x for x in parts if x != "compile"]
+    if needs_gpu:
+        import torch
+        if not torch.cuda.is_available():
+            if a.part != "all":
+                print(f"error: part {a.part} needs a CUDA GPU; only 'compile' runs without one",
+                      file=sys.stderr)
+                return 1
+            print("no CUDA GPU: recording the compile part only", file=sys.stderr)
+            parts = ["compile"]
+    failed = []
+    t_all = time.perf_counter()
+    for part in parts:
+        t0 = time.perf_counter()
+        print(f"== {part} -> {out}", file=sys.stderr, flush=True)
+        try:
+            if part == "bench":
+                files = record_bench(out, quick=a.quick, command=command)
+            elif part == "bench-extra":
+                files = record_bench_extra(out, quick=a.quick, workloads=a.workload,
+                                           command=command)
+            elif part == "profile":
+                files = record_profile(out, quick=a.quick, command=command)
+            else:
+                files = record_compile(out, quick=a.quick, command=command)
+            for f in files:
+                print(f"  wrote {f}", file=sys.stderr)
+        except Exception:
+            traceback.print_exc()
+            failed.append(part)
+        print(f"== {part}: {time.perf_counter() - t0:.0f} s"
+              + (" (FAILED)" if part in failed else ""), file=sys.stderr, flush=True)
+    print(f"record took {time.perf_counter() - t_all:.0f} s", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,255 @@
+"""Recorded measurements, as DataFrames for the notebooks.
+
+    from flashattn import results
+    r = results.load("h200")
+    r.tflops_table("fp16-causal-d128")     # impl x N, book order
+    r.ratio_table("fp16-causal-d128")      # the same over cuDNN
+    results.source_line(r.meta)            # "H200 (132 SMs), driver 580.159, CUDA 13.0, ..."
+
+Files (written by ``python -m flashattn record``; formats in results/README.md)::
+
+    results/<gpu>/bench/<workload>.json    results/<gpu>/profiles/summary.json
+    results/<gpu>/compile/<arch>.json
+
+The root is the repository's ``results/`` folder, or ``$FLASHATTN_RESULTS``. Parts that were not
+recorded load as empty DataFrames.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .bench import IMPL_ORDER, LIBRARY_IMPLS, RATIO_REF, to_frame
+from .steps import STEP_NAMES
+
+DEFAULT_WORKLOAD = "fp16-causal-d128"
+
+
+def results_root(root=None) -> Path:
+    if root is not None:
+        return Path(root)
+    env = os.environ.get("FLASHATTN_RESULTS")
+    if env:
+        return Path(env)
+    return Path(__file__).resolve().parent.parent / "results"
+
+
+def available(root=None) -> list[str]:
+    """The GPUs with recorded results ("h200", ...), sorted."""
+    r = results_root(root)
+    if not r.is_dir():
+        return []
+    return sorted(d.name for d in r.iterdir()
+                  if d.is_dir() and any((d / p).exists() for p in ("bench", "profiles",
+                                                                    "compile")))
+
+
+def _read(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _order_key(impl) -> tuple:
+    return (IMPL_ORDER.index(impl) if impl in IMPL_ORDER else len(IMPL_ORDER), str(impl))
+
+
+def _step_key(step) -> tuple:
+    return (STEP_NAMES.index(step) if step in STEP_NAMES else len(STEP_NAMES), str(step))
+
+
+@dataclass
+class Results:
+    """Everything recorded for one GPU. Missing parts are empty DataFrames / dicts."""
+    gpu: str
+    path: Path
+    bench: "object" = None            # DataFrame: all bench rows + "workload"
+    bench_meta: dict = field(default_factory=dict)   # workload -> meta
+    profile: "object" = None          # DataFrame: one row per (step, kernel), metric columns
+    profile_units: dict = field(default_factory=dict)  # metric -> unit
+    profile_meta: dict = field(default_factory=dict)
+    rules: "object" = None            # DataFrame: step, kernel, section, rule, type, message
+    compile: "object" = None          # DataFrame: one row per (arch, step, kernel)
+    compile_meta: dict = field(default_factory=dict)  # arch file stem -> meta
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def workloads(self) -> list[str]:
+        return list(self.bench_meta)
+
+    def tflops_table(self, workload: str = DEFAULT_WORKLOAD, value: str = "tflops"):
+        """impl x N of ``value`` (TFLOPS by default), rows in book order: steps, best, libraries.
+
+        Failed or skipped measurements are NaN. Empty if the workload was not recorded.
+        """
+        import pandas as pd
+        if self.bench is None or self.bench.empty:
+            return pd.DataFrame()
+        df = self.bench[self.bench["workload"] == workload]
+        if df.empty:
+            return pd.DataFrame()
+        t = df.pivot_table(index="impl", columns="Nq", values=value, aggfunc="first",
+                           dropna=False)
+        t = t.reindex(sorted(df["impl"].unique(), key=_order_key))
+        t = t.reindex(columns=sorted(df["Nq"].unique()))
+        t.index.name, t.columns.name = "impl", "N"
+        return t.astype(float)
+
+    def ratio_table(self, workload: str = DEFAULT_WORKLOAD, ref: str = RATIO_REF):
+        """``tflops_table`` divided by the row of ``ref`` (cuDNN): 1.0 = as fast as cuDNN.
+
+        Empty if the workload or the reference was not recorded.
+        """
+        import pandas as pd
+        t = self.tflops_table(workload)
+        if t.empty or ref not in t.index:
+            return pd.DataFrame()
+        return t.div(t.loc[ref], axis=1)
+
+    def row(self, impl: str, N: int, workload: str = DEFAULT_WORKLOAD) -> dict | None:
+        """One bench row as a dict (None if absent)."""
+        if self.bench is None or self.bench.empty:
+            return None
+        df = self.bench[(self.bench["workload"] == workload) & (self.bench["impl"] == impl)
+                        & (self.bench["Nq"] == N)]
+        return None if df.empty else df.iloc[0].to_dict()
+
+
+def _load_bench(d: Path):
+    import pandas as pd
+    frames, metas = [], {}
+    for f in sorted((d / "bench").glob("*.json")):
+        doc = _read(f)
+        if not doc or "rows" not in doc:
+            continue
+        meta = doc.get("meta", {})
+        name = (meta.get("workload") or {}).get("name") or f.stem
+        meta.setdefault("workload", {})["name"] = name
+        metas[name] = meta
+        df = to_frame(doc)
+        df["workload"] = name
+        frames.append(df)
+    if not frames:
+        return pd.DataFrame(columns=["workload"]), metas
+    return pd.concat(frames, ignore_index=True), metas
+
+
+def _load_profile(d: Path):
+    import pandas as pd
+    doc = _read(d / "profiles" / "summary.json") or {}
+    rows, rules = doc.get("rows", []), doc.get("rules", [])
+    units = {}
+    if rows:
+        long = pd.DataFrame(rows)
+        for c in ("step", "kernel", "metric", "value", "unit"):
+            if c not in long.columns:
+                long[c] = None
+        units = {m: u for m, u in zip(long["metric"], long["unit"]) if u is not None}
+        long["value"] = [_num(v) for v in long["value"]]
+        long["kernel"] = long["kernel"].fillna("")
+        prof = long.pivot_table(index=["step", "kernel"], columns="metric", values="value",
+                                aggfunc="first", dropna=False, sort=False)
+        prof.columns.name = None
+        prof = prof.reset_index()
+        prof = prof.iloc[sorted(range(len(prof)),
+                                key=lambda i: (_step_key(prof["step"].iloc[i]), i))]
+        prof = prof.reset_index(drop=True)
+    else:
+        prof = pd.DataFrame(columns=["step", "kernel"])
+    rules_df = pd.DataFrame(rules, columns=["step", "kernel", "section", "rule", "type",
+                                            "message"]) if rules else \
+        pd.DataFrame(columns=["step", "kernel", "section", "rule", "type", "message"])
+    return prof, units, rules_df, doc.get("meta", {})
+
+
+def _num(v):
+    """Numbers stay numbers, numeric strings ("1,234.5") become floats, other text stays."""
+    if isinstance(v, (int, float)) or v is None:
+        return v
+    try:
+        return float(str(v).replace(",", ""))
+    except ValueError:
+        return v
+
+
+def _load_compile(d: Path):
+    import pandas as pd
+    rows, metas = [], {}
+    for f in sorted((d / "compile").glob("*.json")):
+        doc = _read(f)
+        if not doc or "kernels" not in doc:
+            continue
+        metas[f.stem] = doc.get("meta", {})
+        for k in doc["kernels"]:
+            r = {key: val for key, val in k.items() if key not in ("sass", "sass_text")}
+            for op, n in (k.get("sass") or {}).items():
+                r[f"sass_{op}"] = n
+            rows.append(r)
+    if not rows:
+        return pd.DataFrame(columns=["step", "arch", "kernel", "config"]), metas
+    df = pd.DataFrame(rows)
+    sass_cols = [c for c in df.columns if c.startswith("sass_") and c != "sass_lines"]
+    df[sass_cols] = df[sass_cols].fillna(0).astype(int)
+    return df, metas
+
+
+_SUMMARY_KEYS = ("gpu", "sm_count", "compute_capability", "arch", "driver", "cuda", "torch",
+                 "cuda_tile", "tileiras", "python", "platform", "date")
+
+
+def _merge_meta(*metas: dict) -> dict:
+    """The first non-empty value of each summary key, over bench, profile and compile metas."""
+    out = {}
+    for key in _SUMMARY_KEYS:
+        for m in metas:
+            if m and m.get(key) not in (None, "", "unknown"):
+                out[key] = m[key]
+                break
+        else:
+            out[key] = None
+    return out
+
+
+def load(gpu: str = "h200", root=None) -> Results:
+    """The results recorded for ``gpu`` under ``root`` (default: the repo's results/)."""
+    d = results_root(root) / gpu
+    bench, bench_meta = _load_bench(d)
+    profile, units, rules, profile_meta = _load_profile(d)
+    comp, compile_meta = _load_compile(d)
+    meta = _merge_meta(*bench_meta.values(), profile_meta, *compile_meta.values())
+    meta["results"] = gpu
+    return Results(gpu=gpu, path=d, bench=bench, bench_meta=bench_meta, profile=profile,
+                   profile_units=units, profile_meta=profile_meta, rules=rules, compile=comp,
+                   compile_meta=compile_meta, meta=meta)
+
+
+def source_line(meta) -> str:
+    """Where numbers come from, in one line for a notebook:
+    "H200 (132 SMs), driver 580.159, CUDA 13.0, torch 2.11.0, cuda-tile 1.7.0, tileiras 13.4.92,
+    2026-11-30". Accepts a meta dict or a ``Results``."""
+    if isinstance(meta, Results):
+        meta = meta.meta
+    meta = meta or {}
+    gpu = meta.get("gpu")
+    parts = []
+    if gpu:
+        name = str(gpu)
+        if name.startswith("NVIDIA "):
+            name = name[len("NVIDIA "):]
+        parts.append(f"{name} ({meta['sm_count']} SMs)" if meta.get("sm_count") else name)
+    else:
+        parts.append("no GPU")
+    for key, label in (("driver", "driver"), ("cuda", "CUDA"), ("torch", "torch"),
+                       ("cuda_tile", "cuda-tile"), ("tileiras", "tileiras")):
+        if meta.get(key):
+            parts.append(f"{label} {meta[key]}")
+    if meta.get("date"):
+        parts.append(str(meta["date"])[:10])
+    return ", ".join(parts)
+
+
+__all__ = ["load", "available", "Results", "source_line", "results_root", "DEFAULT_WORKLOAD",
+           "LIBRARY_IMPLS"]

@@ -1,0 +1,375 @@
+"""flashattn.bench, flashattn.env and flashattn.record: CPU tests, plus GPU runs on a tiny shape."""
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from flashattn import STEP_NAMES, bench, env, record
+from flashattn.bench import (DEFAULT_SEQLENS, LIBRARIES, ROW_FIELDS, add_derived, parse_args,
+                             parse_gqa, to_frame, workload_name)
+
+REPO = Path(__file__).resolve().parent.parent
+HAS_GPU = torch.cuda.is_available()
+
+
+def _run(*args, **kw):
+    e = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return subprocess.run([sys.executable, "-m", "flashattn", *args], cwd=REPO, env=e,
+                          capture_output=True, text=True, timeout=300, **kw)
+
+
+# --- command line --------------------------------------------------------------------------
+def test_parse_defaults_are_the_seed_workload():
+    a = parse_args([])
+    assert a["steps"] == [*STEP_NAMES, "best"]
+    assert a["seqlens"] == list(DEFAULT_SEQLENS) == [1024, 2048, 4096, 8192, 16384]
+    assert a["causal"] is True and a["dtype"] == "float16"
+    assert (a["batch"], a["heads"], a["head_dim"], a["gqa"]) == (4, 32, 128, None)
+    assert a["baselines"] == ["flash", "cudnn", "efficient", "math", "flex"]
+    assert a["naive_max_n"] == 4096 and a["reps"] == 20
+    assert a["_json"] is False and a["_out"] is None
+
+
+def test_parse_options():
+    a = parse_args(["--steps", "baseline,autotune,best", "--seqlens", "256, 512", "--no-causal",
+                    "--dtype", "bfloat16", "--gqa", "32:8", "--head-dim", "64", "--batch", "1",
+                    "--baselines", "cudnn,flex", "--reps", "7", "--json", "--out", "x.json",
+                    "--naive-max-n", "1024", "--quiet"])
+    assert a["steps"] == ["baseline", "autotune", "best"]
+    assert a["seqlens"] == [256, 512]
+    assert a["causal"] is False and a["dtype"] == "bfloat16"
+    assert a["gqa"] == (32, 8) and a["head_dim"] == 64 and a["batch"] == 1
+    assert a["baselines"] == ["cudnn", "flex"] and a["reps"] == 7
+    assert a["_json"] and a["_out"] == "x.json" and a["naive_max_n"] == 1024
+    assert a["progress"] is False
+    assert parse_args(["--causal"])["causal"] is True
+    assert parse_args(["--baselines", "none"])["baselines"] == []
+    assert parse_args(["--steps", "none"])["steps"] == []
+
+
+@pytest.mark.parametrize("bad", [["--steps", "nope"], ["--baselines", "triton"],
+                                 ["--seqlens", "1k"], ["--gqa", "32:5"], ["--gqa", "32"],
+                                 ["--dtype", "float32"]])
+def test_parse_errors(bad, capsys):
+    with pytest.raises(SystemExit):
+        parse_args(bad)
+
+
+def test_parse_gqa():
+    assert parse_gqa("32:8") == (32, 8) and parse_gqa("32x8") == (32, 8)
+    assert parse_gqa((8, 1)) == (8, 1) and parse_gqa(None) is None
+    with pytest.raises(ValueError):
+        parse_gqa("8:3")
+
+
+@pytest.mark.parametrize("kw, name", [
+    (dict(), "fp16-causal-d128"),
+    (dict(causal=False), "fp16-full-d128"),
+    (dict(dtype="bfloat16"), "bf16-causal-d128"),
+    (dict(Hq=32, Hkv=8), "fp16-causal-d128-gqa32x8"),
+    (dict(head_dim=64), "fp16-causal-d64"),
+    (dict(dtype=torch.bfloat16, causal=False, head_dim=64, Hq=8, Hkv=1), "bf16-full-d64-gqa8x1"),
+    (dict(Hq=32, Hkv=32), "fp16-causal-d128"),
+])
+def test_workload_name(kw, name):
+    assert workload_name(**kw) == name
+
+
+def test_record_extra_workload_names():
+    assert [record._extra_name(w, 32) for w in record.EXTRA_WORKLOADS] == [
+        "fp16-full-d128", "bf16-causal-d128", "fp16-causal-d128-gqa32x8", "fp16-causal-d64"]
+    assert record.EXTRA_STEPS[0] == "baseline" and record.EXTRA_STEPS[-1] == "best"
+    assert "autotune" in record.EXTRA_STEPS and "remap" not in record.EXTRA_STEPS
+    assert record.EXTRA_WORKLOADS[0]["seqlens"] == (4096, 16384)
+
+
+# --- derived columns, frames, tables, files (synthetic doc) -----------------------------------
+def _synthetic_doc():
+    """A made-up document: TFLOPS are round numbers, not measurements."""
+    sh = dict(B=1, Hq=2, Hkv=2, D=64, dtype="float16", causal=True)
+    tf = {("naive", 256): 10.0, ("baseline", 256): 100.0, ("large_tiles", 256): 50.0,
+          ("fast_math", 256): 75.0, ("remap", 256): 80.0, ("autotune", 256): 160.0,
+          ("best", 256): 160.0, ("sdpa_cudnn", 256): 200.0, ("sdpa_flash", 256): 100.0,
+          ("baseline", 512): 120.0, ("large_tiles", 512): 60.0, ("sdpa_cudnn", 512): 240.0}
+    rows = []
+    for (impl, n), t in tf.items():
+        kind = "library" if impl.startswith("sdpa") else "step"
+        rows.append(bench._row(impl, kind, N=n, tflops=t, median_ms=1.0, **sh))
+    rows.append(bench._row("naive", "step", N=512, error=bench.SKIP_NAIVE, **sh))
+    rows.append(bench._row("sdpa_math", "library", N=512, error="RuntimeError: boom", **sh))
+    meta = dict(gpu=None, workload=dict(name="fp16-causal-d64", B=1, Hq=2, Hkv=2, D=64,
+                                        dtype="float16", causal=True, seqlens=[256, 512]))
+    return dict(meta=meta, rows=add_derived(rows))
+
+
+def test_derived_columns():
+    doc = _synthetic_doc()
+    by = {(r["impl"], r["Nq"]): r for r in doc["rows"]}
+    assert by["naive", 256]["speedup_prev"] is None                     # first step
+    assert by["baseline", 256]["speedup_prev"] == pytest.approx(10.0)
+    assert by["large_tiles", 256]["speedup_prev"] == pytest.approx(0.5)
+    assert by["fast_math", 256]["speedup_prev"] == pytest.approx(1.5)
+    assert by["remap", 256]["speedup_prev"] is None                     # loop_split absent
+    assert by["autotune", 256]["speedup_prev"] == pytest.approx(2.0)
+    assert by["best", 256]["speedup_prev"] is None
+    assert by["sdpa_flash", 256]["speedup_prev"] is None
+    assert by["baseline", 512]["speedup_prev"] is None                  # naive skipped
+    assert by["large_tiles", 512]["speedup_prev"] == pytest.approx(0.5)
+    assert by["autotune", 256]["ratio_cudnn"] == pytest.approx(0.8)
+    assert by["sdpa_flash", 256]["ratio_cudnn"] == pytest.approx(0.5)
+    assert by["sdpa_cudnn", 512]["ratio_cudnn"] == pytest.approx(1.0)
+    assert by["baseline", 512]["ratio_cudnn"] == pytest.approx(0.5)
+    assert by["sdpa_math", 512]["ratio_cudnn"] is None
+    # Shapes are matched exactly: another head count is another comparison.
+    rows = [dict(r) for r in doc["rows"]]
+    for r in rows:
+        if r["impl"] == "sdpa_cudnn":
+            r["Hkv"] = 1
+    assert all(r["ratio_cudnn"] is None for r in add_derived(rows) if r["impl"] != "sdpa_cudnn")
+
+
+def test_to_frame_and_table():
+    doc = _synthetic_doc()
+    df = to_frame(doc)
+    assert list(df.columns) == ["workload", *ROW_FIELDS]
+    assert len(df) == len(doc["rows"]) and (df["workload"] == "fp16-causal-d64").all()
+    assert df["tflops"].dtype.kind == "f" and df["speedup_prev"].dtype.kind == "f"
+    assert to_frame(dict(meta={}, rows=[])).empty
+    table = bench.format_table(doc)
+    lines = table.splitlines()
+    assert lines[0].startswith("fp16-causal-d64")
+    assert [ln.split()[0] for ln in lines[2:11]] == [
+        "naive", "baseline", "large_tiles", "fast_math", "remap", "autotune", "best",
+        "sdpa_flash", "sdpa_cudnn"]
+    assert "skip" in table and "err" in table and "RuntimeError: boom" in table
+
+
+def test_write_json_is_strict_and_atomic(tmp_path):
+    doc = _synthetic_doc()
+    doc["rows"][0]["max_abs_err"] = float("nan")
+    p = bench.write_json(tmp_path / "sub" / "x.json", doc)
+    assert json.loads(p.read_text())["rows"][0]["max_abs_err"] is None
+    assert [f.name for f in p.parent.iterdir()] == ["x.json"]          # no temporary left
+
+
+def test_ref_heads():
+    assert bench.ref_heads(32, 32, 1024) == 32
+    assert 1 <= bench.ref_heads(32, 32, 16384) < 32
+    assert bench.ref_heads(32, 8, 16384) % 4 == 0
+    assert bench.ref_heads(32, 8, 1 << 17) == 4                         # one whole group
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("hkv", [4, 2])
+def test_reference_and_math_baseline_on_cpu(causal, hkv):
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 4, 37, 16, generator=g)
+    k = torch.randn(1, hkv, 37, 16, generator=g)
+    v = torch.randn(1, hkv, 37, 16, generator=g)
+    scale = 16 ** -0.5
+    ref = bench.reference_output(q, k, v, causal=causal, scale=scale)
+    kk, vv = (t.repeat_interleave(4 // hkv, dim=1) for t in (k, v))
+    s = (q @ kk.transpose(-1, -2)) * scale
+    if causal:
+        s = s.masked_fill(torch.ones(37, 37, dtype=torch.bool).triu(1), float("-inf"))
+    expect = s.softmax(-1) @ vv
+    assert ref.dtype == torch.float32
+    torch.testing.assert_close(ref, expect, atol=1e-5, rtol=1e-5)
+    fn, ctx = bench._library_fn("sdpa_math", "MATH", q, k, v, causal=causal, scale=scale)
+    with ctx():
+        torch.testing.assert_close(fn(), expect, atol=1e-5, rtol=1e-5)
+
+
+def test_library_table_names():
+    assert {b: LIBRARIES[b][0] for b in LIBRARIES} == {
+        "flash": "sdpa_flash", "cudnn": "sdpa_cudnn", "efficient": "sdpa_efficient",
+        "math": "sdpa_math", "flex": "flex"}
+
+
+# --- env -----------------------------------------------------------------------------------
+def test_metadata_keys():
+    m = env.metadata("python -m flashattn bench --seqlens 1024")
+    for k in ("gpu", "sm_count", "compute_capability", "arch", "driver", "cuda", "torch",
+              "cuda_tile", "tileiras", "python", "platform", "date", "command"):
+        assert k in m
+    assert m["command"] == "python -m flashattn bench --seqlens 1024"
+    assert m["torch"] == torch.__version__
+    assert len(m["date"]) == 20 and m["date"].endswith("Z") and m["date"][10] == "T"
+    json.dumps(m)
+    import platform
+    assert platform.node() not in m["platform"] or not platform.node()
+
+
+@pytest.mark.skipif(HAS_GPU, reason="checks the CPU-only answers")
+def test_metadata_without_gpu():
+    m = env.metadata()
+    assert m["gpu"] is None and m["sm_count"] is None and m["arch"] is None
+    assert m["driver"] is None
+    assert env.gpu_slug() == "cpu"
+
+
+@pytest.mark.parametrize("name, slug", [
+    ("NVIDIA H200", "h200"), ("NVIDIA B200", "b200"), ("NVIDIA H100 80GB HBM3", "h100"),
+    ("NVIDIA H100 PCIe", "h100"), ("NVIDIA A100-SXM4-80GB", "a100"), ("NVIDIA H200 NVL", "h200"),
+    ("NVIDIA GeForce RTX 5090", "rtx5090"), ("", "cpu"), (None, "cpu")])
+def test_gpu_slug(name, slug):
+    assert env.slug(name) == slug
+    if name is not None:
+        assert env.gpu_slug(name) == slug
+
+
+def test_command_line():
+    assert env.command_line(["/x/flashattn/__main__.py", "bench", "--seqlens", "1024"]) == \
+        "python -m flashattn bench --seqlens 1024"
+    assert env.command_line(["script.py", "a b"]) == "python script.py 'a b'"
+
+
+def test_info_command():
+    res = _run("info")
+    assert res.returncode == 0, res.stderr
+    assert "cuda-tile" in res.stdout and "torch" in res.stdout
+    res = _run("info", "--json")
+    assert res.returncode == 0, res.stderr
+    m = json.loads(res.stdout)
+    assert m["command"] == "python -m flashattn info --json"
+    assert m["torch"] == torch.__version__
+
+
+@pytest.mark.skipif(HAS_GPU, reason="checks the answer without a GPU")
+def test_bench_and_record_without_gpu(tmp_path, capsys):
+    assert bench.main(["--seqlens", "256", "--quiet"]) == 1
+    assert "needs a CUDA GPU" in capsys.readouterr().err
+    assert record.main(["--out", str(tmp_path), "--part", "bench"]) == 1
+    assert record.main(["--out", str(tmp_path), "--part", "profile"]) == 1
+    with pytest.raises(RuntimeError):
+        bench.run_bench(["baseline"], [256])
+
+
+def test_record_rejects_unknown_workload():
+    with pytest.raises(SystemExit):
+        record.main(["--part", "bench-extra", "--workload", "fp32-causal-d128"])
+
+
+@pytest.mark.slow
+def test_record_compile_quick(tmp_path):
+    """The compile part runs anywhere: tileiras + cuobjdump, no GPU (~10-30 s)."""
+    pytest.importorskip("cuda.tile")
+    try:
+        from flashattn.aot import cuobjdump_path
+        cuobjdump_path()
+    except FileNotFoundError:
+        pytest.skip("cuobjdump not installed")
+    rc = record.main(["--out", str(tmp_path), "--part", "compile", "--quick"])
+    assert rc == 0
+    from flashattn import results
+    r = results.load(tmp_path.name, root=tmp_path.parent)
+    assert set(r.compile["arch"]) == {"sm_90", "sm_100"}
+    assert (r.compile["step"] == "baseline").all()
+    assert (r.compile["error"] == "").all()
+    assert (r.compile["registers"] > 0).all()
+    meta = r.compile_meta["sm_90"]
+    assert meta["cuda_tile"] and meta["date"] and meta["command"].startswith(
+        "python -m flashattn compile --arch sm_90")
+    assert not list(tmp_path.rglob(".*tmp*")) and not list(tmp_path.rglob(".*aot*"))
+
+
+# --- GPU ------------------------------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_GPU, reason="needs a CUDA GPU")
+def test_run_bench_tiny():
+    doc = bench.run_bench(["baseline", "autotune"], [256], causal=True, batch=1, heads=2,
+                          baselines=["cudnn", "flash"], reps=5, progress=False)
+    json.loads(bench.dumps(doc))
+    assert doc["meta"]["gpu"] and doc["meta"]["workload"]["name"] == "fp16-causal-d128"
+    by = {r["impl"]: r for r in doc["rows"]}
+    assert set(by) == {"baseline", "autotune", "sdpa_cudnn", "sdpa_flash"}
+    for impl in ("baseline", "autotune"):
+        r = by[impl]
+        assert r["error"] is None, r["error"]
+        assert r["tflops"] > 0 and r["median_ms"] > 0 and r["reps"] >= 5
+        assert r["max_abs_err"] < 1e-2
+        assert r["config"]
+    assert by["autotune"]["speedup_prev"] is None          # its predecessor (remap) not run
+    if by["sdpa_cudnn"]["error"] is None:
+        assert by["baseline"]["ratio_cudnn"] == pytest.approx(
+            by["baseline"]["tflops"] / by["sdpa_cudnn"]["tflops"])
+    df = to_frame(doc)
+    assert len(df) == 4
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_GPU, reason="needs a CUDA GPU")
+def test_record_quick(tmp_path):
+    rc = record.main(["--out", str(tmp_path), "--part", "bench", "--quick"])
+    assert rc == 0
+    rc = record.main(["--out", str(tmp_path), "--part", "bench-extra", "--quick",
+                      "--workload", "fp16-causal-d128-gqa32x8"])
+    assert rc == 0
+    files = sorted(p.name for p in (tmp_path / "bench").glob("*.json"))
+    assert files == ["fp16-causal-d128-gqa2x1-quick.json", "fp16-causal-d128-quick.json"]
+    for f in (tmp_path / "bench").glob("*.json"):
+        doc = json.loads(f.read_text())
+        assert doc["meta"]["gpu"] and doc["rows"]
+        assert all(math.isfinite(r["tflops"]) for r in doc["rows"] if not r["error"])
+    from flashattn import results
+    r = results.load(tmp_path.name, root=tmp_path.parent)
+    assert not r.tflops_table("fp16-causal-d128-quick").empty
+
+
+def test_run_bench_bookkeeping_on_cpu_with_fakes(monkeypatch):
+    """run_bench's loop, rows and derived columns, with the GPU parts replaced by CPU fakes."""
+    from flashattn import api, steps, timing
+
+    def fake_resolve(s, q, k, causal):
+        if s == "large_tiles":
+            raise RuntimeError("fake compile failure\nsecond line")
+        return steps.get_step("pair" if s == "best" else s), steps.Config(64, 128, occupancy=2)
+
+    def fake_launch(q, k, v, out, step, config, *, causal, scale, input_pos=0):
+        out.copy_(bench.reference_output(q, k, v, causal=causal, scale=scale))
+        return out
+
+    def fake_measure(fn, ref, hr, reps):
+        o = fn()
+        err = (o[:1, :hr].float() - ref).abs().max().item()
+        ms = 1.0
+        return dict(timing.Timing(ms, ms, ms, ms, ms, reps).as_dict(), max_abs_err=err)
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda dev=None: (1 << 40, 1 << 40))
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(bench, "_inputs", lambda B, Hq, Hkv, N, D, dt, dev, seed: (
+        torch.randn(B, Hq, N, D), torch.randn(B, Hkv, N, D), torch.randn(B, Hkv, N, D)))
+    monkeypatch.setattr(bench, "_measure", fake_measure)
+    monkeypatch.setattr(api, "resolve", fake_resolve)
+    monkeypatch.setattr(api, "launch", fake_launch)
+    doc = bench.run_bench(["naive", "baseline", "large_tiles", "best"], [32, 64], causal=True,
+                          gqa="4:2", head_dim=16, batch=1, baselines=["math", "cudnn"], reps=3,
+                          progress=True, naive_max_n=32, name="fake")
+    json.loads(bench.dumps(doc))
+    assert doc["meta"]["workload"] == dict(name="fake", B=1, Hq=4, Hkv=2, D=16, dtype="float16",
+                                           causal=True, seqlens=[32, 64])
+    by = {(r["impl"], r["Nq"]): r for r in doc["rows"]}
+    assert len(doc["rows"]) == 12 and all(set(r) == set(ROW_FIELDS) for r in doc["rows"])
+    assert by["naive", 64]["error"] == bench.SKIP_NAIVE
+    assert by["large_tiles", 32]["error"] == "RuntimeError: fake compile failure"
+    assert by["sdpa_cudnn", 32]["error"]                    # no cuDNN attention on a CPU
+    for key in (("naive", 32), ("baseline", 32), ("baseline", 64), ("best", 64),
+                ("sdpa_math", 64)):
+        r = by[key]
+        assert r["error"] is None and r["max_abs_err"] < 1e-5, (key, r)
+        assert r["tflops"] == pytest.approx(timing.tflops(
+            timing.attention_flops(1, 4, key[1], key[1], 16, True), 1.0))
+        assert r["kind"] == ("library" if key[0] == "sdpa_math" else "step")
+    assert by["best", 32]["config"] == "pair: 64x128 occ=2"
+    assert by["baseline", 32]["config"] == "64x128 occ=2" and by["sdpa_math", 32]["config"] == ""
+    assert by["baseline", 32]["speedup_prev"] == pytest.approx(1.0)
+    assert by["baseline", 64]["speedup_prev"] is None
+    assert by["baseline", 32]["ratio_cudnn"] is None
+    assert torch.is_grad_enabled()   # restored
