@@ -1,0 +1,470 @@
+"""The book's figures and tables, from plain DataFrames (matplotlib only).
+
+Every function takes the DataFrames of ``flashattn.results.load(gpu)`` (``.bench``,
+``.profile``, ``.compile``) or arrays, and returns a matplotlib Figure (tables: a DataFrame or
+pandas Styler). Pass ``meta`` (the results' metadata dict: ``gpu``, ...) to put the GPU in titles.
+
+Colours are fixed per implementation (``PALETTE``) so a step has the same colour in every chapter.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .steps import STEP_NAMES
+
+# One colour per step (a sequential run of hues in book order) and per library baseline.
+PALETTE = {
+    "naive": "#9e9e9e",
+    "baseline": "#1f77b4",
+    "large_tiles": "#d62728",
+    "fast_math": "#ff7f0e",
+    "loop_split": "#bcbd22",
+    "remap": "#2ca02c",
+    "autotune": "#17becf",
+    "hopper_hints": "#9467bd",
+    "lazy_rescale": "#8c564b",
+    "pair": "#e377c2",
+    "best": "#e377c2",
+    # libraries (dashed lines)
+    "cudnn": "#000000", "sdpa_cudnn": "#000000",
+    "flash": "#555555", "sdpa_flash": "#555555", "fa2": "#555555",
+    "flex": "#7f7f7f", "flexattention": "#7f7f7f", "flex_attention": "#7f7f7f",
+    "efficient": "#aaaaaa", "sdpa_efficient": "#aaaaaa",
+    "torch_naive": "#c7c7c7", "sdpa_math": "#c7c7c7", "math": "#c7c7c7",
+}
+_EXTRA = ["#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173", "#3182bd", "#e6550d"]
+KIND_COLORS = {0: "#eeeeee", 1: "#1f77b4", 2: "#ff7f0e"}   # skipped / full / masked tiles
+KIND_NAMES = {0: "skipped", 1: "full", 2: "masked (diagonal)"}
+
+
+def color_of(impl: str) -> str:
+    if impl in PALETTE:
+        return PALETTE[impl]
+    low = impl.lower()
+    for key in ("cudnn", "flex", "flash", "efficient", "math"):
+        if key in low:
+            return PALETTE[key if key != "math" else "sdpa_math"]
+    return _EXTRA[sum(map(ord, impl)) % len(_EXTRA)]
+
+
+def _plt():
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def _title(text: str, meta: dict | None = None) -> str:
+    gpu = (meta or {}).get("gpu") or (meta or {}).get("gpu_name")
+    return f"{text} — {gpu}" if gpu else text
+
+
+def _book_rank(name: str) -> int:
+    return STEP_NAMES.index(name) if name in STEP_NAMES else len(STEP_NAMES)
+
+
+def _fmt_n(n: int) -> str:
+    return f"{n // 1024}K" if n >= 1024 and n % 1024 == 0 else str(n)
+
+
+def _pick_workload(df, workload):
+    """Rows of one workload: the given one, else the most common one."""
+    if "workload" not in df.columns or df.empty:
+        return df, workload
+    if workload is None:
+        workload = df["workload"].value_counts().index[0]
+    return df[df["workload"] == workload], workload
+
+
+def _is_library(df_rows) -> bool:
+    return "kind" in df_rows.columns and (df_rows["kind"] == "library").all()
+
+
+# ---------------------------------------------------------------------------------------------
+# Benchmarks
+# ---------------------------------------------------------------------------------------------
+def tflops_vs_seqlen(bench_df, impls=None, workload=None, ax=None, meta=None):
+    """TFLOPS against sequence length, one line per implementation.
+
+    Steps are solid, libraries dashed; the shading spans the TFLOPS of the first and third
+    quartile times. The x axis is log2 (1K .. 16K). Returns the Figure.
+    """
+    plt = _plt()
+    df, workload = _pick_workload(bench_df, workload)
+    df = df[df["error"].fillna("") == ""] if "error" in df.columns else df
+    df = df.dropna(subset=["tflops"])
+    if impls is not None:
+        df = df[df["impl"].isin(impls)]
+    fig, ax = (ax.figure, ax) if ax is not None else plt.subplots(figsize=(8, 4.5))
+    order = sorted(df["impl"].unique(), key=lambda s: (_is_library(df[df["impl"] == s]),
+                                                       _book_rank(s), s))
+    for impl in order:
+        d = df[df["impl"] == impl].sort_values("Nk")
+        lib = _is_library(d)
+        c = color_of(impl)
+        ax.plot(d["Nk"], d["tflops"], ls="--" if lib else "-", marker="o", ms=3.5, lw=1.8,
+                color=c, label=impl + (" (library)" if lib else ""))
+        if {"q1_ms", "q3_ms", "median_ms"} <= set(d.columns):
+            lo = d["tflops"] * d["median_ms"] / d["q3_ms"]
+            hi = d["tflops"] * d["median_ms"] / d["q1_ms"]
+            ax.fill_between(d["Nk"], lo, hi, color=c, alpha=0.15, lw=0)
+    ax.set_xscale("log", base=2)
+    ns = sorted(df["Nk"].unique()) if not df.empty else [1024, 16384]
+    ticks = [n for n in (1024, 2048, 4096, 8192, 16384) if ns[0] <= n <= ns[-1]] or ns
+    ax.set_xticks(ticks)
+    ax.set_xticklabels([_fmt_n(int(n)) for n in ticks])
+    ax.minorticks_off()
+    ax.set_xlabel("sequence length N")
+    ax.set_ylabel("TFLOPS")
+    ax.set_ylim(bottom=0)
+    ax.grid(True, alpha=0.3)
+    ax.set_title(_title(f"Forward attention throughput{f' ({workload})' if workload else ''}",
+                        meta))
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def waterfall(bench_df, seqlen=16384, steps=None, workload=None, meta=None,
+              reference="cudnn"):
+    """Speed-up of each step over the previous one (bars) and over ``baseline`` (line).
+
+    Steps go in book order from ``baseline``; each bar is that step's TFLOPS over its
+    predecessor's, annotated with the running total. The dashed line is the reference library
+    (cuDNN) over ``baseline``. Log y axis: a slow-down (the large-tile trap) reads as clearly as a
+    speed-up. Returns the Figure.
+    """
+    plt = _plt()
+    df, workload = _pick_workload(bench_df, workload)
+    df = df[df["Nk"] == seqlen]
+    tf = df.groupby("impl")["tflops"].max()
+    if steps is None:
+        steps = [s for s in STEP_NAMES if s in tf.index and s != "naive"]
+    steps = [s for s in steps if s in tf.index and tf[s] == tf[s]]
+    if not steps:
+        raise ValueError(f"no step has a measurement at N={seqlen}")
+    base = tf[steps[0]]
+    per = [1.0] + [tf[b] / tf[a] for a, b in zip(steps, steps[1:])]
+    total = [tf[s] / base for s in steps]
+    fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(steps) + 2), 4.5))
+    x = np.arange(len(steps))
+    ax.bar(x, per, color=[color_of(s) for s in steps], alpha=0.85, width=0.6,
+           label="over the previous step")
+    ax.plot(x, total, "k-o", ms=4, lw=1.5, label=f"over {steps[0]} (running total)")
+    for xi, p, t in zip(x, per, total):
+        ax.annotate(f"×{t:.2f}", (xi, t), textcoords="offset points", xytext=(0, 6),
+                    ha="center", fontsize=8, fontweight="bold")
+        if xi:
+            ax.annotate(f"×{p:.2f}", (xi, p), textcoords="offset points", xytext=(0, -11),
+                        ha="center", fontsize=7, color="#333333")
+    ref = [i for i in tf.index if reference in i.lower()]
+    if ref:
+        r = tf[ref[0]] / base
+        ax.axhline(r, color=color_of(ref[0]), ls="--", lw=1.2,
+                   label=f"{ref[0]} over {steps[0]} (×{r:.2f})")
+    ax.axhline(1.0, color="#888888", lw=0.8)
+    ax.set_yscale("log")
+    ax.set_xticks(x)
+    ax.set_xticklabels(steps, rotation=30, ha="right")
+    ax.set_ylabel("speed-up (×, log scale)")
+    ax.grid(True, axis="y", alpha=0.3, which="both")
+    ax.set_title(_title(f"Speed-up step by step at N={_fmt_n(seqlen)}"
+                        f"{f' ({workload})' if workload else ''}", meta))
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+# ---------------------------------------------------------------------------------------------
+# Profiles
+# ---------------------------------------------------------------------------------------------
+# (label, metric or callable on a per-step row, format)
+PROFILE_FIELDS = [
+    ("registers / thread", "launch__registers_per_thread", "{:.0f}"),
+    ("local memory (spill) bytes", "local_bytes", "{:,.0f}"),
+    ("shared memory / block (KB)", "smem_kb", "{:.1f}"),
+    ("grid (programs)", "launch__grid_size", "{:,.0f}"),
+    ("waves per SM", "launch__waves_per_multiprocessor", "{:.2f}"),
+    ("theoretical occupancy %", "sm__maximum_warps_per_active_cycle_pct", "{:.1f}"),
+    ("achieved occupancy %", "sm__warps_active.avg.pct_of_peak_sustained_active", "{:.1f}"),
+    ("SM throughput %", "sm__throughput.avg.pct_of_peak_sustained_elapsed", "{:.1f}"),
+    ("tensor pipe %", "tensor_pct", "{:.1f}"),
+    ("DRAM throughput %", "gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed", "{:.1f}"),
+    ("DRAM bytes (MB)", "dram_mb", "{:,.1f}"),
+    ("duration (ms)", "duration_ms", "{:.3f}"),
+]
+_SUMMED = ("gpu__time_duration.sum", "dram__bytes_read.sum", "dram__bytes_write.sum",
+           "l1tex__t_bytes_pipe_lsu_mem_local_op_ld.sum",
+           "l1tex__t_bytes_pipe_lsu_mem_local_op_st.sum")
+
+
+def _wide(profile_df):
+    """Accept the long summary rows (step, kernel, metric, value) or the wide table."""
+    import pandas as pd
+    if "metric" in profile_df.columns and "value" in profile_df.columns:
+        w = profile_df.pivot_table(index=["step", "kernel"], columns="metric", values="value",
+                                   aggfunc="first").reset_index()
+        w.columns.name = None
+        return w
+    return pd.DataFrame(profile_df)
+
+
+def per_step(profile_df, steps=None):
+    """One row per step: times and bytes summed over its kernels, the rest from its longest
+    kernel; derived columns local_bytes, smem_kb, dram_mb, duration_ms, tensor_pct."""
+    import pandas as pd
+    w = _wide(profile_df)
+    if steps is not None:
+        w = w[w["step"].isin(steps)]
+    out = []
+    for step, g in w.groupby("step", sort=False):
+        dur = g["gpu__time_duration.sum"] if "gpu__time_duration.sum" in g else None
+        main = g.loc[dur.idxmax()] if dur is not None and dur.notna().any() else g.iloc[0]
+        row = main.copy()
+        for c in _SUMMED:
+            if c in g:
+                row[c] = g[c].sum(min_count=1)
+        row["kernel"] = ", ".join(g["kernel"].astype(str)) if len(g) > 1 else main["kernel"]
+        out.append(row)
+    d = pd.DataFrame(out).reset_index(drop=True)
+    if d.empty:
+        return d
+
+    def col(name):
+        return d[name] if name in d else pd.Series(np.nan, index=d.index)
+    loc = col("l1tex__t_bytes_pipe_lsu_mem_local_op_ld.sum").fillna(0) + \
+        col("l1tex__t_bytes_pipe_lsu_mem_local_op_st.sum").fillna(0)
+    has_loc = col("l1tex__t_bytes_pipe_lsu_mem_local_op_ld.sum").notna() | \
+        col("l1tex__t_bytes_pipe_lsu_mem_local_op_st.sum").notna()
+    d["local_bytes"] = loc.where(has_loc, col("stack_bytes") if "stack_bytes" in d else np.nan)
+    d["smem_kb"] = (col("launch__shared_mem_per_block_static").fillna(0)
+                    + col("launch__shared_mem_per_block_dynamic").fillna(0)) / 1024
+    d["dram_mb"] = (col("dram__bytes_read.sum") + col("dram__bytes_write.sum")) / 1e6
+    d["duration_ms"] = col("gpu__time_duration.sum") / 1e6
+    tensor = [c for c in d.columns if str(c).startswith("sm__pipe_tensor")
+              and str(c).endswith("cycles_active.avg.pct_of_peak_sustained_active")]
+    d["tensor_pct"] = d[tensor].max(axis=1) if tensor else np.nan
+    d["_o"] = d["step"].map(_book_rank)
+    return d.sort_values("_o", kind="stable").drop(columns="_o").reset_index(drop=True)
+
+
+def profile_table(profile_df, steps=None, styled=True):
+    """Key Nsight Compute metrics side by side: one column per step, one row per metric.
+
+    Returns a pandas Styler (numbers formatted, each row shaded from low to high) or, with
+    ``styled=False`` or without jinja2, the DataFrame.
+    """
+    import pandas as pd
+    d = per_step(profile_df, steps)
+    table = pd.DataFrame({r["step"]: [r.get(m, np.nan) for _, m, _ in PROFILE_FIELDS]
+                          for _, r in d.iterrows()},
+                         index=[label for label, _, _ in PROFILE_FIELDS])
+    table = table.dropna(how="all")
+    table.index.name = "metric"
+    if not styled:
+        return table
+    try:
+        fmt = {label: f for label, _, f in PROFILE_FIELDS}
+        sty = table.style
+        for label in table.index:
+            sty = sty.format(lambda v, f=fmt[label]: "–" if v != v else f.format(v),
+                             subset=pd.IndexSlice[[label], :])
+        return sty.background_gradient(axis=1, cmap="Blues", low=0.1, high=0.1)
+    except ImportError:
+        return table
+
+
+def profile_bars(profile_df, metrics=None, steps=None, meta=None, ncols=3):
+    """Small multiples: one bar chart per metric, one bar per step. Returns the Figure."""
+    plt = _plt()
+    d = per_step(profile_df, steps)
+    fields = {m: (label, f) for label, m, f in PROFILE_FIELDS}
+    metrics = metrics or ["launch__registers_per_thread", "local_bytes",
+                          "sm__warps_active.avg.pct_of_peak_sustained_active",
+                          "sm__throughput.avg.pct_of_peak_sustained_elapsed",
+                          "gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed",
+                          "duration_ms"]
+    metrics = [m for m in metrics if m in d.columns]
+    n = max(1, len(metrics))
+    ncols = min(ncols, n)
+    nrows = math.ceil(n / ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(3.4 * ncols, 2.6 * nrows), squeeze=False)
+    for ax, m in zip(axes.flat, metrics):
+        vals = d[m].astype(float)
+        ax.bar(range(len(d)), vals.fillna(0), color=[color_of(s) for s in d["step"]])
+        ax.set_title(fields.get(m, (m, ""))[0], fontsize=9)
+        ax.set_xticks(range(len(d)))
+        ax.set_xticklabels(d["step"], rotation=45, ha="right", fontsize=7)
+        ax.tick_params(axis="y", labelsize=7)
+        ax.grid(True, axis="y", alpha=0.3)
+        if m.endswith("pct") or m.endswith("_pct_of_peak_sustained_active") or "%" in \
+                fields.get(m, ("", ""))[0]:
+            ax.set_ylim(0, 100)
+    for ax in list(axes.flat)[len(metrics):]:
+        ax.axis("off")
+    fig.suptitle(_title("Nsight Compute, step by step", meta), fontsize=11)
+    fig.tight_layout()
+    return fig
+
+
+def min_bytes(B, Hq, Hkv, Nq, Nk, D, elem_bytes=2) -> float:
+    """The least DRAM traffic of attention: read Q, K, V once and write O once.
+
+    ``elem_bytes · D · (2·B·Hq·Nq + 2·B·Hkv·Nk)`` — Q and O are (B, Hq, Nq, D), K and V are
+    (B, Hkv, Nk, D). For MHA with Nq = Nk = N in fp16: ``2 · 4·B·H·N·D`` bytes.
+    """
+    return float(elem_bytes) * D * (2 * B * Hq * Nq + 2 * B * Hkv * Nk)
+
+
+def roofline(bench_df, profile_df=None, peak_tflops=989.0, bandwidth_tbs=4.8, seqlen=4096,
+             workload=None, meta=None, ax=None):
+    """Log-log roofline with each implementation at (arithmetic intensity, achieved TFLOPS).
+
+    FLOPs are ``flashattn.timing.attention_flops`` (4·B·H·Nq·Nk·D, halved when causal). Bytes are
+    the DRAM bytes read + written that Nsight Compute measured for the step (summed over its
+    kernels; the profile must be of the same workload), else ``min_bytes`` (Q, K, V read once,
+    O written once) — libraries always use ``min_bytes``. Defaults: H100/H200 dense fp16 peak
+    989 TFLOPS, H200 HBM3e 4.8 TB/s. Returns the Figure.
+    """
+    from .timing import attention_flops
+    plt = _plt()
+    df, workload = _pick_workload(bench_df, workload)
+    df = df[(df["Nk"] == seqlen)].dropna(subset=["tflops"])
+    prof = per_step(profile_df) if profile_df is not None and len(profile_df) else None
+    measured = {}
+    if prof is not None and {"dram__bytes_read.sum", "dram__bytes_write.sum"} <= set(prof):
+        measured = {r["step"]: r["dram__bytes_read.sum"] + r["dram__bytes_write.sum"]
+                    for _, r in prof.iterrows()}
+    fig, ax = (ax.figure, ax) if ax is not None else plt.subplots(figsize=(7, 4.8))
+    pts = []
+    for _, r in df.iterrows():
+        causal = bool(r["causal"]) if not isinstance(r["causal"], str) else \
+            r["causal"].lower() in ("true", "1", "yes")
+        flops = attention_flops(int(r["B"]), int(r["Hq"]), int(r["Nq"]), int(r["Nk"]),
+                                int(r["D"]), causal)
+        eb = 4 if str(r.get("dtype", "float16")) in ("float32", "torch.float32") else 2
+        mb = measured.get(r["impl"])
+        by = mb if mb and mb == mb and r.get("kind") != "library" else \
+            min_bytes(int(r["B"]), int(r["Hq"]), int(r["Hkv"]), int(r["Nq"]), int(r["Nk"]),
+                      int(r["D"]), eb)
+        pts.append((r["impl"], flops / by, r["tflops"], r.get("kind") == "library",
+                    mb is not None and r.get("kind") != "library"))
+    xs = [p[1] for p in pts] or [1.0]
+    lo, hi = min(xs + [1.0]) / 4, max(xs + [peak_tflops / bandwidth_tbs * 10]) * 4
+    ii = np.logspace(np.log10(lo), np.log10(hi), 200)
+    ax.plot(ii, np.minimum(peak_tflops, bandwidth_tbs * ii), color="#444444", lw=1.5)
+    ridge = peak_tflops / bandwidth_tbs
+    ax.axvline(ridge, color="#bbbbbb", ls=":", lw=1)
+    ax.annotate(f"{peak_tflops:.0f} TFLOPS peak", (hi / 1.2, peak_tflops), ha="right",
+                va="bottom", fontsize=8)
+    ax.annotate(f"{bandwidth_tbs} TB/s", (lo * 1.5, bandwidth_tbs * lo * 1.5), rotation=0,
+                fontsize=8, va="bottom")
+    for impl, x, y, lib, meas in sorted(pts, key=lambda p: (p[3], _book_rank(p[0]))):
+        ax.scatter([x], [y], s=45, marker="s" if lib else "o",
+                   facecolors="none" if lib else color_of(impl), edgecolors=color_of(impl),
+                   label=impl + (" (library)" if lib else "" if meas else " (min. bytes)"),
+                   zorder=3)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("arithmetic intensity (FLOP / DRAM byte)")
+    ax.set_ylabel("TFLOPS")
+    ax.grid(True, which="both", alpha=0.2)
+    ax.set_title(_title(f"Roofline at N={_fmt_n(seqlen)}{f' ({workload})' if workload else ''}",
+                        meta))
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+# ---------------------------------------------------------------------------------------------
+# Schedules
+# ---------------------------------------------------------------------------------------------
+def causal_tiles(kinds, tile_m=64, tile_n=64, ax=None, title=None, meta=None):
+    """The tile grid of a causal launch: each (query tile, key tile) coloured by its kind.
+
+    ``kinds``: 2-D array [num query tiles, num key tiles] of 0 (skipped), 1 (full, no mask),
+    2 (masked: on the diagonal or the ragged end). Returns the Figure.
+    """
+    from matplotlib.colors import ListedColormap
+    from matplotlib.patches import Patch
+    plt = _plt()
+    k = np.asarray(kinds, dtype=int)
+    if k.ndim != 2:
+        raise ValueError(f"kinds must be 2-D (query tiles, key tiles), got shape {k.shape}")
+    nq, nk = k.shape
+    fig, ax = (ax.figure, ax) if ax is not None else plt.subplots(
+        figsize=(min(9, 1.5 + 0.35 * nk), min(9, 1.2 + 0.35 * nq)))
+    cmap = ListedColormap([KIND_COLORS[i] for i in range(3)])
+    ax.imshow(k, cmap=cmap, vmin=-0.5, vmax=2.5, interpolation="nearest", aspect="equal")
+    if nq <= 64 and nk <= 64:
+        ax.set_xticks(np.arange(-0.5, nk, 1), minor=True)
+        ax.set_yticks(np.arange(-0.5, nq, 1), minor=True)
+        ax.grid(which="minor", color="white", lw=0.8)
+        ax.tick_params(which="minor", length=0)
+    ax.set_xlabel(f"key tile j  (TILE_N = {tile_n})")
+    ax.set_ylabel(f"query tile i  (TILE_M = {tile_m})")
+    counts = {i: int((k == i).sum()) for i in range(3)}
+    ax.legend(handles=[Patch(color=KIND_COLORS[i], label=f"{KIND_NAMES[i]}: {counts[i]}")
+                       for i in (1, 2, 0)],
+              loc="upper left", bbox_to_anchor=(1.02, 1.0), frameon=False, fontsize=8)
+    ax.set_title(_title(title or f"Causal tiles: {nq * tile_m} queries × {nk * tile_n} keys",
+                        meta), fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def work_per_program(work, order=None, sm_count=132, occupancy=1, ax=None, title=None,
+                     meta=None):
+    """Key tiles each program visits, in launch order, with the wave boundaries marked.
+
+    ``work[p]``: key tiles of program p; ``order``: program ids in launch order (default
+    0, 1, 2, ...). A wave is ``sm_count × occupancy`` programs running at once; the last wave's
+    longest program sets the tail. Returns the Figure.
+    """
+    plt = _plt()
+    w = np.asarray(work, dtype=float).ravel()
+    order = np.arange(len(w)) if order is None else np.asarray(order, dtype=int).ravel()
+    seq = w[order]
+    fig, ax = (ax.figure, ax) if ax is not None else plt.subplots(figsize=(9, 3.6))
+    wave = max(1, int(sm_count * occupancy))
+    colors = ["#1f77b4" if (i // wave) % 2 == 0 else "#6baed6" for i in range(len(seq))]
+    ax.bar(np.arange(len(seq)), seq, width=1.0, color=colors, lw=0)
+    for b in range(wave, len(seq), wave):
+        ax.axvline(b - 0.5, color="#d62728", ls="--", lw=1)
+    nwaves = len(seq) / wave
+    ax.annotate(f"{nwaves:.2f} waves of {wave} programs ({sm_count} SMs × {occupancy})",
+                (0.01, 0.97), xycoords="axes fraction", va="top", fontsize=8, color="#d62728")
+    ax.set_xlim(-0.5, len(seq) - 0.5)
+    ax.set_xlabel("program, in launch order")
+    ax.set_ylabel("key tiles visited")
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.set_title(_title(title or "Work per program", meta), fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+# ---------------------------------------------------------------------------------------------
+# Compilation
+# ---------------------------------------------------------------------------------------------
+COMPILE_FIELDS = {"registers": "REG", "stack_bytes": "STACK", "mma_ops": "MMA",
+                  "sass_MUFU.EX2": "EX2", "sass_MUFU.RCP": "RCP", "sass_LDL": "LDL",
+                  "sass_STL": "STL"}
+
+
+def compile_table(compile_df, archs=("sm_90", "sm_100")):
+    """Registers, stack, MMA, EX2, RCP, LDL, STL per step (rows, book order) and arch
+    (column groups), from the compile reports. Returns a DataFrame with two column levels."""
+    import pandas as pd
+    df = compile_df[compile_df["arch"].isin(archs)].copy()
+    if "error" in df.columns:
+        df = df[df["error"].fillna("") == ""]
+    fields = [c for c in COMPILE_FIELDS if c in df.columns]
+    keys = ["step", "kernel"] if "kernel" in df.columns else ["step"]
+    t = df.pivot_table(index=keys, columns="arch", values=fields, aggfunc="first")
+    t = t.rename(columns=COMPILE_FIELDS, level=0).swaplevel(0, 1, axis=1)
+    present = [a for a in archs if a in t.columns.get_level_values(0)]
+    names = [COMPILE_FIELDS[f] for f in fields]
+    t = t.reindex(columns=pd.MultiIndex.from_product([present, names]))
+    t = t.iloc[sorted(range(len(t)), key=lambda i: (_book_rank(t.index[i][0] if len(keys) > 1
+                                                                else t.index[i]), i))]
+    return t.astype("Int64") if not t.empty else t

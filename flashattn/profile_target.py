@@ -1,0 +1,128 @@
+"""The program Nsight Compute profiles: one warm-up and one measured launch per step (chapter 4).
+
+    python -m flashattn.profile_target --step baseline,remap --seqlen 4096 \
+        [--batch 4 --heads 32 --head-dim 128 --dtype float16 --causal/--no-causal --gqa 32:8]
+
+For each step, in order: fresh random inputs, the step's configuration for them
+(``flashattn.api.resolve``), one warm-up launch outside any NVTX range (JIT compilation, module
+load, and an autotune search for tuned steps all happen here), ``torch.cuda.synchronize()``, then
+exactly one launch inside the NVTX push/pop range ``step:NAME``, synchronized. ``ncu --nvtx
+--nvtx-include "regex:step:.*/"`` then profiles only the kernels of the measured launches, and
+each profiled kernel carries the name of its step in its NVTX state.
+
+``--manifest FILE`` writes what ran, as JSON: per step, its configuration and how many kernels the
+warm-up and the measured launch made (1 for fused steps, 3 per chunk for ``naive``), so a report
+filtered by kernel name rather than NVTX can still be mapped back to steps by launch order.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+
+
+def parse_gqa(text: str | None, heads: int) -> tuple[int, int]:
+    """'32:8' -> (32, 8); None -> (heads, heads)."""
+    if not text:
+        return heads, heads
+    try:
+        hq, hkv = (int(x) for x in text.split(":"))
+    except ValueError:
+        raise ValueError(f"--gqa takes QUERY_HEADS:KV_HEADS such as 32:8, got {text!r}") from None
+    if hq < 1 or hkv < 1 or hq % hkv:
+        raise ValueError(f"--gqa {text}: query heads must be a positive multiple of kv heads")
+    return hq, hkv
+
+
+def add_shape_args(p: argparse.ArgumentParser) -> None:
+    """The workload options shared by ``profile_target`` and ``python -m flashattn profile``."""
+    p.add_argument("--seqlen", type=int, default=4096, help="Nq = Nk (default 4096)")
+    p.add_argument("--batch", type=int, default=4)
+    p.add_argument("--heads", type=int, default=32, help="query heads (= kv heads unless --gqa)")
+    p.add_argument("--head-dim", type=int, default=128)
+    p.add_argument("--dtype", choices=["float16", "bfloat16"], default="float16")
+    p.add_argument("--causal", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--gqa", metavar="HQ:HKV", help="grouped-query heads, e.g. 32:8")
+
+
+class _LaunchCounter:
+    """Counts ``cuda.tile.launch`` calls (api.launch looks the function up at call time)."""
+
+    def __init__(self):
+        self.n = 0
+        self._orig = None
+
+    def __enter__(self):
+        import cuda.tile as ct
+        self._orig = ct.launch
+
+        def counted(*a, **kw):
+            self.n += 1
+            return self._orig(*a, **kw)
+        ct.launch = counted
+        return self
+
+    def __exit__(self, *exc):
+        import cuda.tile as ct
+        ct.launch = self._orig
+        return False
+
+
+def run_step(name: str, *, seqlen: int, batch: int, heads: int, kv_heads: int, head_dim: int,
+             dtype: str, causal: bool, seed: int = 0) -> dict:
+    """Warm up then launch step ``name`` once inside NVTX range ``step:NAME``; what ran."""
+    import torch
+
+    from . import api
+    torch.manual_seed(seed)
+    dt = getattr(torch, dtype)
+    dev = torch.device("cuda")
+    q = torch.randn(batch, heads, seqlen, head_dim, device=dev, dtype=dt)       # (B, Hq, N, D)
+    k = torch.randn(batch, kv_heads, seqlen, head_dim, device=dev, dtype=dt)    # (B, Hkv, N, D)
+    v = torch.randn(batch, kv_heads, seqlen, head_dim, device=dev, dtype=dt)    # (B, Hkv, N, D)
+    out = torch.empty_like(q)
+    scale = 1.0 / math.sqrt(head_dim)
+    api.validate(q, k, v, causal=causal, scale=scale, input_pos=0)
+    step, config = api.resolve(name, q, k, causal)
+
+    def go():
+        api.launch(q, k, v, out, step, config, causal=causal, scale=scale)
+
+    with _LaunchCounter() as warm:          # outside any NVTX range: not profiled
+        go()
+    torch.cuda.synchronize()
+    with _LaunchCounter() as measured:
+        with torch.cuda.nvtx.range(f"step:{name}"):
+            go()
+        torch.cuda.synchronize()
+    return dict(step=name, resolved_step=step.name, config=config.label(),
+                warmup_launches=warm.n, launches=measured.n)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m flashattn.profile_target",
+                                description="Launch steps once each inside NVTX ranges "
+                                            "'step:NAME', for Nsight Compute.")
+    p.add_argument("--step", required=True, help="comma-separated step names, in order")
+    add_shape_args(p)
+    p.add_argument("--manifest", help="write what ran (configs, launch counts) to this JSON file")
+    a = p.parse_args(argv)
+    steps = [s for s in a.step.split(",") if s]
+    hq, hkv = parse_gqa(a.gqa, a.heads)
+    ran = []
+    for name in steps:
+        info = run_step(name, seqlen=a.seqlen, batch=a.batch, heads=hq, kv_heads=hkv,
+                        head_dim=a.head_dim, dtype=a.dtype, causal=a.causal)
+        ran.append(info)
+        print(f"profile_target: {name} ({info['config']}): {info['launches']} kernel launch(es) "
+              "in range", file=sys.stderr)
+    if a.manifest:
+        with open(a.manifest, "w") as f:
+            json.dump(dict(shape=dict(B=a.batch, Hq=hq, Hkv=hkv, N=a.seqlen, D=a.head_dim,
+                                      dtype=a.dtype, causal=a.causal), steps=ran), f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
