@@ -27,14 +27,54 @@ from flashattn.timing import attention_flops, time_cuda, tflops
 
 
 def parse_variant(v: str):
-    if "@" not in v:
-        return v, None
-    name, cfg = v.split("@")
+    """STEP[+FLAG|-FLAG|+FLAG=INT ...][@TMxTN[oOCC][cCTAS]] -> (Step, Config or None)."""
+    from dataclasses import replace
+    spec, _, cfg = v.partition("@")
+    parts = re.split(r"(?=[+-])", spec)
+    step = get_step(parts[0])
+    flags = dict(step.flags)
+    for p in parts[1:]:
+        if "=" in p:
+            k, val = p[1:].split("=")
+            flags[k] = int(val)
+        else:
+            flags[p[1:]] = p[0] == "+"
+    step = replace(step, flags=flags)
+    step.flag_values()  # validates names
+    if not cfg:
+        return step, None
     m = re.fullmatch(r"(\d+)x(\d+)(?:o(\d+))?(?:c(\d+))?", cfg)
     if not m:
         raise SystemExit(f"bad variant {v!r}")
     tm, tn, occ, ctas = m.groups()
-    return name, Config(int(tm), int(tn), int(occ) if occ else None, int(ctas) if ctas else None)
+    return step, Config(int(tm), int(tn), int(occ) if occ else None, int(ctas) if ctas else None)
+
+
+def _warm(args):
+    """Compile one variant in a worker process (fills cuTile's disk cache for the parent)."""
+    var, causal, n, b, h, hkv, d, dtype = args
+    import torch
+    dt = getattr(torch, dtype)
+    q = torch.randn(b, h, n, d, device="cuda", dtype=dt)
+    k = torch.randn(b, hkv, n, d, device="cuda", dtype=dt)
+    step, cfg = parse_variant(var)
+    if cfg is None:
+        cfg = resolve(step.name, q, k, causal)[1]
+    t0 = time.perf_counter()
+    try:
+        launch(q, k, k, torch.empty_like(q), step, cfg, causal=causal, scale=d ** -0.5)
+        torch.cuda.synchronize()
+        return f"warm {var} causal={causal}: {time.perf_counter() - t0:.1f} s"
+    except Exception as e:
+        return f"warm {var} causal={causal}: FAILED {type(e).__name__}: {e}"[:300]
+
+
+def prewarm(variants, causals, n, b, h, hkv, d, dtype, procs):
+    import multiprocessing as mp
+    jobs = [(v, c, n, b, h, hkv, d, dtype) for v in variants for c in causals]
+    with mp.get_context("spawn").Pool(procs) as pool:
+        for line in pool.imap_unordered(_warm, jobs):
+            print(line, file=sys.stderr, flush=True)
 
 
 def main():
@@ -50,10 +90,16 @@ def main():
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--libs", default="cudnn,flash")
     p.add_argument("--json")
+    p.add_argument("--prewarm", type=int, default=0, help="compile variants in N processes first")
     a = p.parse_args()
     dt = getattr(torch, a.dtype)
     hkv = a.kv_heads or a.heads
     causals = {"yes": [True], "no": [False], "both": [False, True]}[a.causal]
+    if a.prewarm:
+        t0 = time.perf_counter()
+        prewarm(a.variant, causals, min(int(x) for x in a.seqlens.split(",")), a.batch,
+                a.heads, hkv, a.head_dim, a.dtype, a.prewarm)
+        print(f"prewarm: {time.perf_counter() - t0:.1f} s", file=sys.stderr)
     rows = []
     for causal in causals:
         for n in [int(x) for x in a.seqlens.split(",")]:
@@ -75,10 +121,9 @@ def main():
                                                               enable_gqa=hkv != a.heads)
                 impls.append((f"sdpa_{lib}", "", fn))
             for var in a.variant:
-                name, cfg = parse_variant(var)
-                step = get_step(name)
+                step, cfg = parse_variant(var)
                 if cfg is None:
-                    step, cfg = resolve(name, q, k, causal)
+                    step, cfg = step, resolve(step.name, q, k, causal)[1]
 
                 def fn(step=step, cfg=cfg):
                     return launch(q, k, v, out, step, cfg, causal=causal, scale=scale)

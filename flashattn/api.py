@@ -73,8 +73,10 @@ def validate(q, k, v, *, causal: bool, scale, input_pos) -> None:
     if scale is not None:
         if isinstance(scale, bool) or not isinstance(scale, (int, float)):
             raise TypeError(f"scale must be a float, got {type(scale).__name__}")
-        if not math.isfinite(scale):
-            raise ValueError(f"scale must be finite, got {scale}")
+        if not math.isfinite(scale) or scale <= 0:
+            # The kernels scale after the row max (one multiply per row, chapter 3): that is
+            # only the max of the scaled scores for a positive scale.
+            raise ValueError(f"scale must be a finite positive number, got {scale}")
     if isinstance(input_pos, bool) or not isinstance(input_pos, int):
         raise TypeError(f"input_pos must be an int, got {type(input_pos).__name__}")
     if input_pos < 0 or input_pos > max(0, Nk - Nq):
@@ -114,9 +116,15 @@ def fmha_args(q, k, v, out, step: Step, config: Config, *, causal: bool, scale: 
     f = step.flag_values()
     num_m_blocks = -(-Nq // config.TILE_M)
     grid_x = -(-num_m_blocks // 2) if f["PAIR"] else num_m_blocks
+    td = tile_d_for(D)
+    even_k = Nk % config.TILE_N == 0
     args = (q, k, v, out, float(scale), int(input_pos), Hq, Hq // Hkv, num_m_blocks,
-            config.TILE_M, config.TILE_N, tile_d_for(D), bool(causal), Nk % config.TILE_N == 0,
-            f["FAST_MATH"], f["SPLIT_LOOP"], f["REMAP"], f["PAIR"], f["LAZY_RESCALE"])
+            config.TILE_M, config.TILE_N, td, bool(causal), even_k,
+            f["FAST_MATH"], f["SPLIT_LOOP"], f["REMAP"], f["PAIR"], f["LAZY_RESCALE"],
+            f["EXP_POLY"],
+            # Unchecked loads only where every K/V tile is provably in bounds.
+            f["UNCHECKED_KV"] and even_k and td == D,
+            f["K_LAT"], f["V_LAT"])
     return (grid_x, B * Hq, 1), hinted(fmha_kernel, config), args
 
 

@@ -28,8 +28,18 @@ def _eval_flag_expr(node: ast.AST, env: dict):
     """Value of a test built from flag names, not/and/or and constants; None if not foldable."""
     if isinstance(node, ast.Name):
         return env.get(node.id)
-    if isinstance(node, ast.Constant) and isinstance(node.value, bool):
+    if isinstance(node, ast.Constant) and isinstance(node.value, (bool, int)):
         return node.value
+    if isinstance(node, ast.Compare) and len(node.ops) == 1:
+        a, b = _eval_flag_expr(node.left, env), _eval_flag_expr(node.comparators[0], env)
+        if a is None or b is None:
+            return None
+        op = node.ops[0]
+        if isinstance(op, ast.Eq):
+            return a == b
+        if isinstance(op, ast.NotEq):
+            return a != b
+        return None
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
         v = _eval_flag_expr(node.operand, env)
         return None if v is None else (not v)
@@ -87,6 +97,7 @@ def _substitute_flags(src: str, env: dict) -> str:
     out = src
     for name, val in env.items():
         out = out.replace(f"={name})", f"={val})").replace(f"={name},", f"={val},")
+        out = out.replace(f"=not {name},", f"={not val},").replace(f"=not {name})", f"={not val})")
     return out
 
 

@@ -9,8 +9,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-# The compile-time flags of flashattn.kernels.fmha.fmha_kernel, in signature order.
-FLAGS = ("FAST_MATH", "SPLIT_LOOP", "REMAP", "PAIR", "LAZY_RESCALE")
+# The compile-time switches of flashattn.kernels.fmha.fmha_kernel, in signature order, with
+# their defaults: the seed's baseline. K_LAT/V_LAT are the loads' DRAM-latency hints (1-10).
+FLAG_DEFAULTS = {"FAST_MATH": False, "SPLIT_LOOP": False, "REMAP": False, "PAIR": False,
+                 "LAZY_RESCALE": False, "EXP_POLY": 0, "UNCHECKED_KV": False,
+                 "K_LAT": 2, "V_LAT": 4}
+FLAGS = tuple(FLAG_DEFAULTS)
 
 # Architectures we compile for. sm_80: Ampere, sm_90: Hopper (H100/H200),
 # sm_100: datacenter Blackwell (B200), sm_120: consumer Blackwell (RTX 50).
@@ -51,7 +55,10 @@ class Step:
     source: str = "seed"        # "seed" (NVIDIA's walkthrough) or "book" (our own, chapter 10)
 
     def flag_values(self) -> dict:
-        return {f: bool(self.flags.get(f, False)) for f in FLAGS}
+        unknown = set(self.flags) - set(FLAGS)
+        if unknown:
+            raise ValueError(f"step {self.name!r}: unknown flags {sorted(unknown)}")
+        return {f: type(d)(self.flags.get(f, d)) for f, d in FLAG_DEFAULTS.items()}
 
     def config_for(self, arch: str | None) -> Config:
         return self.arch_configs.get(arch, self.config)

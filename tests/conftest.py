@@ -1,6 +1,10 @@
 """Shared test setup: the `gpu` marker skips where no CUDA GPU (or no cuTile) is usable."""
 import os
 
+# One BLAS thread: the emulation tests run many small matmuls; threads only contend on 2 cores.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
 import pytest
 
 # Autotune searches compile every configuration; tests use the first one unless they opt in.

@@ -69,7 +69,9 @@ def test_cpu_tensors_point_to_reference():
     (dict(input_pos=1.5, causal=True), TypeError, "input_pos must be an int"),
     (dict(input_pos=True, causal=True), TypeError, "input_pos must be an int"),
     (dict(scale="x"), TypeError, "scale must be a float"),
-    (dict(scale=math.inf), ValueError, "scale must be finite"),
+    (dict(scale=math.inf), ValueError, "finite positive"),
+    (dict(scale=0.0), ValueError, "finite positive"),
+    (dict(scale=-0.125), ValueError, "finite positive"),
 ])
 def test_argument_errors(kw, exc, msg):
     q, k = t(1, 2, 4, 16), t(1, 2, 12, 16)

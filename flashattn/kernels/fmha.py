@@ -40,7 +40,43 @@ def mask_scores(qk, offs_m, offs_n_tile, j, k_seqlen,
     return qk + ct.where(mask, 0.0, -math.inf)                       # [TILE_M, TILE_N]
 
 
-def online_softmax_update(qk, m_i, l_i, acc, qk_scale, FAST_MATH: ConstBool):
+# 2^f on [0, 1), degree 3, p(0) = 1, max relative error 8.6e-5 (below fp16's 4.9e-4 rounding of P).
+EXP2_POLY = (0.69511679, 0.22764499, 0.07706704)
+
+
+def exp2_fma(x):
+    """2^x for x <= 0 on the FMA/ALU pipes instead of the exp unit (MUFU), chapter 10.
+
+    2^x = 2^floor(x) * 2^frac(x): a cubic for the fraction, the integer part added straight
+    into the exponent bits. Below -127 it flushes to zero, like exp2(flush_to_zero=True).
+    """
+    x = ct.maximum(x, -127.0)
+    xi = ct.floor(x)
+    f = x - xi                                                       # [0, 1)
+    p = ((EXP2_POLY[2] * f + EXP2_POLY[1]) * f + EXP2_POLY[0]) * f + 1.0
+    bits = ct.bitcast(p, ct.int32) + (xi.astype(ct.int32) << 23)     # p * 2^xi
+    return ct.bitcast(bits, ct.float32)
+
+
+def exp2_split(x, EXP_POLY: ConstInt):
+    """exp2 of a [TILE_M, TILE_N] tile, 1/EXP_POLY of its columns on the FMA pipe."""
+    if EXP_POLY == 2:
+        half = (x.shape[0], x.shape[1] // 2)
+        return ct.cat((ct.exp2(ct.extract(x, (0, 0), half), flush_to_zero=True),
+                       exp2_fma(ct.extract(x, (0, 1), half))), axis=1)
+    elif EXP_POLY == 4:
+        quarter = (x.shape[0], x.shape[1] // 4)
+        a = ct.cat((ct.exp2(ct.extract(x, (0, 0), quarter), flush_to_zero=True),
+                    ct.exp2(ct.extract(x, (0, 1), quarter), flush_to_zero=True)), axis=1)
+        b = ct.cat((ct.exp2(ct.extract(x, (0, 2), quarter), flush_to_zero=True),
+                    exp2_fma(ct.extract(x, (0, 3), quarter))), axis=1)
+        return ct.cat((a, b), axis=1)
+    else:
+        return ct.exp2(x, flush_to_zero=True)
+
+
+def online_softmax_update(qk, m_i, l_i, acc, qk_scale, FAST_MATH: ConstBool,
+                          EXP_POLY: ConstInt):
     """One block of the online softmax (chapter 2): returns p and the updated m_i, l_i, acc.
 
     qk: [TILE_M, TILE_N] masked raw scores; m_i, l_i: [TILE_M, 1] running max (already scaled
@@ -51,7 +87,10 @@ def online_softmax_update(qk, m_i, l_i, acc, qk_scale, FAST_MATH: ConstBool):
     qk = qk * qk_scale - m_ij                                        # [TILE_M, TILE_N]
     if FAST_MATH:
         # Chapter 6: flush denormals to zero, so exp2 is one MUFU.EX2 with no range fix-up.
-        p = ct.exp2(qk, flush_to_zero=True)                          # [TILE_M, TILE_N]
+        if EXP_POLY:
+            p = exp2_split(qk, EXP_POLY)                             # [TILE_M, TILE_N]
+        else:
+            p = ct.exp2(qk, flush_to_zero=True)                      # [TILE_M, TILE_N]
         alpha = ct.exp2(m_i - m_ij, flush_to_zero=True)              # [TILE_M, 1]
     else:
         p = ct.exp2(qk)                                              # [TILE_M, TILE_N]
@@ -64,7 +103,8 @@ def online_softmax_update(qk, m_i, l_i, acc, qk_scale, FAST_MATH: ConstBool):
 def attend_query_tile(Q, K, V, Out, qk_scale, input_pos, bid_x, batch_idx, head_idx, kv_head,
                       TILE_M: ConstInt, TILE_N: ConstInt, TILE_D: ConstInt,
                       CAUSAL: ConstBool, EVEN_K: ConstBool, FAST_MATH: ConstBool,
-                      SPLIT_LOOP: ConstBool, LAZY_RESCALE: ConstBool):
+                      SPLIT_LOOP: ConstBool, LAZY_RESCALE: ConstBool, EXP_POLY: ConstInt,
+                      UNCHECKED_KV: ConstBool, K_LAT: ConstInt, V_LAT: ConstInt):
     """Compute Out[batch_idx, head_idx, bid_x*TILE_M : (bid_x+1)*TILE_M, :]."""
     # --- Query tile and running state (fp32 for the softmax statistics and the output) ---
     offs_m = input_pos + bid_x * TILE_M + ct.arange(TILE_M, dtype=ct.int32)  # [TILE_M]
@@ -92,9 +132,14 @@ def attend_query_tile(Q, K, V, Out, qk_scale, input_pos, bid_x, batch_idx, head_
     # --- Main loop over key/value tiles ---
     for j in range(0, Tc):
         # K is read transposed straight from (Nk, D) memory: order swaps the last two axes.
-        k = ct.load(K, index=(batch_idx, kv_head, 0, j), shape=(1, 1, TILE_D, TILE_N),
-                    order=(0, 1, 3, 2), latency=2,
-                    padding_mode=ct.PaddingMode.ZERO).reshape((TILE_D, TILE_N))  # [TILE_D, TILE_N]
+        if UNCHECKED_KV:
+            # Chapter 10: the host proved every K/V tile in bounds (Nk % TILE_N == 0, D == TILE_D).
+            k = ct.load(K, index=(batch_idx, kv_head, 0, j), shape=(1, 1, TILE_D, TILE_N),
+                        order=(0, 1, 3, 2), latency=K_LAT, check_bounds=False)
+        else:
+            k = ct.load(K, index=(batch_idx, kv_head, 0, j), shape=(1, 1, TILE_D, TILE_N),
+                        order=(0, 1, 3, 2), latency=K_LAT, padding_mode=ct.PaddingMode.ZERO)
+        k = k.reshape((TILE_D, TILE_N))                              # [TILE_D, TILE_N]
         qk = ct.full((TILE_M, TILE_N), 0.0, dtype=ct.float32)       # [TILE_M, TILE_N]
         qk = ct.mma(q, k, qk)                                        # S = Q K^T
 
@@ -112,15 +157,22 @@ def attend_query_tile(Q, K, V, Out, qk_scale, input_pos, bid_x, batch_idx, head_
             m_blk = ct.max(qk, axis=-1, keepdims=True) * qk_scale    # [TILE_M, 1]
             grow = ct.max(m_blk - m_i)                               # scalar over the tile
             if grow > 8.0:
-                p, m_i, l_i, acc = online_softmax_update(qk, m_i, l_i, acc, qk_scale, FAST_MATH)
+                p, m_i, l_i, acc = online_softmax_update(qk, m_i, l_i, acc, qk_scale, FAST_MATH,
+                                                           EXP_POLY)
             else:
                 p = ct.exp2(qk * qk_scale - m_i, flush_to_zero=FAST_MATH)  # [TILE_M, TILE_N]
                 l_i = l_i + ct.sum(p, axis=-1, keepdims=True)        # [TILE_M, 1]
         else:
-            p, m_i, l_i, acc = online_softmax_update(qk, m_i, l_i, acc, qk_scale, FAST_MATH)
+            p, m_i, l_i, acc = online_softmax_update(qk, m_i, l_i, acc, qk_scale, FAST_MATH,
+                                                           EXP_POLY)
 
-        v = ct.load(V, index=(batch_idx, kv_head, j, 0), shape=(1, 1, TILE_N, TILE_D),
-                    latency=4, padding_mode=ct.PaddingMode.ZERO).reshape((TILE_N, TILE_D))
+        if UNCHECKED_KV:
+            v = ct.load(V, index=(batch_idx, kv_head, j, 0), shape=(1, 1, TILE_N, TILE_D),
+                        latency=V_LAT, check_bounds=False)
+        else:
+            v = ct.load(V, index=(batch_idx, kv_head, j, 0), shape=(1, 1, TILE_N, TILE_D),
+                        latency=V_LAT, padding_mode=ct.PaddingMode.ZERO)
+        v = v.reshape((TILE_N, TILE_D))                              # [TILE_N, TILE_D]
         acc = ct.mma(p.astype(Q.dtype), v, acc)                      # O += P V, [TILE_M, TILE_D]
 
     # --- Normalise and store ---
@@ -139,7 +191,8 @@ def fmha_kernel(Q, K, V, Out,
                 TILE_M: ConstInt, TILE_N: ConstInt, TILE_D: ConstInt,
                 CAUSAL: ConstBool, EVEN_K: ConstBool,
                 FAST_MATH: ConstBool, SPLIT_LOOP: ConstBool, REMAP: ConstBool,
-                PAIR: ConstBool, LAZY_RESCALE: ConstBool):
+                PAIR: ConstBool, LAZY_RESCALE: ConstBool, EXP_POLY: ConstInt,
+                UNCHECKED_KV: ConstBool, K_LAT: ConstInt, V_LAT: ConstInt):
     """FlashAttention forward. See the module docstring for shapes and grid.
 
     qk_scale: softmax scale (1/sqrt(D) by default); input_pos: absolute position of query row 0
@@ -162,7 +215,7 @@ def fmha_kernel(Q, K, V, Out,
             bid_x = first + t * (second - first)
             attend_query_tile(Q, K, V, Out, qk_scale, input_pos, bid_x, batch_idx, head_idx,
                               kv_head, TILE_M, TILE_N, TILE_D, CAUSAL, EVEN_K, FAST_MATH,
-                              SPLIT_LOOP, LAZY_RESCALE)
+                              SPLIT_LOOP, LAZY_RESCALE, EXP_POLY, UNCHECKED_KV, K_LAT, V_LAT)
     else:
         if REMAP and CAUSAL:
             # Chapter 8: launch the longest query tiles (bottom rows) first.
@@ -171,4 +224,4 @@ def fmha_kernel(Q, K, V, Out,
             bid_x = ct.bid(0)
         attend_query_tile(Q, K, V, Out, qk_scale, input_pos, bid_x, batch_idx, head_idx,
                           kv_head, TILE_M, TILE_N, TILE_D, CAUSAL, EVEN_K, FAST_MATH,
-                          SPLIT_LOOP, LAZY_RESCALE)
+                          SPLIT_LOOP, LAZY_RESCALE, EXP_POLY, UNCHECKED_KV, K_LAT, V_LAT)
