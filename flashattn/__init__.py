@@ -6,8 +6,9 @@
     flashattn.STEPS                                           # the steps of the book, in order
 """
 from .api import attention, sdpa
-from .steps import ARCHS, FLAGS, SEED_STEPS, STEP_NAMES, STEPS, Config, Step, get_step
+from .steps import (ARCHS, EXPERIMENTS, FLAGS, SEED_STEPS, STEP_NAMES, STEPS, Config, Step,
+                    get_step)
 
 __version__ = "0.1.0"
 __all__ = ["attention", "sdpa", "STEPS", "STEP_NAMES", "SEED_STEPS", "Step", "Config",
-           "get_step", "ARCHS", "FLAGS", "__version__"]
+           "get_step", "EXPERIMENTS", "ARCHS", "FLAGS", "__version__"]

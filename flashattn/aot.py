@@ -20,7 +20,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .steps import ARCHS, STEP_NAMES, Config, Step, get_step
+from .steps import ARCHS, EXPERIMENTS, STEP_NAMES, Config, Step, get_step
 
 # The workload the book's static tables describe: the seed's B=4, H=32, D=128, fp16, causal.
 DEFAULT_SHAPE = dict(head_dim=128, causal=True, even_k=True, dtype="float16")
@@ -172,7 +172,7 @@ def compile_step(name: str, arch: str, *, config: Config | None = None, head_dim
     if arch not in ARCHS:
         raise ValueError(f"unknown arch {arch!r}; choose from {', '.join(ARCHS)}")
     step = get_step(name)
-    cfg = config or (step.config_for(arch) if not step.tuned else _first_tuned(arch))
+    cfg = config or (step.config_for(arch) if not step.tuned else _first_tuned(arch, step))
     reports = []
     for kname, kernel in kernels_of(step):
         kernel = hinted(kernel, cfg)
@@ -204,9 +204,9 @@ def compile_step(name: str, arch: str, *, config: Config | None = None, head_dim
     return reports
 
 
-def _first_tuned(arch: str) -> Config:
+def _first_tuned(arch: str, step=None) -> Config:
     from .autotune import search_space
-    return search_space(arch)[0]
+    return search_space(arch, step)[0]
 
 
 def sass_of(name: str, arch: str, **kw) -> str:
@@ -243,8 +243,8 @@ def main(argv: list[str] | None = None) -> int:
                                             "report registers, spills, shared memory and SASS.")
     p.add_argument("--arch", action="append", choices=ARCHS,
                    help="target architecture (repeatable; default sm_90 and sm_100)")
-    p.add_argument("--step", action="append", choices=STEP_NAMES,
-                   help="step to compile (repeatable; default: all)")
+    p.add_argument("--step", action="append", choices=STEP_NAMES + tuple(EXPERIMENTS),
+                   help="step or experiment to compile (repeatable; default: all steps)")
     p.add_argument("--head-dim", type=int, default=128)
     p.add_argument("--no-causal", action="store_true")
     p.add_argument("--dtype", choices=["float16", "bfloat16"], default="float16")

@@ -23,13 +23,13 @@ import sys
 import time
 from pathlib import Path
 
-from .steps import STEP_NAMES, get_step
+from .steps import EXPERIMENTS, STEP_NAMES, get_step
 from .timing import attention_flops, tflops
 
 # The seed's workload: B=4, H=32, D=128, fp16, causal.
 DEFAULT_SEQLENS = (1024, 2048, 4096, 8192, 16384)
 DEFAULT_BATCH, DEFAULT_HEADS, DEFAULT_HEAD_DIM = 4, 32, 128
-DEFAULT_STEPS = (*STEP_NAMES, "best")
+DEFAULT_STEPS = (*STEP_NAMES, *EXPERIMENTS, "best")
 
 # --baselines name -> (row impl, torch.nn.attention.SDPBackend member or None for FlexAttention)
 LIBRARIES = {
@@ -42,7 +42,7 @@ LIBRARIES = {
 DEFAULT_BASELINES = tuple(LIBRARIES)
 LIBRARY_IMPLS = tuple(impl for impl, _ in LIBRARIES.values())
 # Rows in book order: the steps, the fastest step, the libraries.
-IMPL_ORDER = (*STEP_NAMES, "best", *LIBRARY_IMPLS)
+IMPL_ORDER = (*STEP_NAMES, *EXPERIMENTS, "best", *LIBRARY_IMPLS)
 RATIO_REF = "sdpa_cudnn"
 
 DTYPE_SHORT = {"float16": "fp16", "bfloat16": "bf16"}
@@ -328,11 +328,58 @@ def _measure(fn, ref, hr: int, reps: int):
     return dict(t.as_dict(), max_abs_err=err if math.isfinite(err) else float("nan"))
 
 
+def _warm_job(job) -> str:
+    """Compile one (step, config) in a worker process; cuTile's disk cache serves the parent."""
+    name, cfg, causal, N, B, Hq, Hkv, D, dtype = job
+    import time
+
+    import torch
+
+    from . import api
+    from .steps import Config
+    t0 = time.perf_counter()
+    try:
+        tdt = getattr(torch, dtype)
+        q = torch.randn(B, Hq, N, D, device="cuda", dtype=tdt)
+        k = torch.randn(B, Hkv, N, D, device="cuda", dtype=tdt)
+        api.launch(q, k, k, torch.empty_like(q), get_step(name), Config(*cfg), causal=causal,
+                   scale=D ** -0.5)
+        torch.cuda.synchronize()
+        return f"compiled {name} {Config(*cfg).label()} in {time.perf_counter() - t0:.1f} s"
+    except Exception as e:  # the timed run reports it properly
+        return f"compile {name} {Config(*cfg).label()} failed: {type(e).__name__}: {e}"[:300]
+
+
+def prewarm(steps, *, causal, N, B, Hq, Hkv, D, dtype, procs: int) -> None:
+    """Compile every kernel variant the run needs in ``procs`` processes at once.
+
+    tileiras takes seconds per variant and a bench run needs a few dozen: compiling them in
+    parallel first (the GPU host has many cores) turns minutes of serial compiling into
+    seconds. Timings are unaffected: the timed process still warms up before it measures.
+    """
+    import multiprocessing as mp
+
+    from .api import arch_of
+    from .autotune import best_step_name, search_space
+    import torch
+    arch = arch_of(torch.device("cuda"))
+    jobs = set()
+    for s in steps:
+        step = get_step(best_step_name(arch) if s == "best" else s)
+        cfgs = search_space(arch, step) if step.tuned else [step.config_for(arch)]
+        for c in cfgs:
+            jobs.add((step.name, (c.TILE_M, c.TILE_N, c.occupancy, c.num_ctas), causal, N, B,
+                      Hq, Hkv, D, dtype))
+    with mp.get_context("spawn").Pool(procs) as pool:
+        for line in pool.imap_unordered(_warm_job, sorted(jobs, key=str)):
+            print(line, file=sys.stderr, flush=True)
+
+
 def run_bench(steps=None, seqlens=None, *, causal: bool = True, dtype: str = "float16",
               gqa=None, head_dim: int = DEFAULT_HEAD_DIM, batch: int = DEFAULT_BATCH,
               heads: int = DEFAULT_HEADS, baselines=None, reps: int = 20,
               progress: bool = True, naive_max_n: int = 4096, command: str | None = None,
-              name: str | None = None) -> dict:
+              name: str | None = None, prewarm_procs: int = 0) -> dict:
     """Time steps and library baselines on one workload; return the bench document.
 
     Args:
@@ -381,6 +428,10 @@ def run_bench(steps=None, seqlens=None, *, causal: bool = True, dtype: str = "fl
     meta["workload"] = dict(name=name or workload_name(dtype, causal, D, Hq, Hkv), B=B, Hq=Hq,
                             Hkv=Hkv, D=D, dtype=dtype, causal=causal, seqlens=seqlens)
     shape = dict(B=B, Hq=Hq, Hkv=Hkv, D=D, dtype=dtype, causal=causal)
+    prewarm_procs = prewarm_procs or int(os.environ.get("FLASHATTN_PREWARM", "0"))
+    if prewarm_procs:
+        prewarm(steps, causal=causal, N=min(seqlens), B=B, Hq=Hq, Hkv=Hkv, D=D, dtype=dtype,
+                procs=prewarm_procs)
     rows: list[dict] = []
     prog = _Progress(len(seqlens) * (len(steps) + len(baselines)), progress)
     grad = torch.is_grad_enabled()
@@ -504,7 +555,7 @@ def parse_args(argv: list[str] | None = None) -> dict:
     a = p.parse_args(argv)
     steps = [] if a.steps.strip() == "none" else _csv(a.steps)
     for s in steps:
-        if s != "best" and s not in STEP_NAMES:
+        if s != "best" and s not in STEP_NAMES and s not in EXPERIMENTS:
             p.error(f"unknown step {s!r}; choose from {', '.join(DEFAULT_STEPS)}")
     try:
         seqlens = [int(x) for x in _csv(a.seqlens)]

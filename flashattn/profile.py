@@ -565,8 +565,8 @@ def wide(rows):
 
 
 def _book_order(df):
-    from .steps import STEP_NAMES
-    order = {s: i for i, s in enumerate(STEP_NAMES)}
+    from .steps import EXPERIMENTS, STEP_NAMES
+    order = {s: i for i, s in enumerate([*STEP_NAMES, *EXPERIMENTS, "sdpa_cudnn", "sdpa_flash"])}
     return (df.assign(_o=df["step"].map(lambda s: order.get(s, len(order))))
               .sort_values(["_o", "kernel"], kind="stable").drop(columns="_o")
               .reset_index(drop=True))
@@ -610,14 +610,14 @@ def format_rules(rules, steps=None, types=("OPTIMIZATION", "WARNING", "ERROR"),
 # ---------------------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
     from .profile_target import add_shape_args, parse_gqa
-    from .steps import STEP_NAMES
+    from .steps import EXPERIMENTS, STEP_NAMES
     p = argparse.ArgumentParser(
         prog="python -m flashattn profile",
         description="Profile one launch per step with Nsight Compute (clocks not locked) and "
                     "summarize the report; without a GPU or ncu, print the command and the "
                     "recorded summary.")
     p.add_argument("--step", action="append", required=True,
-                   choices=list(STEP_NAMES) + ["best"], help="step to profile (repeatable)")
+                   choices=[*STEP_NAMES, *EXPERIMENTS, "best", "sdpa_cudnn", "sdpa_flash"], help="step to profile (repeatable)")
     add_shape_args(p)
     p.add_argument("--out", help="output folder (default results/<gpu>/profiles)")
     p.add_argument("--ncu", default="ncu", help="path of the ncu executable")

@@ -84,10 +84,24 @@ def run_step(name: str, *, seqlen: int, batch: int, heads: int, kv_heads: int, h
     out = torch.empty_like(q)
     scale = 1.0 / math.sqrt(head_dim)
     api.validate(q, k, v, causal=causal, scale=scale, input_pos=0)
-    step, config = api.resolve(name, q, k, causal)
+    if name.startswith("sdpa_"):
+        # A library baseline (chapter 10 compares our kernel's profile with cuDNN's).
+        import torch.nn.functional as F
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        backend = {"sdpa_cudnn": SDPBackend.CUDNN_ATTENTION,
+                   "sdpa_flash": SDPBackend.FLASH_ATTENTION,
+                   "sdpa_efficient": SDPBackend.EFFICIENT_ATTENTION}[name]
 
-    def go():
-        api.launch(q, k, v, out, step, config, causal=causal, scale=scale)
+        def go():
+            with sdpa_kernel(backend):
+                F.scaled_dot_product_attention(q, k, v, is_causal=causal,
+                                               enable_gqa=kv_heads != heads)
+        step, config = None, None
+    else:
+        step, config = api.resolve(name, q, k, causal)
+
+        def go():
+            api.launch(q, k, v, out, step, config, causal=causal, scale=scale)
 
     with _LaunchCounter() as warm:          # outside any NVTX range: not profiled
         go()
@@ -96,7 +110,8 @@ def run_step(name: str, *, seqlen: int, batch: int, heads: int, kv_heads: int, h
         with torch.cuda.nvtx.range(f"step:{name}"):
             go()
         torch.cuda.synchronize()
-    return dict(step=name, resolved_step=step.name, config=config.label(),
+    return dict(step=name, resolved_step=step.name if step else name,
+                config=config.label() if config else "library",
                 warmup_launches=warm.n, launches=measured.n)
 
 

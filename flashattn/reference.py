@@ -234,7 +234,7 @@ def default_config(step) -> Config:
     step = _step(step)
     if step.tuned:
         from .autotune import search_space
-        return search_space("sm_90")[0]
+        return search_space("sm_90", step)[0]
     return step.config_for("sm_90")
 
 

@@ -128,5 +128,6 @@ def test_source_diff_shows_each_change():
     base = step_source("baseline", causal=True, even_k=True)
     assert "if FAST_MATH" not in base and "if LAZY_RESCALE" not in base
     compile(base, "baseline", "exec")                  # folded source is still valid Python
-    for name in flashattn.STEP_NAMES:
+    for name in flashattn.STEP_NAMES + tuple(flashattn.EXPERIMENTS):
         compile(step_source(name), name, "exec")
+    assert "exp2_fma" in step_diff("exp_poly") and "check_bounds=False" in step_diff("unchecked_kv")

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from flashattn import STEP_NAMES, bench, env, record
+from flashattn import EXPERIMENTS, STEP_NAMES, bench, env, record
 from flashattn.bench import (DEFAULT_SEQLENS, LIBRARIES, ROW_FIELDS, add_derived, parse_args,
                              parse_gqa, to_frame, workload_name)
 
@@ -26,7 +26,7 @@ def _run(*args, **kw):
 # --- command line --------------------------------------------------------------------------
 def test_parse_defaults_are_the_seed_workload():
     a = parse_args([])
-    assert a["steps"] == [*STEP_NAMES, "best"]
+    assert a["steps"] == [*STEP_NAMES, *EXPERIMENTS, "best"]
     assert a["seqlens"] == list(DEFAULT_SEQLENS) == [1024, 2048, 4096, 8192, 16384]
     assert a["causal"] is True and a["dtype"] == "float16"
     assert (a["batch"], a["heads"], a["head_dim"], a["gqa"]) == (4, 32, 128, None)
@@ -83,7 +83,7 @@ def test_workload_name(kw, name):
 def test_record_extra_workload_names():
     assert [record._extra_name(w, 32) for w in record.EXTRA_WORKLOADS] == [
         "fp16-full-d128", "bf16-causal-d128", "fp16-causal-d128-gqa32x8", "fp16-causal-d64"]
-    assert record.EXTRA_STEPS[0] == "baseline" and record.EXTRA_STEPS[-1] == "best"
+    assert record.EXTRA_STEPS[0] == "baseline" and record.EXTRA_STEPS[-1] == "arch_tuned"
     assert "autotune" in record.EXTRA_STEPS and "remap" not in record.EXTRA_STEPS
     assert record.EXTRA_WORKLOADS[0]["seqlens"] == (4096, 16384)
 

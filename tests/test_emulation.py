@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from flashattn import reference as R
-from flashattn.steps import STEPS, Config
+from flashattn.steps import EXPERIMENTS, STEPS, Config
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -18,7 +18,7 @@ def one_thread():
     torch.set_num_threads(n)
 
 
-FUSED = [name for name, s in STEPS.items() if s.kernel == "fmha"]
+FUSED = [name for name, s in {**STEPS, **EXPERIMENTS}.items() if s.kernel == "fmha"]
 # (Nq, Nk, input_pos): odd lengths, a ragged last tile, a prefill after a cache of 130 tokens.
 SHAPES = [(1, 1, 0), (17, 17, 0), (113, 113, 0), (70, 200, 0), (70, 200, 130), (300, 300, 0)]
 HEADS = {"mha": (2, 2, 2), "gqa4": (1, 4, 1)}                       # (B, Hq, Hkv)
@@ -118,7 +118,7 @@ def test_schedule_rules(step, causal, shape, config):
     assert [p.bid for p in progs] == list(range(len(progs)))
     # Every query tile is computed exactly once.
     assert sorted(t for p in progs for t in p.query_tiles) == list(range(n_m))
-    split = STEPS[step].flag_values()["SPLIT_LOOP"]
+    split = {**STEPS, **EXPERIMENTS}[step].flag_values()["SPLIT_LOOP"]
     for p in progs:
         for bid_x, visits in zip(p.query_tiles, p.key_tiles):
             first, last = input_pos + bid_x * TM, input_pos + (bid_x + 1) * TM - 1  # positions
@@ -191,8 +191,8 @@ def test_tile_counts_loop_split_causal():
 
 def test_default_configs():
     assert R.default_config("large_tiles") == Config(256, 128)
-    assert R.default_config("pair") == STEPS["pair"].arch_configs["sm_90"]
+    assert R.default_config("pair") == EXPERIMENTS["pair"].config_for("sm_90")
     from flashattn.autotune import search_space
-    assert R.default_config("autotune") == search_space("sm_90")[0]
+    assert R.default_config("autotune") == search_space("sm_90", "autotune")[0]
     with pytest.raises(ValueError, match="naive"):
         R.schedule("naive", 10, 10, causal=False)

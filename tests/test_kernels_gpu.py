@@ -13,7 +13,7 @@ import math
 import pytest
 
 import flashattn
-from flashattn.steps import STEP_NAMES
+from flashattn.steps import EXPERIMENTS, STEP_NAMES
 
 torch = pytest.importorskip("torch")
 
@@ -30,7 +30,7 @@ CASES_PER_STEP = 8
 
 def sampled_cases():
     cases = []
-    for i, step in enumerate(STEP_NAMES):
+    for i, step in enumerate(STEP_NAMES + tuple(EXPERIMENTS)):
         for c in range(CASES_PER_STEP):
             nq, nk, pos = LENGTHS[(c + i) % len(LENGTHS)]
             causal = CAUSAL[c % 2] or pos > 0
@@ -98,7 +98,7 @@ def test_step_matches_reference(step, b, hq, hkv, nq, nk, d, dtype, causal, pos,
     record_property("config", cfg.label())
 
 
-@pytest.mark.parametrize("step", [s for s in STEP_NAMES if s != "naive"])
+@pytest.mark.parametrize("step", [s for s in STEP_NAMES + tuple(EXPERIMENTS) if s != "naive"])
 def test_large_logits_stay_finite(step):
     # Logits of several hundred: exp overflows without the running max (chapter 2).
     q, k, v = make_inputs(1, 4, 4, 256, 256, 64, "float16", seed=7, magnitude=6.0)
