@@ -16,6 +16,7 @@ median and quartiles). The document's format is written down in ``results/README
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -306,6 +307,27 @@ def _library_fn(impl: str, backend: str | None, q, k, v, *, causal: bool, scale:
     return (lambda: sdpa(q, k, v, **kw)), (lambda: sdpa_kernel(be))
 
 
+def _check(fn, ref, hr: int, reps: int) -> dict:
+    """Compile/warm up, check once against ``ref``, estimate one call's time.
+
+    Returns {"max_abs_err", "reps"}: how many timed calls fit MEASURE_BUDGET_S.
+    """
+    import torch
+    fn()                                   # JIT compile, module load, autotune caches
+    torch.cuda.synchronize()
+    o = fn()                               # the checked output
+    torch.cuda.synchronize()
+    err = (o[:1, :hr].float() - ref).abs().max().item()
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    s.record()
+    fn()
+    e.record()
+    e.synchronize()
+    est_ms = max(s.elapsed_time(e), 1e-3)
+    n = max(MIN_REPS, min(reps, int(MEASURE_BUDGET_S * 1e3 / est_ms)))
+    return dict(max_abs_err=err if math.isfinite(err) else float("nan"), reps=n)
+
+
 def _measure(fn, ref, hr: int, reps: int):
     """Compile/warm up, check once against ``ref``, then time. Returns a dict of row values."""
     import torch
@@ -401,6 +423,7 @@ def run_bench(steps=None, seqlens=None, *, causal: bool = True, dtype: str = "fl
 
     from . import api
     from .env import metadata
+    from .timing import time_interleaved
     steps = list(DEFAULT_STEPS if steps is None else steps)
     for s in steps:
         if s != "best":
@@ -444,6 +467,8 @@ def run_bench(steps=None, seqlens=None, *, causal: bool = True, dtype: str = "fl
                                    v[:1, :hr // (Hq // Hkv)], causal=causal, scale=scale)
             flops = attention_flops(B, Hq, N, N, D, causal)
             out = torch.empty_like(q)
+            # Phase 1: compile, check and estimate each implementation once.
+            entries = {}   # impl -> (kind, config label, fn, context, check values)
             for s in steps:
                 prog.start(f"{s} N={N}")
                 if s == "naive" and N > naive_max_n:
@@ -456,12 +481,11 @@ def run_bench(steps=None, seqlens=None, *, causal: bool = True, dtype: str = "fl
                     fn = (lambda so=step_obj, c=cfg:
                           api.launch(q, k, v, out, so, c, causal=causal, scale=scale))
                     out.fill_(float("nan"))   # rows a step forgets to write cannot pass the check
-                    vals = _measure(fn, ref, hr, reps)
-                    rows.append(_row(s, "step", N=N, config=label, tflops=tflops(
-                        flops, vals["median_ms"]), **vals, **shape))
+                    entries[s] = ("step", label, fn, contextlib.nullcontext,
+                                  _check(fn, ref, hr, reps))
                 except Exception as e:   # a step that fails here is a row, not a crash
                     rows.append(_row(s, "step", N=N, error=_err(e), **shape))
-                prog.done(rows[-1])
+                    prog.done(rows[-1])
             for b in baselines:
                 impl, backend = LIBRARIES[b]
                 prog.start(f"{impl} N={N}")
@@ -474,11 +498,28 @@ def run_bench(steps=None, seqlens=None, *, causal: bool = True, dtype: str = "fl
                 try:
                     fn, ctx = _library_fn(impl, backend, q, k, v, causal=causal, scale=scale)
                     with ctx():
-                        vals = _measure(fn, ref, hr, reps)
-                    rows.append(_row(impl, "library", N=N, tflops=tflops(
-                        flops, vals["median_ms"]), **vals, **shape))
+                        entries[impl] = ("library", "", fn, ctx, _check(fn, ref, hr, reps))
                 except Exception as e:
                     rows.append(_row(impl, "library", N=N, error=_err(e), **shape))
+                    prog.done(rows[-1])
+            # Phase 2: time them all in alternation, so drift of a shared GPU hits all alike.
+            def in_ctx(fn, ctx):
+                def call():
+                    with ctx():
+                        return fn()
+                return call
+            try:
+                timed = time_interleaved({n: in_ctx(e[2], e[3]) for n, e in entries.items()},
+                                         {n: e[4]["reps"] for n, e in entries.items()})
+            except Exception as e:
+                timed, fail = {}, _err(e)
+            for n, (kind, label, _, _, chk) in entries.items():
+                if n not in timed:
+                    rows.append(_row(n, kind, N=N, error=fail, **shape))
+                else:
+                    vals = dict(timed[n].as_dict(), max_abs_err=chk["max_abs_err"])
+                    rows.append(_row(n, kind, N=N, config=label,
+                                     tflops=tflops(flops, vals["median_ms"]), **vals, **shape))
                 prog.done(rows[-1])
             del q, k, v, out, ref
             torch.cuda.empty_cache()

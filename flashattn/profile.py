@@ -424,7 +424,8 @@ def parse_details_csv(text: str) -> list[dict]:
 
 def short_kernel(name: str) -> str:
     """'fmha_kernel_Kt2_A4f16_...' (cuTile appends the signature) or 'f(int)' -> 'fmha_kernel'."""
-    m = re.match(r"[^(<\s]+", name.strip())
+    name = re.sub(r"^(void|static|__global__)\s+", "", name.strip())  # 'void flash_fwd_kernel<..>'
+    m = re.match(r"[^(<\s]+", name)
     name = m.group(0) if m else name.strip()
     return re.sub(r"_Kt\d+_\w*$", "", name)
 

@@ -150,8 +150,10 @@ def _load_profile(d: Path):
         units = {m: u for m, u in zip(long["metric"], long["unit"]) if u is not None}
         long["value"] = [_num(v) for v in long["value"]]
         long["kernel"] = long["kernel"].fillna("")
-        prof = long.pivot_table(index=["step", "kernel"], columns="metric", values="value",
-                                aggfunc="first", dropna=False, sort=False)
+        # groupby/unstack keeps only the (step, kernel) pairs that exist (a pivot_table with
+        # dropna=False would pair every step with every kernel).
+        prof = long.groupby(["step", "kernel", "metric"], sort=False)["value"].first()
+        prof = prof.unstack("metric")
         prof.columns.name = None
         prof = prof.reset_index()
         prof = prof.iloc[sorted(range(len(prof)),

@@ -39,6 +39,50 @@ def flush_l2(device=None) -> None:
     _L2_FLUSH[dev].zero_()
 
 
+def summarize(times: list[float]) -> Timing:
+    """Median, extremes and quartiles of a list of times in milliseconds."""
+    times = sorted(times)
+    q = statistics.quantiles(times, n=4) if len(times) >= 2 else [times[0]] * 3
+    return Timing(statistics.median(times), times[0], times[-1], q[0], q[2], len(times))
+
+
+def event_times(fn, reps: int, *, flush: bool = True) -> list[float]:
+    """``reps`` CUDA-event timings of ``fn()`` in milliseconds (no warm-up)."""
+    import torch
+    times = []
+    for _ in range(reps):
+        if flush:
+            flush_l2()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return times
+
+
+def time_interleaved(fns: dict, reps: dict, *, rounds: int = 4, flush: bool = True) -> dict:
+    """Time several functions in alternation: ``rounds`` passes, each timing every function
+    for a share of its reps, the order rotated every pass.
+
+    A shared GPU drifts (clocks, temperature, neighbours): timing A's runs, then B's, lets
+    the drift fall on one of them. Interleaving spreads it over all (chapter 3).
+    Returns {name: Timing}.
+    """
+    import torch
+    names = list(fns)
+    times = {n: [] for n in names}
+    for r in range(rounds):
+        order = names[r % len(names):] + names[:r % len(names)] if names else []
+        for n in order:
+            share = max(1, -(-reps[n] // rounds))
+            fns[n]()                          # one untimed call: back to steady state
+            torch.cuda.synchronize()
+            times[n] += event_times(fns[n], share, flush=flush)
+    return {n: summarize(t) for n, t in times.items()}
+
+
 def time_cuda(fn, *, warmup: int = 3, reps: int = 20, flush: bool = True) -> Timing:
     """Median time of ``fn()`` in milliseconds, by CUDA events around each call.
 

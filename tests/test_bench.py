@@ -85,7 +85,7 @@ def test_record_extra_workload_names():
         "fp16-full-d128", "bf16-causal-d128", "fp16-causal-d128-gqa32x8", "fp16-causal-d64"]
     assert record.EXTRA_STEPS[0] == "baseline" and record.EXTRA_STEPS[-1] == "arch_tuned"
     assert "autotune" in record.EXTRA_STEPS and "remap" not in record.EXTRA_STEPS
-    assert record.EXTRA_WORKLOADS[0]["seqlens"] == (4096, 16384)
+    assert record.EXTRA_WORKLOADS[0]["seqlens"] == (1024, 2048, 4096, 8192, 16384)
 
 
 # --- derived columns, frames, tables, files (synthetic doc) -----------------------------------
@@ -334,11 +334,15 @@ def test_run_bench_bookkeeping_on_cpu_with_fakes(monkeypatch):
         out.copy_(bench.reference_output(q, k, v, causal=causal, scale=scale))
         return out
 
-    def fake_measure(fn, ref, hr, reps):
+    def fake_check(fn, ref, hr, reps):
         o = fn()
         err = (o[:1, :hr].float() - ref).abs().max().item()
-        ms = 1.0
-        return dict(timing.Timing(ms, ms, ms, ms, ms, reps).as_dict(), max_abs_err=err)
+        return dict(max_abs_err=err, reps=reps)
+
+    def fake_interleaved(fns, reps, **kw):
+        for f in fns.values():
+            f()
+        return {n: timing.Timing(1.0, 1.0, 1.0, 1.0, 1.0, reps[n]) for n in fns}
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
@@ -346,7 +350,8 @@ def test_run_bench_bookkeeping_on_cpu_with_fakes(monkeypatch):
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
     monkeypatch.setattr(bench, "_inputs", lambda B, Hq, Hkv, N, D, dt, dev, seed: (
         torch.randn(B, Hq, N, D), torch.randn(B, Hkv, N, D), torch.randn(B, Hkv, N, D)))
-    monkeypatch.setattr(bench, "_measure", fake_measure)
+    monkeypatch.setattr(bench, "_check", fake_check)
+    monkeypatch.setattr(timing, "time_interleaved", fake_interleaved)
     monkeypatch.setattr(api, "resolve", fake_resolve)
     monkeypatch.setattr(api, "launch", fake_launch)
     doc = bench.run_bench(["naive", "baseline", "large_tiles", "best"], [32, 64], causal=True,
