@@ -81,8 +81,11 @@ def glue(name: str, value, spec: str | None = None, *, display: bool = False):
 
     Outside a myst-nb build this is harmless: the value is only recorded in the output.
     """
-    from myst_nb import glue as _glue
     v = format(value, spec) if spec else value
+    try:
+        from myst_nb import glue as _glue
+    except ImportError:      # running outside the book's toolchain (e.g. a bare GPU host)
+        return v
     _glue(name, v, display=display)
     return v
 

@@ -129,6 +129,9 @@ def record_compile(out: Path, *, quick: bool = False, archs=COMPILE_ARCHS,
         args = ["--arch", arch, "--json", "--out", str(tmp)]
         if quick:
             args += ["--step", "baseline"]
+        else:   # every step and every chapter-10 experiment
+            for name in (*STEP_NAMES, *EXPERIMENTS):
+                args += ["--step", name]
         with contextlib.redirect_stdout(io.StringIO()):   # the JSON goes to the file only
             rc = aot.main(args)
         try:
