@@ -60,10 +60,8 @@ def banner_text(gpu: str = DEFAULT_GPU) -> str:
 
 def setup(gpu: str = DEFAULT_GPU):
     """Call first in every chapter: plot style, and the banner saying where numbers come from."""
-    import matplotlib
     import matplotlib.pyplot as plt
-    if not gpu_available():
-        matplotlib.use("Agg", force=False)
+    # No backend switch here: in a Jupyter kernel the inline backend shows the figures.
     plt.rcParams.update({"figure.dpi": 90, "savefig.dpi": 90, "figure.figsize": (7.5, 4.2),
                          "axes.spines.top": False, "axes.spines.right": False,
                          "axes.grid": True, "grid.alpha": 0.3})
