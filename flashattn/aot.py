@@ -121,7 +121,8 @@ def _signature(kernel_name: str, step: Step, config: Config, *, head_dim: int, c
             C(config.TILE_M), C(config.TILE_N), C(TD), C(causal), C(even_k),
             C(fl["FAST_MATH"]), C(fl["SPLIT_LOOP"]), C(fl["REMAP"]), C(fl["PAIR"]),
             C(fl["LAZY_RESCALE"]), C(fl["EXP_POLY"]),
-            C(fl["UNCHECKED_KV"] and even_k and TD == head_dim), C(fl["K_LAT"]), C(fl["V_LAT"])]
+            C(fl["UNCHECKED_KV"] and even_k and TD == head_dim), C(fl["K_LAT"]), C(fl["V_LAT"]),
+            C(fl["PERSISTENT"])]
     elif kernel_name == "naive_scores":
         params = [arr(dt, 4), arr(dt, 4), arr(ct.float32, 3), f32, i32, i32, i32, i32,
                   C(config.TILE_M), C(config.TILE_N), C(TD), C(causal)]

@@ -124,7 +124,12 @@ def fmha_args(q, k, v, out, step: Step, config: Config, *, causal: bool, scale: 
             f["EXP_POLY"],
             # Unchecked loads only where every K/V tile is provably in bounds.
             f["UNCHECKED_KV"] and even_k and td == D,
-            f["K_LAT"], f["V_LAT"])
+            f["K_LAT"], f["V_LAT"], f["PERSISTENT"])
+    if f["PERSISTENT"]:
+        # One program per SM slot (SMs x occupancy), never more than there are work items.
+        sms = _torch().cuda.get_device_properties(q.device).multi_processor_count
+        return ((min(num_m_blocks * B * Hq, sms * (config.occupancy or 1)), 1, 1),
+                hinted(fmha_kernel, config), args)
     return (grid_x, B * Hq, 1), hinted(fmha_kernel, config), args
 
 

@@ -39,6 +39,7 @@ def run(path_in: str, path_out: str | None = None) -> int:
     nb = json.load(open(path_in))
     from IPython.core.pylabtools import select_figure_formats
     shell = InteractiveShell.instance()
+    shell.enable_gui = lambda gui=None: None              # `%matplotlib inline` needs no GUI
     select_figure_formats(shell, {"png"})                 # figures display as PNG, as inline
     shell.displayhook.write_output_prompt = lambda: None  # results go into the notebook only
     shell.displayhook.write_format_data = lambda *a, **k: None

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 # their defaults: the seed's baseline. K_LAT/V_LAT are the loads' DRAM-latency hints (1-10).
 FLAG_DEFAULTS = {"FAST_MATH": False, "SPLIT_LOOP": False, "REMAP": False, "PAIR": False,
                  "LAZY_RESCALE": False, "EXP_POLY": 0, "UNCHECKED_KV": False,
-                 "K_LAT": 2, "V_LAT": 4}
+                 "K_LAT": 2, "V_LAT": 4, "PERSISTENT": False}
 FLAGS = tuple(FLAG_DEFAULTS)
 
 # Architectures we compile for. sm_80: Ampere, sm_90: Hopper (H100/H200),
@@ -108,6 +108,9 @@ _EXPERIMENT_LIST = [
     Step("exp_poly", "Exponentials on the FMA pipe",
          "A quarter of the exp2 evaluated as a cubic polynomial on the FMA units.",
          flags=dict(_SEED, EXP_POLY=4), config=_ON_HOPPER, source="experiment"),
+    Step("persistent", "A persistent grid",
+         "One program per SM slot looping over (query tile, head) work items.",
+         flags=dict(_SEED, PERSISTENT=True), config=_ON_HOPPER, source="experiment"),
     Step("unchecked_kv", "Unchecked K/V loads",
          "K and V tiles loaded without bounds checks where the host proves them in bounds.",
          flags=dict(_SEED, UNCHECKED_KV=True), config=_ON_HOPPER, source="experiment"),

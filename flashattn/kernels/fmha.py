@@ -192,36 +192,51 @@ def fmha_kernel(Q, K, V, Out,
                 CAUSAL: ConstBool, EVEN_K: ConstBool,
                 FAST_MATH: ConstBool, SPLIT_LOOP: ConstBool, REMAP: ConstBool,
                 PAIR: ConstBool, LAZY_RESCALE: ConstBool, EXP_POLY: ConstInt,
-                UNCHECKED_KV: ConstBool, K_LAT: ConstInt, V_LAT: ConstInt):
+                UNCHECKED_KV: ConstBool, K_LAT: ConstInt, V_LAT: ConstInt,
+                PERSISTENT: ConstBool):
     """FlashAttention forward. See the module docstring for shapes and grid.
 
     qk_scale: softmax scale (1/sqrt(D) by default); input_pos: absolute position of query row 0
     (causal only); group_size = Hq // Hkv; num_m_blocks = cdiv(Nq, TILE_M).
     """
-    # --- Program id -> (query tile, batch, head); GQA maps Hq heads onto Hkv ---
-    bid_y = ct.bid(1)
-    batch_idx = bid_y // num_heads
-    head_idx = bid_y % num_heads
-    kv_head = head_idx // group_size                                 # chapter 4
     qk_scale = qk_scale * INV_LOG_2                                  # softmax in base 2
-
-    if PAIR:
-        # Chapter 10: program i does query tiles i and n-1-i, so every program of a causal
-        # launch does the same number of key tiles (seed 003, section 6). One loop, not two
-        # inlined calls: half the code, and Blackwell's compiler accepts it.
-        first = ct.bid(0)
-        second = num_m_blocks - 1 - first                            # >= first
-        for t in range(1 + min(second - first, 1)):                  # 1 pass if they coincide
-            bid_x = first + t * (second - first)
+    if PERSISTENT:
+        # Chapter 10: a grid of one program per SM slot; each loops over work items in the
+        # order the hardware would launch them (query tiles of one head together, so K/V
+        # stay in L2), longest causal tiles first, dealt round-robin.
+        for t in range(ct.bid(0), num_m_blocks * Q.shape[0] * num_heads, ct.num_blocks(0)):
+            bh = t // num_m_blocks
+            tile = t % num_m_blocks
+            if CAUSAL:
+                tile = num_m_blocks - 1 - tile
+            attend_query_tile(Q, K, V, Out, qk_scale, input_pos, tile, bh // num_heads,
+                              bh % num_heads, (bh % num_heads) // group_size, TILE_M, TILE_N,
+                              TILE_D, CAUSAL, EVEN_K, FAST_MATH, SPLIT_LOOP, LAZY_RESCALE,
+                              EXP_POLY, UNCHECKED_KV, K_LAT, V_LAT)
+    else:
+        # --- Program id -> (query tile, batch, head); GQA maps Hq heads onto Hkv ---
+        bid_y = ct.bid(1)
+        batch_idx = bid_y // num_heads
+        head_idx = bid_y % num_heads
+        kv_head = head_idx // group_size                             # chapter 4
+        if PAIR:
+            # Chapter 10: program i does query tiles i and n-1-i, so every program of a causal
+            # launch does the same number of key tiles (seed 003, section 6). One loop, not
+            # two inlined calls: half the code, and Blackwell's compiler accepts it.
+            first = ct.bid(0)
+            second = num_m_blocks - 1 - first                        # >= first
+            for t in range(1 + min(second - first, 1)):              # 1 pass if they coincide
+                bid_x = first + t * (second - first)
+                attend_query_tile(Q, K, V, Out, qk_scale, input_pos, bid_x, batch_idx,
+                                  head_idx, kv_head, TILE_M, TILE_N, TILE_D, CAUSAL, EVEN_K,
+                                  FAST_MATH, SPLIT_LOOP, LAZY_RESCALE, EXP_POLY, UNCHECKED_KV,
+                                  K_LAT, V_LAT)
+        else:
+            if REMAP and CAUSAL:
+                # Chapter 8: launch the longest query tiles (bottom rows) first.
+                bid_x = num_m_blocks - 1 - ct.bid(0)
+            else:
+                bid_x = ct.bid(0)
             attend_query_tile(Q, K, V, Out, qk_scale, input_pos, bid_x, batch_idx, head_idx,
                               kv_head, TILE_M, TILE_N, TILE_D, CAUSAL, EVEN_K, FAST_MATH,
                               SPLIT_LOOP, LAZY_RESCALE, EXP_POLY, UNCHECKED_KV, K_LAT, V_LAT)
-    else:
-        if REMAP and CAUSAL:
-            # Chapter 8: launch the longest query tiles (bottom rows) first.
-            bid_x = num_m_blocks - 1 - ct.bid(0)
-        else:
-            bid_x = ct.bid(0)
-        attend_query_tile(Q, K, V, Out, qk_scale, input_pos, bid_x, batch_idx, head_idx,
-                          kv_head, TILE_M, TILE_N, TILE_D, CAUSAL, EVEN_K, FAST_MATH,
-                          SPLIT_LOOP, LAZY_RESCALE, EXP_POLY, UNCHECKED_KV, K_LAT, V_LAT)
