@@ -52,38 +52,14 @@ def validate(q, k, v, *, causal: bool, scale, input_pos) -> None:
                             "flashattn.reference.attention)")
     if not (q.dtype == k.dtype == v.dtype):
         raise TypeError(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
-    B, Hq, Nq, D = q.shape
-    if k.shape != v.shape:
-        raise ValueError(f"k and v must have the same shape, got {tuple(k.shape)} and "
-                         f"{tuple(v.shape)}")
-    Bk, Hkv, Nk, Dk = k.shape
-    if Bk != B:
-        raise ValueError(f"batch size differs: q has {B}, k and v have {Bk}")
-    if Dk != D:
-        raise ValueError(f"head dim differs: q has {D}, k and v have {Dk}")
-    if D < 1 or D > MAX_HEAD_DIM:
-        raise ValueError(f"head dim must be between 1 and {MAX_HEAD_DIM}, got {D}")
-    if Hkv == 0 and Hq != 0:
-        raise ValueError(f"k and v have 0 heads but q has {Hq}")
-    if Hkv and Hq % Hkv != 0:
-        raise ValueError(f"query heads ({Hq}) must be a multiple of key/value heads ({Hkv}) "
-                         "for grouped-query attention")
-    if Nk == 0 and B * Hq * Nq > 0:
-        raise ValueError("k and v have sequence length 0: softmax over no keys is undefined")
-    if scale is not None:
-        if isinstance(scale, bool) or not isinstance(scale, (int, float)):
-            raise TypeError(f"scale must be a float, got {type(scale).__name__}")
-        if not math.isfinite(scale) or scale <= 0:
-            # The kernels scale after the row max (one multiply per row, chapter 3): that is
-            # only the max of the scaled scores for a positive scale.
-            raise ValueError(f"scale must be a finite positive number, got {scale}")
-    if isinstance(input_pos, bool) or not isinstance(input_pos, int):
-        raise TypeError(f"input_pos must be an int, got {type(input_pos).__name__}")
-    if input_pos < 0 or input_pos > max(0, Nk - Nq):
-        raise ValueError(f"input_pos must be in [0, max(0, Nk - Nq)] = [0, {max(0, Nk - Nq)}] "
-                         f"(query row i sits at position input_pos + i), got {input_pos}")
-    if input_pos and not causal:
-        raise ValueError("input_pos only has a meaning with causal=True")
+    # Shapes and arguments: the same rules as the CPU reference (one implementation).
+    from .reference import check_shapes
+    check_shapes(tuple(q.shape), tuple(k.shape), tuple(v.shape), causal=causal, scale=scale,
+                 input_pos=input_pos)
+    if scale is not None and scale <= 0:
+        # The kernels scale after the row max (one multiply per row, chapter 3): that is
+        # only the max of the scaled scores for a positive scale.
+        raise ValueError(f"scale must be a finite positive number, got {scale}")
     if not (q.device == k.device == v.device):
         raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
     if q.device.type != "cuda":

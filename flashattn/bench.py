@@ -328,28 +328,6 @@ def _check(fn, ref, hr: int, reps: int) -> dict:
     return dict(max_abs_err=err if math.isfinite(err) else float("nan"), reps=n)
 
 
-def _measure(fn, ref, hr: int, reps: int):
-    """Compile/warm up, check once against ``ref``, then time. Returns a dict of row values."""
-    import torch
-
-    from .timing import time_cuda
-    fn()                                   # JIT compile, module load, autotune caches
-    torch.cuda.synchronize()
-    o = fn()                               # the checked output
-    torch.cuda.synchronize()
-    err = (o[:1, :hr].float() - ref).abs().max().item()
-    # Estimate one call so slow implementations do not take minutes.
-    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    s.record()
-    fn()
-    e.record()
-    e.synchronize()
-    est_ms = max(s.elapsed_time(e), 1e-3)
-    n = max(MIN_REPS, min(reps, int(MEASURE_BUDGET_S * 1e3 / est_ms)))
-    t = time_cuda(fn, warmup=1, reps=n)
-    return dict(t.as_dict(), max_abs_err=err if math.isfinite(err) else float("nan"))
-
-
 def _warm_job(job) -> str:
     """Compile one (step, config) in a worker process; cuTile's disk cache serves the parent."""
     name, cfg, causal, N, B, Hq, Hkv, D, dtype = job

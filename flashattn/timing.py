@@ -93,19 +93,7 @@ def time_cuda(fn, *, warmup: int = 3, reps: int = 20, flush: bool = True) -> Tim
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        if flush:
-            flush_l2()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    times.sort()
-    q = statistics.quantiles(times, n=4) if len(times) >= 2 else [times[0]] * 3
-    return Timing(statistics.median(times), times[0], times[-1], q[0], q[2], len(times))
+    return summarize(event_times(fn, reps, flush=flush))
 
 
 def attention_flops(B: int, Hq: int, Nq: int, Nk: int, D: int, causal: bool,
