@@ -13,17 +13,27 @@ from flashattn.aot import compile_step, main
 pytestmark = pytest.mark.slow
 
 
+ARCHS = ("sm_90", "sm_100", "sm_120")   # Hopper, datacenter and consumer Blackwell
+
+
 @pytest.fixture(scope="module")
 def reports():
     out = {}
-    for arch in ("sm_90", "sm_100"):
+    for arch in ARCHS:
         for step in STEP_NAMES:
             for r in compile_step(step, arch):
                 out[(step, arch, r.kernel)] = r
     return out
 
 
-@pytest.mark.parametrize("arch", ["sm_90", "sm_100"])
+@pytest.mark.parametrize("step", ["baseline", "arch_tuned"])
+def test_ampere_compiles(step):
+    for r in compile_step(step, "sm_80"):
+        assert not r.error, r.error
+        assert r.sass["HMMA"] > 0        # Ampere: warp-level mma.sync
+
+
+@pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("step", STEP_NAMES)
 def test_every_step_compiles(reports, step, arch):
     rs = [r for (s, a, _), r in reports.items() if s == step and a == arch]
@@ -38,6 +48,14 @@ def test_every_step_compiles(reports, step, arch):
 def test_hopper_uses_warpgroup_mma_and_blackwell_tensor_memory(reports):
     assert reports[("baseline", "sm_90", "fmha")].sass["HGMMA"] > 0
     assert reports[("baseline", "sm_100", "fmha")].sass["UTCHMMA"] > 0
+    assert reports[("baseline", "sm_120", "fmha")].sass["HMMA"] > 0   # RTX 50: no tcgen05
+
+
+def test_arch_tuned_does_not_spill_where_it_was_chosen(reports):
+    # Chapter 10: the per-architecture spaces put a spill-free configuration first.
+    for arch in ("sm_90", "sm_120"):
+        r = reports[("arch_tuned", arch, "fmha")]
+        assert r.stack_bytes == 0 and r.sass["STL"] == 0, (arch, r.config)
 
 
 def test_large_tile_trap_is_a_spill_on_hopper_only(reports):
