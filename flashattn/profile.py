@@ -620,7 +620,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--step", action="append", required=True,
                    choices=[*STEP_NAMES, *EXPERIMENTS, "best", "sdpa_cudnn", "sdpa_flash"], help="step to profile (repeatable)")
     add_shape_args(p)
-    p.add_argument("--out", help="output folder (default results/<gpu>/profiles)")
+    p.add_argument("--out", help="output folder (default ./profiles; the recorded dataset is "
+                                 "written by 'python -m flashattn record --part profile')")
     p.add_argument("--ncu", default="ncu", help="path of the ncu executable")
     p.add_argument("--gpu", default="h200",
                    help="results/<gpu>/profiles/summary.json to show without a GPU")
@@ -631,7 +632,8 @@ def main(argv: list[str] | None = None) -> int:
     hq, hkv = parse_gqa(a.gqa, a.heads)
     shape = dict(seqlen=a.seqlen, batch=a.batch, heads=hq, kv_heads=hkv, head_dim=a.head_dim,
                  dtype=a.dtype, causal=a.causal)
-    out = Path(a.out) if a.out else REPO / "results" / a.gpu / "profiles"
+    # Not results/<gpu>/ by default: a reader's own profile must not overwrite the recorded one.
+    out = Path(a.out) if a.out else Path("profiles")
     name = a.step[0] if len(a.step) == 1 else "steps"
     cmd = ncu_command(a.step, out / name, ncu=a.ncu, filter=a.filter, **shape)
     ok, why = have_gpu_and_ncu(a.ncu)
