@@ -10,8 +10,10 @@ Layout is that of ``torch.nn.functional.scaled_dot_product_attention``::
 
     Q, Out: (B, Hq, Nq, D)      K, V: (B, Hkv, Nk, D)      Hq % Hkv == 0
 
-Grid: ``(cdiv(Nq, TILE_M), B * Hq, 1)``, one program per query tile per (batch, head); with
-``PAIR`` the first axis is halved and each program does two query tiles (chapter 10).
+Grid: ``(cdiv(Nq, TILE_M), B * Hq, 1)``, one program per query tile per (batch, head). Two
+chapter-10 experiments change it: with ``PAIR`` the first axis is halved and each program does
+two query tiles; with ``PERSISTENT`` it is ``(SMs x occupancy, 1, 1)`` and each program loops
+over work items.
 """
 import math
 
