@@ -15,7 +15,6 @@ import re
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -102,7 +101,7 @@ def _signature(kernel_name: str, step: Step, config: Config, *, head_dim: int, c
     import cuda.tile as ct
     from cuda.tile.compilation import (ArrayConstraint, CallingConvention, ConstantConstraint,
                                        KernelSignature, ScalarConstraint)
-    from .api import tile_d_for
+    from .api import fmha_constants, tile_d_for
     dt = {"float16": ct.float16, "bfloat16": ct.bfloat16}[dtype]
     align = 8 if head_dim % 8 == 0 else 1
 
@@ -116,13 +115,9 @@ def _signature(kernel_name: str, step: Step, config: Config, *, head_dim: int, c
     C = ConstantConstraint
     TD = tile_d_for(head_dim)
     if kernel_name == "fmha":
-        fl = step.flag_values()
         params = [arr(dt, 4)] * 4 + [f32, i32, i32, i32, i32] + [
-            C(config.TILE_M), C(config.TILE_N), C(TD), C(causal), C(even_k),
-            C(fl["FAST_MATH"]), C(fl["SPLIT_LOOP"]), C(fl["REMAP"]), C(fl["PAIR"]),
-            C(fl["LAZY_RESCALE"]), C(fl["EXP_POLY"]),
-            C(fl["UNCHECKED_KV"] and even_k and TD == head_dim), C(fl["K_LAT"]), C(fl["V_LAT"]),
-            C(fl["PERSISTENT"])]
+            C(c) for c in fmha_constants(step, config, head_dim=head_dim, causal=causal,
+                                         even_k=even_k)]
     elif kernel_name == "naive_scores":
         params = [arr(dt, 4), arr(dt, 4), arr(ct.float32, 3), f32, i32, i32, i32, i32,
                   C(config.TILE_M), C(config.TILE_N), C(TD), C(causal)]
@@ -147,8 +142,8 @@ def kernels_of(step: Step):
 
 
 def _cache_dir() -> Path:
-    root = Path(os.environ.get("FLASHATTN_CACHE", Path.home() / ".cache" / "flashattn"))
-    return root / "cubins"
+    from .env import cache_root
+    return cache_root() / "cubins"
 
 
 def _source_hash() -> str:

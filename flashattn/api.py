@@ -83,6 +83,23 @@ def hinted(kernel, config: Config):
     return _HINTED[key]
 
 
+def fmha_constants(step: Step, config: Config, *, head_dim: int, causal: bool,
+                   even_k: bool) -> tuple:
+    """The ``ct.Constant`` arguments of ``fmha_kernel``, in signature order.
+
+    One list for the launch (``fmha_args``) and the ahead-of-time signature (``aot``), so the
+    two cannot disagree on a flag or on the rule below.
+    """
+    f = step.flag_values()
+    td = tile_d_for(head_dim)
+    return (config.TILE_M, config.TILE_N, td, bool(causal), bool(even_k),
+            f["FAST_MATH"], f["SPLIT_LOOP"], f["REMAP"], f["PAIR"], f["LAZY_RESCALE"],
+            f["EXP_POLY"],
+            # Unchecked loads only where every K/V tile is provably in bounds.
+            f["UNCHECKED_KV"] and even_k and td == head_dim,
+            f["K_LAT"], f["V_LAT"], f["PERSISTENT"])
+
+
 def fmha_args(q, k, v, out, step: Step, config: Config, *, causal: bool, scale: float,
               input_pos: int):
     """(grid, kernel, args) for one launch of the fused kernel."""
@@ -92,15 +109,9 @@ def fmha_args(q, k, v, out, step: Step, config: Config, *, causal: bool, scale: 
     f = step.flag_values()
     num_m_blocks = -(-Nq // config.TILE_M)
     grid_x = -(-num_m_blocks // 2) if f["PAIR"] else num_m_blocks
-    td = tile_d_for(D)
-    even_k = Nk % config.TILE_N == 0
     args = (q, k, v, out, float(scale), int(input_pos), Hq, Hq // Hkv, num_m_blocks,
-            config.TILE_M, config.TILE_N, td, bool(causal), even_k,
-            f["FAST_MATH"], f["SPLIT_LOOP"], f["REMAP"], f["PAIR"], f["LAZY_RESCALE"],
-            f["EXP_POLY"],
-            # Unchecked loads only where every K/V tile is provably in bounds.
-            f["UNCHECKED_KV"] and even_k and td == D,
-            f["K_LAT"], f["V_LAT"], f["PERSISTENT"])
+            *fmha_constants(step, config, head_dim=D, causal=causal,
+                            even_k=Nk % config.TILE_N == 0))
     if f["PERSISTENT"]:
         # One program per SM slot (SMs x occupancy), never more than there are work items.
         sms = _torch().cuda.get_device_properties(q.device).multi_processor_count

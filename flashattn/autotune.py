@@ -71,8 +71,8 @@ def shape_key(q, k, causal: bool) -> str:
 
 
 def _cache_file(gpu_name: str) -> Path:
-    root = Path(os.environ.get("FLASHATTN_CACHE", Path.home() / ".cache" / "flashattn"))
-    return root / f"autotune-{''.join(c if c.isalnum() else '_' for c in gpu_name)}.json"
+    from .env import cache_root
+    return cache_root() / f"autotune-{''.join(c if c.isalnum() else '_' for c in gpu_name)}.json"
 
 
 def _load(gpu_name: str) -> dict:

@@ -70,10 +70,6 @@ def setup(gpu: str = DEFAULT_GPU):
     return results(gpu)
 
 
-def fmt(value, spec: str = ".0f") -> str:
-    return format(value, spec)
-
-
 def glue(name: str, value, spec: str | None = None, *, display: bool = False):
     """Glue a value for the prose (``{glue:text}`name```); formatted with ``spec`` if given.
 
@@ -92,8 +88,3 @@ def show(code: str, language: str = "python"):
     """Show code or a diff with colours (wraps ``flashattn.source.show``)."""
     from .source import show as _show
     return _show(code, language)
-
-
-def table(df, floatfmt: int = 0):
-    """A DataFrame rendered as a plain table with rounded numbers."""
-    return df.round(floatfmt)

@@ -11,6 +11,7 @@ Works on a machine without a GPU: the GPU fields are then ``None``.
 from __future__ import annotations
 
 import json
+import os
 import platform
 import re
 import shlex
@@ -182,3 +183,9 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())
+
+
+def cache_root():
+    """Where flashattn caches cubins and autotune results: $FLASHATTN_CACHE or ~/.cache/flashattn."""
+    from pathlib import Path
+    return Path(os.environ.get("FLASHATTN_CACHE", Path.home() / ".cache" / "flashattn"))
