@@ -4,6 +4,16 @@
     o = flashattn.attention(q, k, v, causal=True)            # fastest known step on this GPU
     o = flashattn.attention(q, k, v, causal=True, step="baseline")
     flashattn.STEPS                                           # the steps of the book, in order
+
+The package, by layer (each imports only from the layers above it):
+
+    contract, steps, env          input rules; the steps as data; the machine
+    impls, kernels/               the registry of implementations; the cuTile kernels and specs
+    launch, autotune, aot         launching a step; choosing its tiles; compiling ahead of time
+    api                           attention, sdpa
+    reference/                    exact attention, the online softmax, a CPU emulation
+    measure/, data/               timing, bench, Nsight Compute, recording; the dataset's reader
+    chapter/                      what the notebooks share: setup, glue, figures
 """
 from .api import attention, sdpa
 from .steps import (ARCHS, EXPERIMENTS, FLAGS, SEED_STEPS, STEP_NAMES, STEPS, Config, Step,
@@ -13,10 +23,10 @@ __version__ = "0.1.0"
 __all__ = ["attention", "sdpa", "STEPS", "STEP_NAMES", "SEED_STEPS", "Step", "Config",
            "get_step", "EXPERIMENTS", "ARCHS", "FLAGS", "__version__"]
 
-# Submodules load on first use (flashattn.reference, flashattn.plots, ...): importing
-# flashattn stays cheap, and `import flashattn; flashattn.source.step_diff(...)` works.
-_SUBMODULES = ("aot", "api", "autotune", "bench", "book", "env", "kernels", "plots", "profile",
-               "record", "reference", "results", "source", "steps", "timing")
+# Submodules load on first use (flashattn.reference, flashattn.chapter, ...): importing
+# flashattn stays cheap, and `import flashattn; flashattn.reference.attention(...)` works.
+_SUBMODULES = ("aot", "api", "autotune", "chapter", "contract", "data", "env", "impls",
+               "kernels", "launch", "measure", "reference", "steps")
 
 
 def __getattr__(name):

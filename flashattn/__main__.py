@@ -1,45 +1,58 @@
-"""Command line: ``python -m flashattn {steps,compile,bench,profile,record,info}``."""
+"""Command line: ``python -m flashattn {steps,compile,bench,profile,record,info,nbrun}``."""
 from __future__ import annotations
 
+import argparse
 import sys
 
+# name -> (module, one line, an example)
 COMMANDS = {
-    "steps": "list the steps of the book",
-    "compile": "compile steps ahead of time (no GPU) and report registers, spills and SASS",
-    "bench": "time steps and library baselines on this GPU",
-    "profile": "run Nsight Compute on one launch of a step",
-    "record": "record benchmarks, profiles and compile reports under results/<gpu>",
-    "info": "what this machine has: GPU, cuTile, tileiras, torch",
+    "steps": ("flashattn.steps", "list the steps of the book and the experiments",
+              "python -m flashattn steps"),
+    "compile": ("flashattn.aot", "compile steps ahead of time (no GPU) and report registers, "
+                "spills and SASS", "python -m flashattn compile --arch sm_90 --step baseline"),
+    "bench": ("flashattn.measure.bench", "time steps and library baselines on this GPU",
+              "python -m flashattn bench --steps baseline,best --seqlens 4096 --baselines cudnn"),
+    "profile": ("flashattn.measure.ncu", "run Nsight Compute on one launch of a step",
+                "python -m flashattn profile --step baseline --seqlen 4096"),
+    "record": ("flashattn.measure.record", "record benchmarks, profiles and compile reports "
+               "under results/<gpu>", "python -m flashattn record --out results/h200 --part bench"),
+    "info": ("flashattn.env", "what this machine has: GPU, cuTile, tileiras, torch",
+             "python -m flashattn info"),
+    "nbrun": ("flashattn.nbrun", "run a chapter notebook without Jupyter (for a bare GPU host)",
+              "python -m flashattn nbrun notebooks/03_first_kernel.ipynb out.ipynb"),
 }
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m flashattn",
+        description="FlashAttention in cuTile: the book's kernels, benchmarks and tools.",
+        epilog="'python -m flashattn COMMAND --help' gives a command's options.\n\nexamples:\n"
+               + "\n".join(f"  {ex}" for _, _, ex in COMMANDS.values()),
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (_, help_, example) in COMMANDS.items():
+        # Each command parses its own options (its module's main), so --help reaches it.
+        sp = sub.add_parser(name, help=help_, add_help=False, description=help_,
+                            epilog=f"example: {example}")
+        sp.add_argument("args", nargs=argparse.REMAINDER)
+    return p
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    p = build_parser()
     if not argv or argv[0] in ("-h", "--help"):
-        print("usage: python -m flashattn COMMAND [options]\n\ncommands:")
-        for k, v in COMMANDS.items():
-            print(f"  {k:<8} {v}")
-        print("\n'python -m flashattn COMMAND --help' for a command's options")
+        p.print_help()
         return 0
-    cmd, rest = argv[0], argv[1:]
-    if cmd == "steps":
-        from .steps import describe
-        print(describe())
-        return 0
-    if cmd == "compile":
-        from .aot import main as run
-    elif cmd == "bench":
-        from .bench import main as run
-    elif cmd == "profile":
-        from .profile import main as run
-    elif cmd == "record":
-        from .record import main as run
-    elif cmd == "info":
-        from .env import main as run
-    else:
-        print(f"unknown command {cmd!r}; one of: {', '.join(COMMANDS)}", file=sys.stderr)
+    if argv[0] not in COMMANDS:
+        print(f"unknown command {argv[0]!r}; one of: {', '.join(COMMANDS)}", file=sys.stderr)
         return 2
-    return int(run(rest) or 0)
+    a = p.parse_args(argv[:1])
+    rest = argv[1:]
+    import importlib
+    mod = importlib.import_module(COMMANDS[a.command][0])
+    return int(mod.main(rest) or 0)
 
 
 if __name__ == "__main__":

@@ -19,6 +19,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from .kernels import constants_for, hinted
+from .kernels import kernels_of as specs_of
 from .steps import ARCHS, EXPERIMENTS, STEP_NAMES, Config, Step, get_step
 
 # The workload the book's static tables describe: the seed's B=4, H=32, D=128, fp16, causal.
@@ -95,50 +97,9 @@ def analyze_cubin(path: str | os.PathLike) -> dict:
     return out
 
 
-def _signature(kernel_name: str, step: Step, config: Config, *, head_dim: int, causal: bool,
-               even_k: bool, dtype: str):
-    """The KernelSignature cuTile's JIT would build for contiguous (B, H, N, D) tensors."""
-    import cuda.tile as ct
-    from cuda.tile.compilation import (ArrayConstraint, CallingConvention, ConstantConstraint,
-                                       KernelSignature, ScalarConstraint)
-    from .api import fmha_constants, tile_d_for
-    dt = {"float16": ct.float16, "bfloat16": ct.bfloat16}[dtype]
-    align = 8 if head_dim % 8 == 0 else 1
-
-    def arr(dtype_, ndim):
-        return ArrayConstraint(dtype_, ndim, index_dtype=ct.int32, stride_lower_bound_incl=0,
-                               alias_groups=(), may_alias_internally=False,
-                               stride_constant=(None,) * (ndim - 1) + (1,),
-                               stride_divisible_by=(align,) * (ndim - 1) + (1,),
-                               base_addr_divisible_by=16)
-    f32, i32 = ScalarConstraint(ct.float32), ScalarConstraint(ct.int32)
-    C = ConstantConstraint
-    TD = tile_d_for(head_dim)
-    if kernel_name == "fmha":
-        params = [arr(dt, 4)] * 4 + [f32, i32, i32, i32, i32] + [
-            C(c) for c in fmha_constants(step, config, head_dim=head_dim, causal=causal,
-                                         even_k=even_k)]
-    elif kernel_name == "naive_scores":
-        params = [arr(dt, 4), arr(dt, 4), arr(ct.float32, 3), f32, i32, i32, i32, i32,
-                  C(config.TILE_M), C(config.TILE_N), C(TD), C(causal)]
-    elif kernel_name == "naive_softmax":
-        params = [arr(ct.float32, 3), arr(dt, 3), C(16), C(config.TILE_N)]
-    elif kernel_name == "naive_pv":
-        params = [arr(dt, 3), arr(dt, 4), arr(dt, 4), i32, i32, i32,
-                  C(config.TILE_M), C(config.TILE_N), C(TD)]
-    else:
-        raise ValueError(kernel_name)
-    return KernelSignature(params, calling_convention=CallingConvention.cutile_python_v2())
-
-
 def kernels_of(step: Step):
     """[(name, kernel object)] a step launches."""
-    if step.kernel == "naive":
-        from .kernels.naive import pv_kernel, scores_kernel, softmax_kernel
-        return [("naive_scores", scores_kernel), ("naive_softmax", softmax_kernel),
-                ("naive_pv", pv_kernel)]
-    from .kernels.fmha import fmha_kernel
-    return [("fmha", fmha_kernel)]
+    return [(spec.name, spec.kernel()) for spec in specs_of(step)]
 
 
 def _cache_dir() -> Path:
@@ -164,14 +125,13 @@ def compile_step(name: str, arch: str, *, config: Config | None = None, head_dim
     Compilation errors are reported in ``KernelReport.error``, not raised.
     """
     from cuda.tile.compilation import export_kernel
-    from .api import hinted
     if arch not in ARCHS:
         raise ValueError(f"unknown arch {arch!r}; choose from {', '.join(ARCHS)}")
     step = get_step(name)
-    cfg = config or (step.config_for(arch) if not step.tuned else _first_tuned(arch, step))
+    cfg = config or step.configs(arch)[0]
     reports = []
-    for kname, kernel in kernels_of(step):
-        kernel = hinted(kernel, cfg)
+    for spec in specs_of(step):
+        kname = spec.name
         rep = KernelReport(step=name, arch=arch, kernel=kname, config=cfg.label())
         key = hashlib.sha256(json.dumps([_source_hash(), kname, step.flag_values(), cfg.label(),
                                          arch, head_dim, causal, even_k, dtype]).encode())
@@ -179,8 +139,10 @@ def compile_step(name: str, arch: str, *, config: Config | None = None, head_dim
         t0 = time.perf_counter()
         try:
             if not (use_cache and cubin.exists()):
-                sig = _signature(kname, step, cfg, head_dim=head_dim, causal=causal,
-                                 even_k=even_k, dtype=dtype)
+                kernel = hinted(spec.kernel(), cfg.hints())
+                sig = spec.signature(dtype=dtype, align=8 if head_dim % 8 == 0 else 1,
+                                     constants=constants_for(spec, step, cfg, head_dim=head_dim,
+                                                             causal=causal, even_k=even_k))
                 cubin.parent.mkdir(parents=True, exist_ok=True)
                 tmp = cubin.with_suffix(f".tmp{os.getpid()}")
                 export_kernel(kernel, [sig], str(tmp), gpu_code=arch, output_format="cubin")
@@ -198,11 +160,6 @@ def compile_step(name: str, arch: str, *, config: Config | None = None, head_dim
             rep.error = f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"[:500]
         reports.append(rep)
     return reports
-
-
-def _first_tuned(arch: str, step=None) -> Config:
-    from .autotune import search_space
-    return search_space(arch, step)[0]
 
 
 def sass_of(name: str, arch: str, **kw) -> str:

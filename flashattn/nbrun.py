@@ -1,4 +1,4 @@
-"""Run a chapter notebook top to bottom without Jupyter: ``python -m flashattn.nbrun IN [OUT]``.
+"""Run a chapter notebook top to bottom without Jupyter: ``python -m flashattn nbrun IN [OUT]``.
 
 For GPU machines that have IPython but no Jupyter kernel machinery (the offline H200 host
 used for the book). Each code cell runs in one IPython shell, in order, in the notebook's
@@ -81,5 +81,18 @@ def run(path_in: str, path_out: str | None = None) -> int:
     return status
 
 
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+    p = argparse.ArgumentParser(prog="python -m flashattn nbrun",
+                                description="Run a chapter notebook top to bottom without "
+                                            "Jupyter, writing its outputs into OUT.",
+                                epilog="example: python -m flashattn nbrun "
+                                       "notebooks/03_first_kernel.ipynb /tmp/03.ipynb")
+    p.add_argument("notebook", help="the notebook to run")
+    p.add_argument("out", nargs="?", help="where to write the executed notebook")
+    a = p.parse_args(argv)
+    return run(a.notebook, a.out)
+
+
 if __name__ == "__main__":
-    sys.exit(run(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else None))
+    sys.exit(main())

@@ -28,18 +28,43 @@ class Config:
     TILE_N: int
     occupancy: int | None = None
     num_ctas: int | None = None
+    num_worker_warps: int | None = None   # warps per CUDA-core warp group (warp-specialised)
+
+    HINTS = ("occupancy", "num_ctas", "num_worker_warps")
+    _SHORT = {"occupancy": "occ", "num_ctas": "ctas", "num_worker_warps": "nww"}
 
     def hints(self) -> dict:
-        return {k: v for k, v in (("occupancy", self.occupancy), ("num_ctas", self.num_ctas))
-                if v is not None}
+        """The kernel hints for ``kernel.replace_hints(**hints)``; unset hints are left out."""
+        return {k: getattr(self, k) for k in self.HINTS if getattr(self, k) is not None}
 
     def label(self) -> str:
-        s = f"{self.TILE_M}x{self.TILE_N}"
-        if self.occupancy is not None:
-            s += f" occ={self.occupancy}"
-        if self.num_ctas is not None:
-            s += f" ctas={self.num_ctas}"
-        return s
+        """"64x128 occ=2", "128x128 occ=1 nww=8": the inverse of ``Config.parse``."""
+        return " ".join([f"{self.TILE_M}x{self.TILE_N}"] +
+                        [f"{self._SHORT[k]}={v}" for k, v in self.hints().items()])
+
+    def as_tuple(self) -> tuple:
+        return (self.TILE_M, self.TILE_N, *(getattr(self, k) for k in self.HINTS))
+
+    @classmethod
+    def parse(cls, text: str) -> "Config":
+        """"128x128", "128x128 occ=1 nww=8" or "128x128,occ=1,nww=8" -> Config."""
+        parts = text.replace(",", " ").replace(":", " ").split()
+        try:
+            tm, tn = (int(x) for x in parts[0].lower().split("x"))
+        except (IndexError, ValueError):
+            raise ValueError(f"a configuration is TILE_MxTILE_N [occ=N] [ctas=N] [nww=N], "
+                             f"got {text!r}") from None
+        long = {v: k for k, v in cls._SHORT.items()}
+        hints = {}
+        for p in parts[1:]:
+            k, _, v = p.partition("=")
+            if long.get(k, k) not in cls.HINTS or not v.isdigit():
+                raise ValueError(f"unknown hint {p!r} in {text!r}; hints: occ=N, ctas=N, nww=N")
+            hints[long.get(k, k)] = int(v)
+        for name, v in (("TILE_M", tm), ("TILE_N", tn)):
+            if v < 16 or v & (v - 1):
+                raise ValueError(f"{name} must be a power of two >= 16, got {v}")
+        return cls(tm, tn, **hints)
 
 
 @dataclass(frozen=True)
@@ -52,6 +77,7 @@ class Step:
     config: Config = Config(64, 64)
     arch_configs: dict = field(default_factory=dict)   # arch -> Config, overrides `config`
     tuned: bool = False         # chooses its Config per shape by measurement (autotune)
+    space: str = "arch"         # a tuned step's search space: "seed" or "arch" (per architecture)
     source: str = "seed"        # "seed" (NVIDIA's walkthrough), "book" (ours), "experiment"
 
     def flag_values(self) -> dict:
@@ -61,8 +87,50 @@ class Step:
         return {f: type(d)(self.flags.get(f, d)) for f, d in FLAG_DEFAULTS.items()}
 
     def config_for(self, arch: str | None) -> Config:
+        """The one configuration an untuned step runs with on ``arch``."""
         return self.arch_configs.get(arch, self.config)
 
+    def configs(self, arch: str | None) -> list[Config]:
+        """The configurations this step may run with on ``arch``, the default first.
+
+        An untuned step has one; a tuned step has its search space there (autotune measures
+        them and caches the winner per shape; with FLASHATTN_AUTOTUNE=0 the first is used).
+        """
+        if not self.tuned:
+            return [self.config_for(arch)]
+        if self.space == "seed":
+            return seed_space(arch)
+        return list(SEARCH_SPACE.get(arch, SEARCH_SPACE["sm_80"]))
+
+
+def seed_space(arch: str | None) -> list[Config]:
+    """The seed walkthrough's search space: one list for every architecture but sm_120."""
+    if arch in ("sm_120", "sm_121"):
+        return [Config(64, 64, occupancy=2)]
+    return [Config(64, 64, occupancy=2), Config(128, 128, occupancy=2),
+            Config(256, 128, occupancy=1)]
+
+
+# Chapter 10: a space per architecture, from what the compiler report and the H200 showed.
+SEARCH_SPACE: dict[str, list[Config]] = {
+    # Hopper: registers hold the fp32 accumulators; small M tiles and 2 programs/SM.
+    "sm_90": [Config(64, 128, occupancy=2), Config(64, 64, occupancy=2),
+              Config(128, 64, occupancy=2), Config(128, 128, occupancy=1),
+              Config(128, 64, occupancy=1)],
+    # Datacenter Blackwell: the seed's space (tensor-memory accumulators, large tiles pay).
+    "sm_100": [Config(256, 128, occupancy=1), Config(128, 128, occupancy=2),
+               Config(64, 64, occupancy=2), Config(256, 128, occupancy=2)],
+    # Consumer Blackwell and Ampere: less shared memory, small tiles only. Not measured here:
+    # ordered by the compiler's report (python -m flashattn compile --arch sm_120 / sm_80), the
+    # configuration with the fewest spill bytes first (sm_120: 0 B; sm_80: 592 B; all sm_80
+    # variants with fast math spill a little, as Ampere's mma.sync holds operands in registers).
+    "sm_120": [Config(64, 64), Config(64, 64, occupancy=2), Config(64, 128, occupancy=1)],
+    "sm_80": [Config(64, 128, occupancy=1), Config(128, 64, occupancy=1),
+              Config(64, 64, occupancy=2)],
+}
+SEARCH_SPACE["sm_103"] = SEARCH_SPACE["sm_100"]
+SEARCH_SPACE["sm_121"] = SEARCH_SPACE["sm_120"]
+SEARCH_SPACE["sm_89"] = SEARCH_SPACE["sm_86"] = SEARCH_SPACE["sm_80"]
 
 _SEED = dict(FAST_MATH=True, SPLIT_LOOP=True, REMAP=True)
 
@@ -87,7 +155,7 @@ _STEP_LIST = [
          flags=dict(_SEED), config=Config(256, 128)),
     Step("autotune", "Autotuning",
          "Search tile shapes and hints per shape and architecture; cache the winner per GPU.",
-         flags=dict(_SEED), config=Config(64, 64, occupancy=2), tuned=True),
+         flags=dict(_SEED), config=Config(64, 64, occupancy=2), tuned=True, space="seed"),
     # --- Beyond the blog (chapter 10): each measured on the H200 against cuDNN in one run ---
     Step("arch_tuned", "A search space per architecture",
          "Autotune over tiles and hints chosen per architecture (Hopper: 64x128, 2 programs/SM).",
@@ -122,6 +190,17 @@ STEP_NAMES: tuple[str, ...] = tuple(STEPS)
 SEED_STEPS = tuple(s.name for s in _STEP_LIST if s.source == "seed")
 
 
+# The fastest step measured on each architecture (results/<gpu>/; chapter 10). Architectures
+# we have not measured get the same step: its search space there is the seed's or smaller.
+BEST_STEP: dict[str, str] = {"sm_90": "arch_tuned"}
+DEFAULT_BEST = "arch_tuned"
+
+
+def best_step_name(arch: str | None) -> str:
+    """The step ``step="best"`` runs on ``arch``."""
+    return BEST_STEP.get(arch, DEFAULT_BEST)
+
+
 def get_step(name: str) -> Step:
     """A step (or a chapter-10 experiment) by name."""
     if name in STEPS:
@@ -140,9 +219,17 @@ def previous_step(name: str) -> str | None:
     return STEP_NAMES[i - 1] if i > 0 else None
 
 
+def resolve_name(name: str, arch: str | None) -> Step:
+    """A step by name, with "best" resolved for ``arch``."""
+    return get_step(best_step_name(arch) if name == "best" else name)
+
+
 def with_config(step: Step, config: Config) -> Step:
-    """The same step run with another tile shape / hints (used by autotune and sweeps)."""
-    return replace(step, config=config, arch_configs={})
+    """The same step pinned to another tile shape / hints (autotune candidates, bench variants)."""
+    return replace(step, config=config, arch_configs={}, tuned=False)
+
+
+assert all(n in STEPS for n in BEST_STEP.values()) and DEFAULT_BEST in STEPS
 
 
 def describe() -> str:
@@ -152,3 +239,13 @@ def describe() -> str:
     lines += ["", "experiments (chapter 10; did not pay on the H200):"]
     lines += [f"{s.name:<{w}}  {s.description}" for s in _EXPERIMENT_LIST]
     return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+    argparse.ArgumentParser(prog="python -m flashattn steps",
+                            description="List the steps of the book, in order, and the "
+                                        "experiments of chapter 10.",
+                            epilog="example: python -m flashattn steps").parse_args(argv)
+    print(describe())
+    return 0

@@ -21,8 +21,9 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .bench import IMPL_ORDER, LIBRARY_IMPLS, RATIO_REF, to_frame
-from .steps import STEP_NAMES
+from ..impls import LIBRARY_IMPLS, RATIO_REF, rank
+from ..steps import STEP_NAMES
+from .schema import to_frame
 
 DEFAULT_WORKLOAD = "fp16-causal-d128"
 
@@ -33,7 +34,7 @@ def results_root(root=None) -> Path:
     env = os.environ.get("FLASHATTN_RESULTS")
     if env:
         return Path(env)
-    return Path(__file__).resolve().parent.parent / "results"
+    return Path(__file__).resolve().parents[2] / "results"
 
 
 def available(root=None) -> list[str]:
@@ -53,11 +54,8 @@ def _read(path: Path) -> dict | None:
         return None
 
 
-def _order_key(impl) -> tuple:
-    return (IMPL_ORDER.index(impl) if impl in IMPL_ORDER else len(IMPL_ORDER), str(impl))
-
-
 def _step_key(step) -> tuple:
+    """Profiles: the book's steps in order, then everything else by name."""
     return (STEP_NAMES.index(step) if step in STEP_NAMES else len(STEP_NAMES), str(step))
 
 
@@ -93,7 +91,7 @@ class Results:
             return pd.DataFrame()
         t = df.pivot_table(index="impl", columns="Nq", values=value, aggfunc="first",
                            dropna=False)
-        t = t.reindex(sorted(df["impl"].unique(), key=_order_key))
+        t = t.reindex(sorted(df["impl"].unique(), key=rank))
         t = t.reindex(columns=sorted(df["Nq"].unique()))
         t.index.name, t.columns.name = "impl", "N"
         return t.astype(float)

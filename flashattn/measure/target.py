@@ -1,10 +1,10 @@
 """The program Nsight Compute profiles: one warm-up and one measured launch per step (chapter 4).
 
-    python -m flashattn.profile_target --step baseline,remap --seqlen 4096 \
+    python -m flashattn.measure.target --step baseline,remap --seqlen 4096 \
         [--batch 4 --heads 32 --head-dim 128 --dtype float16 --causal/--no-causal --gqa 32:8]
 
 For each step, in order: fresh random inputs, the step's configuration for them
-(``flashattn.api.resolve``), one warm-up launch outside any NVTX range (JIT compilation, module
+(``flashattn.launch.resolve``), one warm-up launch outside any NVTX range (JIT compilation, module
 load, and an autotune search for tuned steps all happen here), ``torch.cuda.synchronize()``, then
 exactly one launch inside the NVTX push/pop range ``step:NAME``, synchronized. ``ncu --nvtx
 --nvtx-include "regex:step:.*/"`` then profiles only the kernels of the measured launches, and
@@ -21,18 +21,14 @@ import json
 import math
 import sys
 
+from ..contract import DTYPES, check_tensors
+from ..contract import parse_gqa as _parse_gqa
+from ..impls import IMPLS
+
 
 def parse_gqa(text: str | None, heads: int) -> tuple[int, int]:
-    """'32:8' -> (32, 8); None -> (heads, heads)."""
-    if not text:
-        return heads, heads
-    try:
-        hq, hkv = (int(x) for x in text.split(":"))
-    except ValueError:
-        raise ValueError(f"--gqa takes QUERY_HEADS:KV_HEADS such as 32:8, got {text!r}") from None
-    if hq < 1 or hkv < 1 or hq % hkv:
-        raise ValueError(f"--gqa {text}: query heads must be a positive multiple of kv heads")
-    return hq, hkv
+    """'32:8' -> (32, 8); None -> (heads, heads) (``contract.parse_gqa``)."""
+    return _parse_gqa(text, heads)
 
 
 def add_shape_args(p: argparse.ArgumentParser) -> None:
@@ -41,13 +37,13 @@ def add_shape_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--heads", type=int, default=32, help="query heads (= kv heads unless --gqa)")
     p.add_argument("--head-dim", type=int, default=128)
-    p.add_argument("--dtype", choices=["float16", "bfloat16"], default="float16")
+    p.add_argument("--dtype", choices=list(DTYPES), default="float16")
     p.add_argument("--causal", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--gqa", metavar="HQ:HKV", help="grouped-query heads, e.g. 32:8")
 
 
 class _LaunchCounter:
-    """Counts ``cuda.tile.launch`` calls (api.launch looks the function up at call time)."""
+    """Counts ``cuda.tile.launch`` calls (``launch`` looks the function up at call time)."""
 
     def __init__(self):
         self.n = 0
@@ -74,7 +70,7 @@ def run_step(name: str, *, seqlen: int, batch: int, heads: int, kv_heads: int, h
     """Warm up then launch step ``name`` once inside NVTX range ``step:NAME``; what ran."""
     import torch
 
-    from . import api
+    from ..launch import launch, resolve
     torch.manual_seed(seed)
     dt = getattr(torch, dtype)
     dev = torch.device("cuda")
@@ -83,14 +79,12 @@ def run_step(name: str, *, seqlen: int, batch: int, heads: int, kv_heads: int, h
     v = torch.randn(batch, kv_heads, seqlen, head_dim, device=dev, dtype=dt)    # (B, Hkv, N, D)
     out = torch.empty_like(q)
     scale = 1.0 / math.sqrt(head_dim)
-    api.validate(q, k, v, causal=causal, scale=scale, input_pos=0)
-    if name.startswith("sdpa_"):
+    check_tensors(q, k, v, causal=causal, scale=scale, input_pos=0)
+    if name in IMPLS and IMPLS[name].kind == "library" and IMPLS[name].backend != "flex":
         # A library baseline (chapter 10 compares our kernel's profile with cuDNN's).
         import torch.nn.functional as F
         from torch.nn.attention import SDPBackend, sdpa_kernel
-        backend = {"sdpa_cudnn": SDPBackend.CUDNN_ATTENTION,
-                   "sdpa_flash": SDPBackend.FLASH_ATTENTION,
-                   "sdpa_efficient": SDPBackend.EFFICIENT_ATTENTION}[name]
+        backend = getattr(SDPBackend, IMPLS[name].backend)
 
         def go():
             with sdpa_kernel(backend):
@@ -98,10 +92,10 @@ def run_step(name: str, *, seqlen: int, batch: int, heads: int, kv_heads: int, h
                                                enable_gqa=kv_heads != heads)
         step, config = None, None
     else:
-        step, config = api.resolve(name, q, k, causal)
+        step, config = resolve(name, q, k, causal)
 
         def go():
-            api.launch(q, k, v, out, step, config, causal=causal, scale=scale)
+            launch(q, k, v, out, step, config, causal=causal, scale=scale)
 
     with _LaunchCounter() as warm:          # outside any NVTX range: not profiled
         go()
@@ -116,7 +110,7 @@ def run_step(name: str, *, seqlen: int, batch: int, heads: int, kv_heads: int, h
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m flashattn.profile_target",
+    p = argparse.ArgumentParser(prog="python -m flashattn.measure.target",
                                 description="Launch steps once each inside NVTX ranges "
                                             "'step:NAME', for Nsight Compute.")
     p.add_argument("--step", required=True, help="comma-separated step names, in order")

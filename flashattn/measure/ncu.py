@@ -3,7 +3,7 @@
     python -m flashattn profile --step baseline --step remap [--seqlen 4096] [--out DIR]
 
 On a machine with a CUDA GPU and ``ncu`` this runs Nsight Compute once over
-``python -m flashattn.profile_target`` (one warm-up and one measured launch per step, the
+``python -m flashattn.measure.target`` (one warm-up and one measured launch per step, the
 measured one inside the NVTX range ``step:NAME``) and turns the report into a tidy summary::
 
     {"meta":  {...},                                   # workload, GPU, ncu version, command
@@ -102,7 +102,7 @@ MSG_TYPES = {0: "NONE", 1: "OK", 2: "OPTIMIZATION", 3: "WARNING", 4: "ERROR"}
 # The CSV pages abbreviate rule types.
 CSV_TYPES = {"OPT": "OPTIMIZATION", "WRN": "WARNING", "WARN": "WARNING", "ERR": "ERROR",
              "INF": "OK", "INFO": "OK"}
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -110,8 +110,8 @@ REPO = Path(__file__).resolve().parent.parent
 # ---------------------------------------------------------------------------------------------
 def target_args(steps, *, seqlen=4096, batch=4, heads=32, kv_heads=None, head_dim=128,
                 dtype="float16", causal=True, manifest=None) -> list[str]:
-    """Arguments of ``python -m flashattn.profile_target`` for these steps and shape."""
-    args = ["-m", "flashattn.profile_target", "--step", ",".join(steps), "--seqlen", str(seqlen),
+    """Arguments of ``python -m flashattn.measure.target`` for these steps and shape."""
+    args = ["-m", "flashattn.measure.target", "--step", ",".join(steps), "--seqlen", str(seqlen),
             "--batch", str(batch), "--heads", str(heads), "--head-dim", str(head_dim),
             "--dtype", dtype, "--causal" if causal else "--no-causal"]
     if kv_heads is not None and kv_heads != heads:
@@ -482,7 +482,7 @@ def summarize_csv(raw: str, details: str = "", manifest: dict | None = None,
 # ---------------------------------------------------------------------------------------------
 def _metadata(command: str) -> dict:
     try:
-        from .env import metadata
+        from ..env import metadata
         return dict(metadata(command))
     except Exception:  # env.py absent or failing: a minimal record
         import platform
@@ -566,8 +566,8 @@ def wide(rows):
 
 
 def _book_order(df):
-    from .steps import EXPERIMENTS, STEP_NAMES
-    order = {s: i for i, s in enumerate([*STEP_NAMES, *EXPERIMENTS, "sdpa_cudnn", "sdpa_flash"])}
+    from ..impls import STEP_IMPLS
+    order = {s: i for i, s in enumerate([*STEP_IMPLS, "sdpa_cudnn", "sdpa_flash"])}
     return (df.assign(_o=df["step"].map(lambda s: order.get(s, len(order))))
               .sort_values(["_o", "kernel"], kind="stable").drop(columns="_o")
               .reset_index(drop=True))
@@ -610,15 +610,18 @@ def format_rules(rules, steps=None, types=("OPTIMIZATION", "WARNING", "ERROR"),
 # Command line
 # ---------------------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
-    from .profile_target import add_shape_args, parse_gqa
-    from .steps import EXPERIMENTS, STEP_NAMES
+    from ..impls import IMPLS, STEP_IMPLS
+    from .target import add_shape_args, parse_gqa
     p = argparse.ArgumentParser(
         prog="python -m flashattn profile",
         description="Profile one launch per step with Nsight Compute (clocks not locked) and "
                     "summarize the report; without a GPU or ncu, print the command and the "
                     "recorded summary.")
     p.add_argument("--step", action="append", required=True,
-                   choices=[*STEP_NAMES, *EXPERIMENTS, "best", "sdpa_cudnn", "sdpa_flash"], help="step to profile (repeatable)")
+                   choices=[*STEP_IMPLS, "best",
+                            *(n for n, i in IMPLS.items() if i.kind == "library"
+                              and i.backend not in ("flex", "MATH"))],
+                   help="step (or SDPA library) to profile (repeatable)")
     add_shape_args(p)
     p.add_argument("--out", help="output folder (default ./profiles; the recorded dataset is "
                                  "written by 'python -m flashattn record --part profile')")

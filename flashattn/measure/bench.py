@@ -3,6 +3,8 @@
     python -m flashattn bench                                  # the seed's workload, all steps
     python -m flashattn bench --steps baseline,pair --seqlens 4096 --baselines cudnn
     python -m flashattn bench --no-causal --json --out full.json
+    python -m flashattn bench --steps arch_tuned,arch_tuned#2,arch_tuned@128x128:occ=1:nww=8
+                                                # a control copy and a pinned variant
 
 From a notebook::
 
@@ -11,8 +13,7 @@ From a notebook::
 
 For each sequence length: fresh random inputs; each implementation resolved once (tile shape,
 hints; for ``autotune`` this runs its search), compiled and checked against an fp32 reference
-outside the timing, then timed with :func:`flashattn.timing.time_cuda` (CUDA events, L2 flushed,
-median and quartiles). The document's format is written down in ``results/README.md``.
+outside the timing, then timed in alternation with the others (``measure.timing``). The document's format is written down in ``results/README.md``.
 """
 from __future__ import annotations
 
@@ -24,154 +25,27 @@ import sys
 import time
 from pathlib import Path
 
-from .steps import EXPERIMENTS, STEP_NAMES, get_step
+from ..contract import DTYPE_SHORT, dtype_name, parse_gqa
+from ..data.schema import (SKIPPED, add_derived, dumps, format_table, make_row, to_frame,
+                           workload_name, write_json)
+from ..impls import IMPLS, LIBRARY_OPTIONS, STEP_IMPLS
+from ..steps import Config, get_step, resolve_name, with_config
 from .timing import attention_flops, tflops
 
 # The seed's workload: B=4, H=32, D=128, fp16, causal.
 DEFAULT_SEQLENS = (1024, 2048, 4096, 8192, 16384)
 DEFAULT_BATCH, DEFAULT_HEADS, DEFAULT_HEAD_DIM = 4, 32, 128
-DEFAULT_STEPS = (*STEP_NAMES, *EXPERIMENTS, "best")
+DEFAULT_STEPS = (*STEP_IMPLS, "best")
+DEFAULT_BASELINES = tuple(LIBRARY_OPTIONS)     # flash, cudnn, efficient, math, flex
 
-# --baselines name -> (row impl, torch.nn.attention.SDPBackend member or None for FlexAttention)
-LIBRARIES = {
-    "flash": ("sdpa_flash", "FLASH_ATTENTION"),          # FlashAttention-2 inside PyTorch
-    "cudnn": ("sdpa_cudnn", "CUDNN_ATTENTION"),
-    "efficient": ("sdpa_efficient", "EFFICIENT_ATTENTION"),
-    "math": ("sdpa_math", "MATH"),                       # materialises the N x N scores
-    "flex": ("flex", None),                              # FlexAttention, torch.compile'd
-}
-DEFAULT_BASELINES = tuple(LIBRARIES)
-LIBRARY_IMPLS = tuple(impl for impl, _ in LIBRARIES.values())
-# Rows in book order: the steps, the fastest step, the libraries.
-IMPL_ORDER = (*STEP_NAMES, *EXPERIMENTS, "best", *LIBRARY_IMPLS)
-RATIO_REF = "sdpa_cudnn"
-
-DTYPE_SHORT = {"float16": "fp16", "bfloat16": "bf16"}
-ROW_FIELDS = ("impl", "kind", "config", "B", "Hq", "Hkv", "Nq", "Nk", "D", "dtype", "causal",
-              "median_ms", "q1_ms", "q3_ms", "min_ms", "max_ms", "reps", "spread", "tflops",
-              "speedup_prev", "ratio_cudnn", "max_abs_err", "error")
-TIMING_FIELDS = ("median_ms", "q1_ms", "q3_ms", "min_ms", "max_ms", "reps", "spread")
-
-SKIP_NAIVE = "skipped: N > naive-max-n"
-SKIP_MATH = "skipped: N x N scores do not fit in a third of free memory"
+SKIP_NAIVE = f"{SKIPPED}: N > naive-max-n"
+SKIP_MATH = f"{SKIPPED}: N x N scores do not fit in a third of free memory"
 MEASURE_BUDGET_S = 3.0   # slow implementations (~0.3 s a call) get fewer timed calls, at least 5
 MIN_REPS = 5
 REF_SCORE_BYTES = 6 << 30   # the fp32 reference runs on as many heads as fit in this
 
-
-# ---------------------------------------------------------------------------------------------
-# Workloads and rows
-# ---------------------------------------------------------------------------------------------
-def workload_name(dtype: str = "float16", causal: bool = True, head_dim: int = 128,
-                  Hq: int = 32, Hkv: int | None = None) -> str:
-    """"fp16-causal-d128", "bf16-full-d64", "fp16-causal-d128-gqa32x8"."""
-    dtype = str(dtype).replace("torch.", "")
-    name = f"{DTYPE_SHORT.get(dtype, dtype)}-{'causal' if causal else 'full'}-d{head_dim}"
-    if Hkv is not None and Hkv != Hq:
-        name += f"-gqa{Hq}x{Hkv}"
-    return name
-
-
-def parse_gqa(gqa) -> tuple[int, int] | None:
-    """"32:8" or (32, 8) -> (32, 8); None -> None."""
-    if gqa is None or gqa == "":
-        return None
-    if isinstance(gqa, str):
-        parts = gqa.replace("x", ":").split(":")
-        if len(parts) != 2:
-            raise ValueError(f"--gqa takes HQ:HKV such as 32:8, got {gqa!r}")
-        gqa = tuple(parts)
-    hq, hkv = (int(x) for x in gqa)
-    if hq < 1 or hkv < 1 or hq % hkv:
-        raise ValueError(f"query heads ({hq}) must be a positive multiple of key/value heads "
-                         f"({hkv})")
-    return hq, hkv
-
-
-def _row(impl: str, kind: str, *, B, Hq, Hkv, N, D, dtype, causal, config="", error=None,
-         **values) -> dict:
-    row = dict.fromkeys(ROW_FIELDS)
-    row.update(impl=impl, kind=kind, config=config, B=B, Hq=Hq, Hkv=Hkv, Nq=N, Nk=N, D=D,
-               dtype=dtype, causal=bool(causal), error=error)
-    row.update(values)
-    return row
-
-
-def _ok(row: dict | None) -> bool:
-    return bool(row) and not row.get("error") and row.get("tflops") not in (None, 0)
-
-
-def add_derived(rows: list[dict]) -> list[dict]:
-    """Fill ``speedup_prev`` and ``ratio_cudnn`` in place (and return ``rows``).
-
-    speedup_prev: a step's TFLOPS over those of the step before it in ``STEP_NAMES`` at the
-    same shape (None for the first step, for ``best`` and libraries, or when either is missing
-    or failed). ratio_cudnn: TFLOPS over those of ``sdpa_cudnn`` at the same shape.
-    """
-    def key(r):
-        return (r["B"], r["Hq"], r["Hkv"], r["Nq"], r["Nk"], r["D"], r["dtype"], r["causal"])
-    by = {(r["impl"], key(r)): r for r in rows}
-    for r in rows:
-        r["speedup_prev"] = r["ratio_cudnn"] = None
-        if not _ok(r):
-            continue
-        if r["impl"] in STEP_NAMES:
-            i = STEP_NAMES.index(r["impl"])
-            prev = by.get((STEP_NAMES[i - 1], key(r))) if i > 0 else None
-            if _ok(prev):
-                r["speedup_prev"] = r["tflops"] / prev["tflops"]
-        ref = by.get((RATIO_REF, key(r)))
-        if _ok(ref):
-            r["ratio_cudnn"] = r["tflops"] / ref["tflops"]
-    return rows
-
-
-def to_frame(doc: dict):
-    """The rows of a bench document as a DataFrame, with a ``workload`` column."""
-    import pandas as pd
-    rows = doc.get("rows", []) if isinstance(doc, dict) else list(doc)
-    df = pd.DataFrame(rows, columns=list(ROW_FIELDS) if not rows else None)
-    for c in ROW_FIELDS:
-        if c not in df.columns:
-            df[c] = None
-    wl = (doc.get("meta", {}).get("workload", {}) or {}).get("name") if isinstance(doc, dict) \
-        else None
-    df.insert(0, "workload", wl)
-    for c in ("median_ms", "q1_ms", "q3_ms", "min_ms", "max_ms", "spread", "tflops",
-              "speedup_prev", "ratio_cudnn", "max_abs_err"):
-        df[c] = pd.to_numeric(df[c], errors="coerce")
-    return df
-
-
-def format_table(doc: dict) -> str:
-    """Rows = implementations (book order), columns = N, cells = TFLOPS ('err', 'skip')."""
-    rows = doc["rows"]
-    ns = sorted({r["Nq"] for r in rows})
-    impls = sorted({r["impl"] for r in rows},
-                   key=lambda i: (IMPL_ORDER.index(i) if i in IMPL_ORDER else len(IMPL_ORDER), i))
-    cell = {}
-    for r in rows:
-        if r.get("error"):
-            cell[r["impl"], r["Nq"]] = "skip" if str(r["error"]).startswith("skipped") else "err"
-        else:
-            cell[r["impl"], r["Nq"]] = f"{r['tflops']:.1f}"
-    head = ["TFLOPS"] + [f"N={n}" for n in ns] + ["config"]
-    configs = {}
-    for r in rows:
-        configs.setdefault(r["impl"], r.get("config") or "")
-    body = [[i] + [cell.get((i, n), "") for n in ns] + [configs[i]] for i in impls]
-    w = [max(len(str(x)) for x in col) for col in zip(head, *body)]
-    fmt = lambda row: "  ".join(str(x).rjust(w[j]) if 0 < j <= len(ns) else str(x).ljust(w[j])  # noqa: E731
-                                for j, x in enumerate(row)).rstrip()
-    errors = [f"  {r['impl']} N={r['Nq']}: {r['error']}" for r in rows
-              if r.get("error") and not str(r["error"]).startswith("skipped")]
-    wl = doc.get("meta", {}).get("workload", {})
-    title = (f"{wl.get('name', '')}: B={wl.get('B')} Hq={wl.get('Hq')} Hkv={wl.get('Hkv')} "
-             f"D={wl.get('D')} {wl.get('dtype')} {'causal' if wl.get('causal') else 'full'}")
-    out = [title, fmt(head)] + [fmt(b) for b in body]
-    if errors:
-        out += ["errors:"] + errors
-    return "\n".join(out)
+__all__ = ["run_bench", "to_frame", "format_table", "workload_name", "write_json", "dumps",
+           "add_derived", "parse_gqa", "DEFAULT_STEPS", "DEFAULT_BASELINES", "DEFAULT_SEQLENS"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -216,6 +90,39 @@ class _Progress:
             self.bar.close()
 
 
+def check_impl_name(name: str) -> None:
+    """ValueError unless ``name`` is a step, an experiment, "best", a variant
+    ("STEP@128x128 occ=1 nww=8": the step pinned to one configuration) or a control copy
+    ("STEP#2": the same implementation timed again as another row, chapter 3)."""
+    base = name.split("#", 1)[0]
+    step, _, cfg = base.partition("@")
+    if step != "best" or cfg:
+        get_step(step)
+    if cfg:
+        Config.parse(cfg)
+    if "#" in name and not name.split("#", 1)[1].isdigit():
+        raise ValueError(f"a control copy is NAME#N with a number N, got {name!r}")
+
+
+def step_of(name: str, arch: str | None):
+    """(Step, pinned Config or None) of a step, "best", variant or control name."""
+    base = name.split("#", 1)[0]
+    step, _, cfg = base.partition("@")
+    if cfg:
+        config = Config.parse(cfg)
+        return with_config(get_step(step), config), config
+    return resolve_name(step, arch), None
+
+
+def resolve_impl(name: str, q, k, causal: bool):
+    """(Step, Config) that ``name`` runs with on these inputs (``launch.resolve`` for plain names)."""
+    from ..launch import arch_of, resolve
+    step, pinned = step_of(name, arch_of(q.device))
+    if pinned is not None:
+        return step, pinned
+    return resolve(name.split("#", 1)[0], q, k, causal)
+
+
 def _err(e: BaseException) -> str:
     lines = [ln for ln in str(e).strip().splitlines() if ln.strip()]
     return f"{type(e).__name__}: {lines[0] if lines else ''}"[:300]
@@ -244,7 +151,7 @@ def reference_output(q, k, v, *, causal: bool, scale: float):
     import torch
     q, k, v = (t.float() for t in (q, k, v))
     try:
-        from .reference import attention as ref_attention
+        from ..reference import attention as ref_attention
     except ImportError:
         ref_attention = None
     if ref_attention is not None:
@@ -282,7 +189,7 @@ def _causal_mod(b, h, q_idx, kv_idx):
     return q_idx >= kv_idx
 
 
-def _library_fn(impl: str, backend: str | None, q, k, v, *, causal: bool, scale: float):
+def library_fn(impl: str, q, k, v, *, causal: bool, scale: float):
     """(fn, context): ``fn()`` returns the library's output and runs inside ``context()``.
 
     The backend is chosen by a context entered around the whole measurement, not inside the
@@ -291,8 +198,9 @@ def _library_fn(impl: str, backend: str | None, q, k, v, *, causal: bool, scale:
     import contextlib
 
     import torch
+    backend = IMPLS[impl].backend
     gqa = q.shape[1] != k.shape[1]
-    if backend is None:   # FlexAttention
+    if backend == "flex":   # FlexAttention
         from torch.nn.attention.flex_attention import create_block_mask
         flex = _flex_fn()
         N, Nk = q.shape[2], k.shape[2]
@@ -335,14 +243,14 @@ def _warm_job(job) -> str:
 
     import torch
 
-    from . import api
-    from .steps import Config
+    from ..launch import launch
+    from ..steps import Config
     t0 = time.perf_counter()
     try:
         tdt = getattr(torch, dtype)
         q = torch.randn(B, Hq, N, D, device="cuda", dtype=tdt)
         k = torch.randn(B, Hkv, N, D, device="cuda", dtype=tdt)
-        api.launch(q, k, k, torch.empty_like(q), get_step(name), Config(*cfg), causal=causal,
+        launch(q, k, k, torch.empty_like(q), get_step(name), Config(*cfg), causal=causal,
                    scale=D ** -0.5)
         torch.cuda.synchronize()
         return f"compiled {name} {Config(*cfg).label()} in {time.perf_counter() - t0:.1f} s"
@@ -359,17 +267,14 @@ def prewarm(steps, *, causal, N, B, Hq, Hkv, D, dtype, procs: int) -> None:
     """
     import multiprocessing as mp
 
-    from .api import arch_of
-    from .autotune import best_step_name, search_space
+    from ..launch import arch_of
     import torch
     arch = arch_of(torch.device("cuda"))
     jobs = set()
     for s in steps:
-        step = get_step(best_step_name(arch) if s == "best" else s)
-        cfgs = search_space(arch, step) if step.tuned else [step.config_for(arch)]
-        for c in cfgs:
-            jobs.add((step.name, (c.TILE_M, c.TILE_N, c.occupancy, c.num_ctas), causal, N, B,
-                      Hq, Hkv, D, dtype))
+        step, pinned = step_of(s, arch)
+        for c in ([pinned] if pinned else step.configs(arch)):
+            jobs.add((step.name, c.as_tuple(), causal, N, B, Hq, Hkv, D, dtype))
     with mp.get_context("spawn").Pool(procs) as pool:
         for line in pool.imap_unordered(_warm_job, sorted(jobs, key=str)):
             print(line, file=sys.stderr, flush=True)
@@ -399,24 +304,21 @@ def run_bench(steps=None, seqlens=None, *, causal: bool = True, dtype: str = "fl
     """
     import torch
 
-    from . import api
-    from .env import metadata
+    from ..env import metadata
+    from ..launch import launch
     from .timing import time_interleaved
     steps = list(DEFAULT_STEPS if steps is None else steps)
     for s in steps:
-        if s != "best":
-            get_step(s)
+        check_impl_name(s)
     seqlens = [int(n) for n in (DEFAULT_SEQLENS if seqlens is None else seqlens)]
     if baselines is None:
         baselines = list(DEFAULT_BASELINES)
     elif isinstance(baselines, str):
         baselines = [] if baselines in ("", "none") else baselines.split(",")
     for b in baselines:
-        if b not in LIBRARIES:
-            raise ValueError(f"unknown baseline {b!r}; choose from {', '.join(LIBRARIES)}")
-    dtype = str(dtype).replace("torch.", "")
-    if dtype not in DTYPE_SHORT:
-        raise ValueError(f"dtype must be float16 or bfloat16, got {dtype!r}")
+        if b not in LIBRARY_OPTIONS:
+            raise ValueError(f"unknown baseline {b!r}; choose from {', '.join(LIBRARY_OPTIONS)}")
+    dtype = dtype_name(dtype)
     Hq, Hkv = parse_gqa(gqa) or (heads, heads)
     B, D = batch, head_dim
     causal = bool(causal)
@@ -450,35 +352,35 @@ def run_bench(steps=None, seqlens=None, *, causal: bool = True, dtype: str = "fl
             for s in steps:
                 prog.start(f"{s} N={N}")
                 if s == "naive" and N > naive_max_n:
-                    rows.append(_row(s, "step", N=N, error=SKIP_NAIVE, **shape))
+                    rows.append(make_row(s, "step", N=N, error=SKIP_NAIVE, **shape))
                     prog.done(rows[-1])
                     continue
                 try:
-                    step_obj, cfg = api.resolve(s, q, k, causal)   # autotune searches here, once
+                    step_obj, cfg = resolve_impl(s, q, k, causal)   # autotune searches here, once
                     label = cfg.label() if s != "best" else f"{step_obj.name}: {cfg.label()}"
                     fn = (lambda so=step_obj, c=cfg:
-                          api.launch(q, k, v, out, so, c, causal=causal, scale=scale))
+                          launch(q, k, v, out, so, c, causal=causal, scale=scale))
                     out.fill_(float("nan"))   # rows a step forgets to write cannot pass the check
                     entries[s] = ("step", label, fn, contextlib.nullcontext,
                                   _check(fn, ref, hr, reps))
                 except Exception as e:   # a step that fails here is a row, not a crash
-                    rows.append(_row(s, "step", N=N, error=_err(e), **shape))
+                    rows.append(make_row(s, "step", N=N, error=_err(e), **shape))
                     prog.done(rows[-1])
             for b in baselines:
-                impl, backend = LIBRARIES[b]
+                impl = LIBRARY_OPTIONS[b]
                 prog.start(f"{impl} N={N}")
                 if b == "math":
                     free = torch.cuda.mem_get_info(dev)[0]
                     if B * Hq * N * N * (4 + 2) > free / 3:
-                        rows.append(_row(impl, "library", N=N, error=SKIP_MATH, **shape))
+                        rows.append(make_row(impl, "library", N=N, error=SKIP_MATH, **shape))
                         prog.done(rows[-1])
                         continue
                 try:
-                    fn, ctx = _library_fn(impl, backend, q, k, v, causal=causal, scale=scale)
+                    fn, ctx = library_fn(impl, q, k, v, causal=causal, scale=scale)
                     with ctx():
                         entries[impl] = ("library", "", fn, ctx, _check(fn, ref, hr, reps))
                 except Exception as e:
-                    rows.append(_row(impl, "library", N=N, error=_err(e), **shape))
+                    rows.append(make_row(impl, "library", N=N, error=_err(e), **shape))
                     prog.done(rows[-1])
             # Phase 2: time them all in alternation, so drift of a shared GPU hits all alike.
             def in_ctx(fn, ctx):
@@ -493,10 +395,10 @@ def run_bench(steps=None, seqlens=None, *, causal: bool = True, dtype: str = "fl
                 timed, fail = {}, _err(e)
             for n, (kind, label, _, _, chk) in entries.items():
                 if n not in timed:
-                    rows.append(_row(n, kind, N=N, error=fail, **shape))
+                    rows.append(make_row(n, kind, N=N, error=fail, **shape))
                 else:
                     vals = dict(timed[n].as_dict(), max_abs_err=chk["max_abs_err"])
-                    rows.append(_row(n, kind, N=N, config=label,
+                    rows.append(make_row(n, kind, N=N, config=label,
                                      tflops=tflops(flops, vals["median_ms"]), **vals, **shape))
                 prog.done(rows[-1])
             del q, k, v, out, ref
@@ -511,31 +413,6 @@ def run_bench(steps=None, seqlens=None, *, causal: bool = True, dtype: str = "fl
 # ---------------------------------------------------------------------------------------------
 # Files and command line
 # ---------------------------------------------------------------------------------------------
-def _clean(x):
-    """NaN/inf -> None, so the JSON is strict."""
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    if isinstance(x, dict):
-        return {k: _clean(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_clean(v) for v in x]
-    return x
-
-
-def dumps(doc: dict) -> str:
-    return json.dumps(_clean(doc), indent=1, allow_nan=False)
-
-
-def write_json(path, doc: dict) -> Path:
-    """Write ``doc`` as JSON atomically (a temporary file in the same folder, then rename)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(dumps(doc) + "\n")
-    os.replace(tmp, path)
-    return path
-
-
 def _csv(s: str) -> list[str]:
     return [x.strip() for x in s.split(",") if x.strip()]
 
@@ -558,7 +435,8 @@ def build_parser():
     p.add_argument("--batch", type=int, default=DEFAULT_BATCH)
     p.add_argument("--heads", type=int, default=DEFAULT_HEADS)
     p.add_argument("--baselines", default=",".join(DEFAULT_BASELINES),
-                   help="comma-separated of %s, or 'none' (default: all)" % ",".join(LIBRARIES))
+                   help="comma-separated of %s, or 'none' (default: all)"
+                        % ",".join(LIBRARY_OPTIONS))
     p.add_argument("--reps", type=int, default=20, help="timed calls per measurement")
     p.add_argument("--naive-max-n", type=int, default=4096,
                    help="skip the naive step above this N (default %(default)s)")
@@ -574,8 +452,10 @@ def parse_args(argv: list[str] | None = None) -> dict:
     a = p.parse_args(argv)
     steps = [] if a.steps.strip() == "none" else _csv(a.steps)
     for s in steps:
-        if s != "best" and s not in STEP_NAMES and s not in EXPERIMENTS:
-            p.error(f"unknown step {s!r}; choose from {', '.join(DEFAULT_STEPS)}")
+        try:
+            check_impl_name(s)
+        except ValueError as e:
+            p.error(str(e))
     try:
         seqlens = [int(x) for x in _csv(a.seqlens)]
     except ValueError:
@@ -584,8 +464,8 @@ def parse_args(argv: list[str] | None = None) -> dict:
         p.error("--seqlens needs at least one positive length")
     baselines = [] if a.baselines.strip() in ("none", "") else _csv(a.baselines)
     for b in baselines:
-        if b not in LIBRARIES:
-            p.error(f"unknown baseline {b!r}; choose from {', '.join(LIBRARIES)} or none")
+        if b not in LIBRARY_OPTIONS:
+            p.error(f"unknown baseline {b!r}; choose from {', '.join(LIBRARY_OPTIONS)} or none")
     try:
         gqa = parse_gqa(a.gqa)
     except ValueError as e:

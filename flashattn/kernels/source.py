@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import ast
 import difflib
-import inspect
+import importlib.util
 import textwrap
 
-from .steps import FLAGS, Step, get_step, previous_step
+from ..steps import FLAGS, Config, Step, get_step, previous_step
 
 # Compile-time booleans of the kernel that do not depend on the step.
 _SHAPE_FLAGS = ("CAUSAL", "EVEN_K")
@@ -20,8 +20,11 @@ _SHAPE_FLAGS = ("CAUSAL", "EVEN_K")
 
 def kernel_source(kind: str = "fmha") -> str:
     """The source file of a kernel module (``fmha`` or ``naive``)."""
-    from .kernels import fmha, naive
-    return inspect.getsource({"fmha": fmha, "naive": naive}[kind])
+    if kind not in ("fmha", "naive"):
+        raise ValueError(f"unknown kernel module {kind!r}; one of fmha, naive")
+    spec = importlib.util.find_spec(f"{__package__}.{kind}")
+    with open(spec.origin, encoding="utf-8") as f:   # read, not imported: no cuda.tile needed
+        return f.read()
 
 
 def _eval_flag_expr(node: ast.AST, env: dict):
@@ -161,9 +164,9 @@ def config_diff(name: str, base: str | None = None, arch: str = "sm_90") -> dict
     if base is None:
         return {}
     a, b = get_step(base), get_step(name)
-    ca, cb = a.config_for(arch), b.config_for(arch)
+    ca, cb = a.configs(arch)[0], b.configs(arch)[0]
     out = {}
-    for f in ("TILE_M", "TILE_N", "occupancy", "num_ctas"):
+    for f in ("TILE_M", "TILE_N", *Config.HINTS):
         if getattr(ca, f) != getattr(cb, f):
             out[f] = (getattr(ca, f), getattr(cb, f))
     for f in FLAGS:

@@ -9,7 +9,7 @@
 Writes::
 
     results/<gpu>/bench/<workload>.json     python -m flashattn bench documents
-    results/<gpu>/profiles/                 flashattn.profile.record_profiles (summary.json, ...)
+    results/<gpu>/profiles/                 flashattn.measure.ncu.record_profiles (summary.json, ...)
     results/<gpu>/compile/<arch>.json       python -m flashattn compile --json documents
 
 Each part is sized to finish inside one 10-minute command on an H200; the elapsed time of each
@@ -26,9 +26,11 @@ import time
 import traceback
 from pathlib import Path
 
-from .bench import run_bench, workload_name, write_json
-from .env import command_line, gpu_slug, metadata
-from .steps import EXPERIMENTS, STEP_NAMES
+from ..data.schema import workload_name, write_json
+from ..env import command_line, gpu_slug, metadata
+from ..impls import STEP_IMPLS
+from ..steps import STEP_NAMES
+from .bench import run_bench
 
 PARTS = ("bench", "bench-extra", "profile", "compile")
 COMPILE_ARCHS = ("sm_90", "sm_100")
@@ -51,7 +53,7 @@ QUICK_BASELINES = ("cudnn", "flash")
 
 
 def default_out(quick: bool = False) -> Path:
-    from .results import results_root
+    from ..data.results import results_root
     return results_root() / (gpu_slug() + ("-quick" if quick else ""))
 
 
@@ -102,12 +104,9 @@ def record_bench_extra(out: Path, *, quick: bool = False, workloads: list[str] |
 
 
 def record_profile(out: Path, *, quick: bool = False, command: str | None = None) -> list[Path]:
-    """Nsight Compute on one launch of each step (flashattn.profile does the work)."""
-    try:
-        from .profile import record_profiles
-    except ImportError as e:
-        raise RuntimeError(f"flashattn.profile is not available here: {e}") from e
-    steps = ["baseline"] if quick else [*STEP_NAMES, *EXPERIMENTS, "sdpa_cudnn", "sdpa_flash"]
+    """Nsight Compute on one launch of each step (``measure.ncu`` does the work)."""
+    from .ncu import record_profiles
+    steps = ["baseline"] if quick else [*STEP_IMPLS, "sdpa_cudnn", "sdpa_flash"]
     kw = dict(batch=QUICK["batch"], heads=QUICK["heads"]) if quick else {}
     res = record_profiles(out / "profiles", steps, N=512 if quick else PROFILE_N, causal=True,
                           **kw)
@@ -119,7 +118,7 @@ def record_profile(out: Path, *, quick: bool = False, command: str | None = None
 def record_compile(out: Path, *, quick: bool = False, archs=COMPILE_ARCHS,
                    command: str | None = None) -> list[Path]:
     """``python -m flashattn compile --arch A --json`` for each arch (no GPU needed)."""
-    from . import aot
+    from .. import aot
     written = []
     for arch in archs:
         t0 = time.perf_counter()
@@ -130,7 +129,7 @@ def record_compile(out: Path, *, quick: bool = False, archs=COMPILE_ARCHS,
         if quick:
             args += ["--step", "baseline"]
         else:   # every step and every chapter-10 experiment
-            for name in (*STEP_NAMES, *EXPERIMENTS):
+            for name in STEP_IMPLS:
                 args += ["--step", name]
         with contextlib.redirect_stdout(io.StringIO()):   # the JSON goes to the file only
             rc = aot.main(args)

@@ -12,43 +12,20 @@ import math
 
 import numpy as np
 
-from .steps import STEP_NAMES
+from ..impls import IMPLS
+from ..impls import color_of as _color_of
+from ..steps import STEP_NAMES
 
-# One colour per step (a sequential run of hues in book order) and per library baseline.
-PALETTE = {
-    "naive": "#9e9e9e",
-    "baseline": "#1f77b4",
-    "large_tiles": "#d62728",
-    "fast_math": "#ff7f0e",
-    "loop_split": "#bcbd22",
-    "remap": "#2ca02c",
-    "autotune": "#17becf",
-    "arch_tuned": "#9467bd",
-    "lazy_rescale": "#8c564b",
-    "pair": "#e377c2",
-    "best": "#9467bd",
-    "exp_poly": "#7f7f7f",
-    "unchecked_kv": "#aec7e8",
-    # libraries (dashed lines)
-    "cudnn": "#000000", "sdpa_cudnn": "#000000",
-    "flash": "#555555", "sdpa_flash": "#555555", "fa2": "#555555",
-    "flex": "#7f7f7f", "flexattention": "#7f7f7f", "flex_attention": "#7f7f7f",
-    "efficient": "#aaaaaa", "sdpa_efficient": "#aaaaaa",
-    "torch_naive": "#c7c7c7", "sdpa_math": "#c7c7c7", "math": "#c7c7c7",
-}
-_EXTRA = ["#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173", "#3182bd", "#e6550d"]
+# Colours come from the implementation registry (``flashattn.impls``): one per step, per
+# experiment and per library, the same in every chapter.
+PALETTE = {name: impl.color for name, impl in IMPLS.items()}
 KIND_COLORS = {0: "#eeeeee", 1: "#1f77b4", 2: "#ff7f0e"}   # skipped / full / masked tiles
 KIND_NAMES = {0: "skipped", 1: "full", 2: "masked (diagonal)"}
 
 
 def color_of(impl: str) -> str:
-    if impl in PALETTE:
-        return PALETTE[impl]
-    low = impl.lower()
-    for key in ("cudnn", "flex", "flash", "efficient", "math"):
-        if key in low:
-            return PALETTE[key if key != "math" else "sdpa_math"]
-    return _EXTRA[sum(map(ord, impl)) % len(_EXTRA)]
+    """The colour of an implementation in every figure (``flashattn.impls.color_of``)."""
+    return _color_of(impl)
 
 
 def _plt():
@@ -65,7 +42,8 @@ def _book_rank(name: str) -> int:
     return STEP_NAMES.index(name) if name in STEP_NAMES else len(STEP_NAMES)
 
 
-def _fmt_n(n: int) -> str:
+def fmt_n(n: int) -> str:
+    """1024 -> "1K", 16384 -> "16K", 1000 -> "1000": sequence lengths on axes and in tables."""
     return f"{n // 1024}K" if n >= 1024 and n % 1024 == 0 else str(n)
 
 
@@ -114,7 +92,7 @@ def tflops_vs_seqlen(bench_df, impls=None, workload=None, ax=None, meta=None):
     ns = sorted(df["Nk"].unique()) if not df.empty else [1024, 16384]
     ticks = [n for n in (1024, 2048, 4096, 8192, 16384) if ns[0] <= n <= ns[-1]] or ns
     ax.set_xticks(ticks)
-    ax.set_xticklabels([_fmt_n(int(n)) for n in ticks])
+    ax.set_xticklabels([fmt_n(int(n)) for n in ticks])
     ax.minorticks_off()
     ax.set_xlabel("sequence length N")
     ax.set_ylabel("TFLOPS")
@@ -170,7 +148,7 @@ def waterfall(bench_df, seqlen=16384, steps=None, workload=None, meta=None,
     ax.set_xticklabels(steps, rotation=30, ha="right")
     ax.set_ylabel("speed-up (×, log scale)")
     ax.grid(True, axis="y", alpha=0.3, which="both")
-    ax.set_title(_title(f"Speed-up step by step at N={_fmt_n(seqlen)}"
+    ax.set_title(_title(f"Speed-up step by step at N={fmt_n(seqlen)}"
                         f"{f' ({workload})' if workload else ''}", meta))
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, fontsize=8)
     fig.tight_layout()
@@ -322,13 +300,13 @@ def roofline(bench_df, profile_df=None, peak_tflops=989.0, bandwidth_tbs=4.8, se
              workload=None, meta=None, ax=None):
     """Log-log roofline with each implementation at (arithmetic intensity, achieved TFLOPS).
 
-    FLOPs are ``flashattn.timing.attention_flops`` (4·B·H·Nq·Nk·D, halved when causal). Bytes are
+    FLOPs are ``flashattn.measure.timing.attention_flops`` (4·B·H·Nq·Nk·D, halved when causal). Bytes are
     the DRAM bytes read + written that Nsight Compute measured for the step (summed over its
     kernels; the profile must be of the same workload), else ``min_bytes`` (Q, K, V read once,
     O written once) — libraries always use ``min_bytes``. Defaults: H100/H200 dense fp16 peak
     989 TFLOPS, H200 HBM3e 4.8 TB/s. Returns the Figure.
     """
-    from .timing import attention_flops
+    from ..measure.timing import attention_flops
     plt = _plt()
     df, workload = _pick_workload(bench_df, workload)
     df = df[(df["Nk"] == seqlen)].dropna(subset=["tflops"])
@@ -371,7 +349,7 @@ def roofline(bench_df, profile_df=None, peak_tflops=989.0, bandwidth_tbs=4.8, se
     ax.set_xlabel("arithmetic intensity (FLOP / DRAM byte)")
     ax.set_ylabel("TFLOPS")
     ax.grid(True, which="both", alpha=0.2)
-    ax.set_title(_title(f"Roofline at N={_fmt_n(seqlen)}{f' ({workload})' if workload else ''}",
+    ax.set_title(_title(f"Roofline at N={fmt_n(seqlen)}{f' ({workload})' if workload else ''}",
                         meta))
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, fontsize=8)
     fig.tight_layout()

@@ -36,12 +36,12 @@ def mode() -> str:
 @functools.lru_cache(maxsize=None)
 def results(gpu: str = DEFAULT_GPU):
     """The recorded dataset (``flashattn.results.load``), loaded once per notebook."""
-    from .results import load
+    from ..data.results import load
     return load(gpu)
 
 
 def source_line(gpu: str = DEFAULT_GPU) -> str:
-    from .results import source_line
+    from ..data.results import source_line
     return source_line(results(gpu).meta)
 
 
@@ -85,6 +85,6 @@ def glue(name: str, value, spec: str | None = None, *, display: bool = False):
 
 
 def show(code: str, language: str = "python"):
-    """Show code or a diff with colours (wraps ``flashattn.source.show``)."""
-    from .source import show as _show
+    """Show code or a diff with colours (wraps ``flashattn.kernels.source.show``)."""
+    from ..kernels.source import show as _show
     return _show(code, language)

@@ -1,0 +1,1 @@
+"""The recorded dataset: its schema (``schema``) and its reader (``results``), CPU only."""

@@ -1,0 +1,146 @@
+"""The schema of recorded benchmark results, owned by the CPU-only reader.
+
+A bench document is ``{"meta": {...}, "rows": [row, ...]}``, one row per implementation and
+shape (``ROW_FIELDS``); ``results/README.md`` documents every field. ``measure.bench`` writes
+rows through ``make_row`` and ``add_derived``; ``data.results`` reads them through ``to_frame``.
+Nothing here needs a GPU or imports the measuring code.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+from ..contract import DTYPE_SHORT
+from ..impls import RATIO_REF, base_name, rank
+from ..steps import STEP_NAMES
+
+ROW_FIELDS = ("impl", "kind", "config", "B", "Hq", "Hkv", "Nq", "Nk", "D", "dtype", "causal",
+              "median_ms", "q1_ms", "q3_ms", "min_ms", "max_ms", "reps", "spread", "tflops",
+              "speedup_prev", "ratio_cudnn", "max_abs_err", "error")
+TIMING_FIELDS = ("median_ms", "q1_ms", "q3_ms", "min_ms", "max_ms", "reps", "spread")
+NUMERIC_FIELDS = ("median_ms", "q1_ms", "q3_ms", "min_ms", "max_ms", "spread", "tflops",
+                  "speedup_prev", "ratio_cudnn", "max_abs_err")
+SKIPPED = "skipped"        # errors starting with this are skips, not failures
+
+
+def workload_name(dtype: str = "float16", causal: bool = True, head_dim: int = 128,
+                  Hq: int = 32, Hkv: int | None = None) -> str:
+    """"fp16-causal-d128", "bf16-full-d64", "fp16-causal-d128-gqa32x8"."""
+    dtype = str(dtype).replace("torch.", "")
+    name = f"{DTYPE_SHORT.get(dtype, dtype)}-{'causal' if causal else 'full'}-d{head_dim}"
+    if Hkv is not None and Hkv != Hq:
+        name += f"-gqa{Hq}x{Hkv}"
+    return name
+
+
+def make_row(impl: str, kind: str, *, B, Hq, Hkv, N, D, dtype, causal, config="", error=None,
+         **values) -> dict:
+    row = dict.fromkeys(ROW_FIELDS)
+    row.update(impl=impl, kind=kind, config=config, B=B, Hq=Hq, Hkv=Hkv, Nq=N, Nk=N, D=D,
+               dtype=dtype, causal=bool(causal), error=error)
+    row.update(values)
+    return row
+
+
+def _ok(row: dict | None) -> bool:
+    return bool(row) and not row.get("error") and row.get("tflops") not in (None, 0)
+
+
+def add_derived(rows: list[dict]) -> list[dict]:
+    """Fill ``speedup_prev`` and ``ratio_cudnn`` in place (and return ``rows``).
+
+    speedup_prev: a step's TFLOPS over those of the step before it in ``STEP_NAMES`` at the
+    same shape (None for the first step, for ``best`` and libraries, or when either is missing
+    or failed). ratio_cudnn: TFLOPS over those of ``sdpa_cudnn`` at the same shape.
+    """
+    def key(r):
+        return (r["B"], r["Hq"], r["Hkv"], r["Nq"], r["Nk"], r["D"], r["dtype"], r["causal"])
+    by = {(r["impl"], key(r)): r for r in rows}
+    for r in rows:
+        r["speedup_prev"] = r["ratio_cudnn"] = None
+        if not _ok(r):
+            continue
+        if r["impl"] in STEP_NAMES:
+            i = STEP_NAMES.index(r["impl"])
+            prev = by.get((STEP_NAMES[i - 1], key(r))) if i > 0 else None
+            if _ok(prev):
+                r["speedup_prev"] = r["tflops"] / prev["tflops"]
+        ref = by.get((RATIO_REF, key(r)))
+        if _ok(ref):
+            r["ratio_cudnn"] = r["tflops"] / ref["tflops"]
+    return rows
+
+
+def to_frame(doc: dict):
+    """The rows of a bench document as a DataFrame, with a ``workload`` column."""
+    import pandas as pd
+    rows = doc.get("rows", []) if isinstance(doc, dict) else list(doc)
+    df = pd.DataFrame(rows, columns=list(ROW_FIELDS) if not rows else None)
+    for c in ROW_FIELDS:
+        if c not in df.columns:
+            df[c] = None
+    wl = (doc.get("meta", {}).get("workload", {}) or {}).get("name") if isinstance(doc, dict) \
+        else None
+    df.insert(0, "workload", wl)
+    for c in NUMERIC_FIELDS:
+        df[c] = pd.to_numeric(df[c], errors="coerce")
+    return df
+
+
+def format_table(doc: dict) -> str:
+    """Rows = implementations (book order), columns = N, cells = TFLOPS ('err', 'skip')."""
+    rows = doc["rows"]
+    ns = sorted({r["Nq"] for r in rows})
+    impls = sorted({r["impl"] for r in rows}, key=rank)
+    cell = {}
+    for r in rows:
+        if r.get("error"):
+            cell[r["impl"], r["Nq"]] = "skip" if str(r["error"]).startswith(SKIPPED) else "err"
+        else:
+            cell[r["impl"], r["Nq"]] = f"{r['tflops']:.1f}"
+    head = ["TFLOPS"] + [f"N={n}" for n in ns] + ["config"]
+    configs = {}
+    for r in rows:
+        configs.setdefault(r["impl"], r.get("config") or "")
+    body = [[i] + [cell.get((i, n), "") for n in ns] + [configs[i]] for i in impls]
+    w = [max(len(str(x)) for x in col) for col in zip(head, *body)]
+    fmt = lambda row: "  ".join(str(x).rjust(w[j]) if 0 < j <= len(ns) else str(x).ljust(w[j])  # noqa: E731
+                                for j, x in enumerate(row)).rstrip()
+    errors = [f"  {r['impl']} N={r['Nq']}: {r['error']}" for r in rows
+              if r.get("error") and not str(r["error"]).startswith(SKIPPED)]
+    wl = doc.get("meta", {}).get("workload", {})
+    title = (f"{wl.get('name', '')}: B={wl.get('B')} Hq={wl.get('Hq')} Hkv={wl.get('Hkv')} "
+             f"D={wl.get('D')} {wl.get('dtype')} {'causal' if wl.get('causal') else 'full'}")
+    out = [title, fmt(head)] + [fmt(b) for b in body]
+    if errors:
+        out += ["errors:"] + errors
+    return "\n".join(out)
+
+
+def _clean(x):
+    """NaN/inf -> None, so the JSON is strict."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: _clean(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_clean(v) for v in x]
+    return x
+
+
+def dumps(doc: dict) -> str:
+    return json.dumps(_clean(doc), indent=1, allow_nan=False)
+
+
+def write_json(path, doc: dict) -> Path:
+    """Write ``doc`` as JSON atomically (a temporary file in the same folder, then rename)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(dumps(doc) + "\n")
+    os.replace(tmp, path)
+    return path
+
+

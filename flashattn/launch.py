@@ -1,0 +1,92 @@
+"""Launching the kernels: a step and a configuration, on validated tensors.
+
+    step, config = resolve("best", q, k, causal=True)     # which step, which tiles and hints
+    launch(q, k, v, out, step, config, causal=True, scale=D ** -0.5)
+
+``flashattn.attention`` (in ``api``) validates inputs and calls these; the benchmarks, the
+profiler target and autotune call them directly on inputs they made.
+"""
+from __future__ import annotations
+
+from .kernels import FMHA, NAIVE, fmha_constants, fmha_grid, hinted, naive_constants
+from .steps import Config, Step, resolve_name
+
+NAIVE_SCRATCH_BYTES = 8 << 30   # S (fp32) + P for this many bytes of (batch, head) pairs at once
+
+
+def arch_of(device) -> str:
+    """"sm_90" for an H100/H200, "sm_100" for a B200, ..."""
+    import torch
+    major, minor = torch.cuda.get_device_capability(device)
+    return f"sm_{major}{minor}"
+
+
+def fmha_args(q, k, v, out, step: Step, config: Config, *, causal: bool, scale: float,
+              input_pos: int):
+    """(grid, kernel, args) for one launch of the fused kernel."""
+    import torch
+    B, Hq, Nq, D = q.shape
+    Hkv, Nk = k.shape[1], k.shape[2]
+    sms = None
+    if step.flag_values()["PERSISTENT"]:
+        sms = torch.cuda.get_device_properties(q.device).multi_processor_count
+    grid = fmha_grid(step, config, B=B, Hq=Hq, Nq=Nq, sm_count=sms)
+    args = FMHA.args(
+        dict(Q=q, K=k, V=v, Out=out),
+        dict(qk_scale=scale, input_pos=input_pos, num_heads=Hq, group_size=Hq // Hkv,
+             num_m_blocks=-(-Nq // config.TILE_M)),
+        fmha_constants(step, config, head_dim=D, causal=causal,
+                       even_k=Nk % config.TILE_N == 0))
+    return grid, hinted(FMHA.kernel(), config.hints()), args
+
+
+def _naive(q, k, v, out, config: Config, *, causal, scale, input_pos):
+    import cuda.tile as ct
+    import torch
+    from .kernels import NAIVE_ROW_TILE
+    B, Hq, Nq, D = q.shape
+    Hkv, Nk = k.shape[1], k.shape[2]
+    per_bh = Nq * Nk * (4 + q.element_size())
+    chunk = max(1, min(B * Hq, NAIVE_SCRATCH_BYTES // max(per_bh, 1)))
+    S = torch.empty((chunk, Nq, Nk), dtype=torch.float32, device=q.device)
+    P = torch.empty((chunk, Nq, Nk), dtype=q.dtype, device=q.device)
+    stream = torch.cuda.current_stream()
+    sc, sm, pv = NAIVE["naive_scores"], NAIVE["naive_softmax"], NAIVE["naive_pv"]
+    const = {n: naive_constants(n, config, head_dim=D, causal=causal) for n in NAIVE}
+    for start in range(0, B * Hq, chunk):
+        n = min(chunk, B * Hq - start)
+        ct.launch(stream, (-(-Nq // config.TILE_M), -(-Nk // config.TILE_N), n), sc.kernel(),
+                  sc.args(dict(Q=q, K=k, S=S),
+                          dict(qk_scale=scale, input_pos=input_pos, num_heads=Hq,
+                               group_size=Hq // Hkv, bh_offset=start), const["naive_scores"]))
+        ct.launch(stream, (-(-Nq // NAIVE_ROW_TILE), n), sm.kernel(),
+                  sm.args(dict(S=S, P=P), {}, const["naive_softmax"]))
+        ct.launch(stream, (-(-Nq // config.TILE_M), n), pv.kernel(),
+                  pv.args(dict(P=P, V=v, Out=out),
+                          dict(num_heads=Hq, group_size=Hq // Hkv, bh_offset=start),
+                          const["naive_pv"]))
+    return out
+
+
+def launch(q, k, v, out, step: Step, config: Config, *, causal: bool, scale: float,
+           input_pos: int = 0):
+    """Launch a step with an explicit configuration on validated, contiguous tensors."""
+    import cuda.tile as ct
+    import torch
+    if step.kernel == "naive":
+        return _naive(q, k, v, out, config, causal=causal, scale=scale, input_pos=input_pos)
+    grid, kernel, args = fmha_args(q, k, v, out, step, config, causal=causal, scale=scale,
+                                   input_pos=input_pos)
+    ct.launch(torch.cuda.current_stream(), grid, kernel, args)
+    return out
+
+
+def resolve(step: str, q, k, causal: bool) -> tuple[Step, Config]:
+    """The Step object and the Config it runs with for these inputs on this GPU
+    (a tuned step measures its search space on first use of a shape: ``autotune.choose``)."""
+    from . import autotune
+    arch = arch_of(q.device)
+    s = resolve_name(step, arch)
+    if s.tuned:
+        return s, autotune.choose(s, arch, q, k, causal)
+    return s, s.config_for(arch)

@@ -1,0 +1,22 @@
+"""References: exact attention, the online softmax of chapter 2, and a CPU emulation of the kernel.
+
+Everything here runs on a CPU with NumPy and PyTorch only, so the book can show each idea, and
+the tests can check each step's tiling rules, without a GPU.
+
+    attention(q, k, v, causal=...)           fp32/fp64 reference with flashattn.attention's contract
+    softmax, online_softmax_streaming, online_softmax_blockwise, online_softmax_attention
+                                             chapter 2, in base e, one element / one block at a time
+    schedule, work_per_program, tile_counts  which key tiles each program visits (chapters 7, 8, 10)
+    emulate(step, q, k, v, ...)              the fused kernel of one step, tile by tile, in NumPy
+"""
+from ..contract import check_shapes
+from .emulate import (INV_LOG_2, LAZY_THRESHOLD, Program, default_config, emulate, schedule,
+                      tile_counts, work_per_program)
+from .exact import attention, causal_mask
+from .online import (blockwise_trace, online_softmax_attention, online_softmax_blockwise,
+                     online_softmax_streaming, online_softmax_trace, softmax)
+
+__all__ = ["attention", "causal_mask", "check_shapes", "softmax", "online_softmax_trace",
+           "online_softmax_streaming", "blockwise_trace", "online_softmax_blockwise",
+           "online_softmax_attention", "Program", "schedule", "work_per_program", "tile_counts",
+           "default_config", "emulate", "INV_LOG_2", "LAZY_THRESHOLD"]
