@@ -5,8 +5,9 @@ import pytest
 import torch
 
 import flashattn
-from flashattn.api import attention, sdpa, tile_d_for, validate
-from flashattn.timing import attention_flops
+from flashattn import api
+from flashattn.api import attention, sdpa
+from flashattn.contract import check_tensors, tile_d_for
 
 
 def t(*shape, dtype=torch.float16):
@@ -76,7 +77,7 @@ def test_cpu_tensors_point_to_reference():
 def test_argument_errors(kw, exc, msg):
     q, k = t(1, 2, 4, 16), t(1, 2, 12, 16)
     with pytest.raises(exc, match=msg):
-        validate(q, k, k, causal=kw.pop("causal", False), scale=kw.pop("scale", None),
+        check_tensors(q, k, k, causal=kw.pop("causal", False), scale=kw.pop("scale", None),
                  input_pos=kw.pop("input_pos", 0))
 
 
@@ -84,7 +85,7 @@ def test_input_pos_kv_cache_range_ok():
     q, k = t(1, 2, 4, 16), t(1, 2, 12, 16)
     for pos in (0, 3, 8):
         with pytest.raises(ValueError, match="CUDA GPU"):  # everything but the device is fine
-            validate(q, k, k, causal=True, scale=None, input_pos=pos)
+            check_tensors(q, k, k, causal=True, scale=None, input_pos=pos)
 
 
 def test_causal_must_be_bool():
@@ -93,10 +94,67 @@ def test_causal_must_be_bool():
         attention(q, q, q, causal="yes")
 
 
-def test_unknown_step_fails_before_work():
+def test_api_exports_only_the_entry_points():
+    # The split: the input contract lives in flashattn.contract, the launch in flashattn.launch.
+    assert not hasattr(api, "validate") and not hasattr(api, "fmha_constants")
+    assert flashattn.attention is attention and flashattn.sdpa is sdpa
+
+
+class _FakeCuda(torch.Tensor):
+    """A CPU tensor that says it lives on a CUDA GPU: it passes ``check_tensors`` on a machine
+    without one, so what ``attention`` does after validation can be tested here."""
+
+    @property
+    def device(self):
+        return torch.device("cuda", 0)
+
+
+class _WorkStarted(Exception):
+    pass
+
+
+@pytest.fixture
+def no_work(monkeypatch):
+    """Make resolving or launching a step raise ``_WorkStarted``, and keep ``attention``'s output
+    allocation on the CPU; returns the list of what was attempted."""
+    calls = []
+
+    def refuse(what):
+        def f(*a, **kw):
+            calls.append(what)
+            raise _WorkStarted(what)
+        return f
+    from flashattn import autotune, launch
+    for mod in (api, launch):           # api holds its own references to launch and resolve
+        monkeypatch.setattr(mod, "resolve", refuse("resolve"))
+        monkeypatch.setattr(mod, "launch", refuse("launch"))
+    monkeypatch.setattr(autotune, "choose", refuse("autotune.choose"))
+    empty = torch.empty
+    monkeypatch.setattr(torch, "empty", lambda *a, device=None, **kw: empty(*a, **kw))
+    return calls
+
+
+@pytest.mark.parametrize("entry", ["attention", "sdpa"])
+def test_unknown_step_fails_before_work(no_work, entry):
+    q = t(1, 2, 8, 16).as_subclass(_FakeCuda)
+    check_tensors(q, q, q, causal=True, scale=None, input_pos=0)    # the inputs are valid
+    fn = attention if entry == "attention" else (
+        lambda q, k, v, causal, step: sdpa(q, k, v, is_causal=causal, step=step))
+    with pytest.raises(ValueError, match="unknown step 'fastest'"):
+        fn(q, q, q, causal=True, step="fastest")
+    assert no_work == [], f"work started before the step name was checked: {no_work}"
+    # The control: a known step gets past the name check and reaches resolve.
+    with pytest.raises(_WorkStarted):
+        fn(q, q, q, causal=True, step="baseline")
+    assert no_work == ["resolve"]
+
+
+def test_invalid_tensors_fail_before_the_step_name(no_work):
+    # attention validates the tensors first, then the step name: both are errors before work.
     q = t(1, 2, 8, 16)
     with pytest.raises(ValueError, match="CUDA GPU"):
-        attention(q, q, q, step="baseline")
+        attention(q, q, q, step="fastest")
+    assert no_work == []
 
 
 def test_sdpa_refuses_what_it_cannot_do():
@@ -109,17 +167,8 @@ def test_sdpa_refuses_what_it_cannot_do():
         sdpa(t(1, 4, 8, 16), t(1, 2, 8, 16), t(1, 2, 8, 16))
 
 
-def test_flops_convention():
-    # The seed's convention: 4*B*H*N*N*D, halved for causal squares.
-    assert attention_flops(4, 32, 1024, 1024, 128, False) == 4 * 4 * 32 * 1024 * 1024 * 128
-    assert attention_flops(4, 32, 1024, 1024, 128, True) == 2 * 4 * 32 * 1024 * 1024 * 128
-    # Nq != Nk counts visible pairs: a prefill of 2 after a cache of 2 sees 3 + 4 keys.
-    assert attention_flops(1, 1, 2, 4, 1, True, input_pos=2) == 4 * 7
-    assert attention_flops(1, 1, 4, 2, 1, True) == 4 * (1 + 2 + 2 + 2)
-
-
 def test_source_diff_shows_each_change():
-    from flashattn.source import config_diff, step_diff, step_source
+    from flashattn.kernels.source import config_diff, step_diff, step_source
     assert "flush_to_zero=True" in step_diff("fast_math")
     assert "j >= mask_start" in step_diff("loop_split")
     assert "num_m_blocks - 1 - ct.bid(0)" in step_diff("remap", causal=True)

@@ -88,7 +88,11 @@ def test_lazy_rescale_takes_both_branches(slope, monkeypatch):
     # The stale-max branch ran: the result is not bit-identical to the eager update ...
     assert not np.array_equal(lazy, R.emulate("remap", q, k, v, config=config))
     # ... and the rescaling branch ran after the first tile: without it exp2 overflows.
-    monkeypatch.setattr(R, "LAZY_THRESHOLD", np.inf)
+    # Patched where the emulation reads it: flashattn.reference re-exports a copy, and its
+    # name ``emulate`` is the function, which shadows the submodule of the same name.
+    import importlib
+    monkeypatch.setattr(importlib.import_module("flashattn.reference.emulate"), "LAZY_THRESHOLD",
+                        np.inf)
     assert np.isnan(R.emulate("lazy_rescale", q, k, v, config=config)).any()
 
 
@@ -98,10 +102,10 @@ def test_nonpositive_scale_is_refused(scale):
     # (with scale <= 0 the emulation, like the kernel, gives NaN): the API refuses it.
     import torch
 
-    from flashattn.api import validate
+    from flashattn.contract import check_tensors
     q = torch.zeros(1, 1, 4, 16, dtype=torch.float16)
     with pytest.raises(ValueError, match="finite positive"):
-        validate(q, q, q, causal=True, scale=scale, input_pos=0)
+        check_tensors(q, q, q, causal=True, scale=scale, input_pos=0)
 
 
 # --- Schedules (chapters 7, 8, 10) ---
@@ -192,7 +196,8 @@ def test_tile_counts_loop_split_causal():
 def test_default_configs():
     assert R.default_config("large_tiles") == Config(256, 128)
     assert R.default_config("pair") == EXPERIMENTS["pair"].config_for("sm_90")
-    from flashattn.autotune import search_space
-    assert R.default_config("autotune") == search_space("sm_90", "autotune")[0]
+    from flashattn.steps import seed_space
+    assert R.default_config("autotune") == seed_space("sm_90")[0]
+    assert R.default_config("arch_tuned") == STEPS["arch_tuned"].configs("sm_90")[0]
     with pytest.raises(ValueError, match="naive"):
         R.schedule("naive", 10, 10, causal=False)

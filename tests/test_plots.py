@@ -1,4 +1,4 @@
-"""Every figure of flashattn.plots, drawn from small synthetic DataFrames (no GPU, Agg)."""
+"""Every figure of flashattn.chapter.plots, drawn from small synthetic DataFrames (no GPU, Agg)."""
 import matplotlib
 
 matplotlib.use("Agg")
@@ -7,7 +7,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 
-from flashattn import plots  # noqa: E402
+from flashattn.chapter import plots  # noqa: E402
 
 STEPS = ["baseline", "large_tiles", "fast_math", "remap", "autotune"]
 
@@ -170,5 +170,19 @@ def test_compile_table():
 
 def test_palette_is_stable():
     assert plots.color_of("baseline") == plots.PALETTE["baseline"]
-    assert plots.color_of("sdpa_cudnn_v9") == plots.PALETTE["cudnn"]
+    assert plots.color_of("sdpa_cudnn_v9") == plots.PALETTE["sdpa_cudnn"]
+    assert plots.color_of("cudnn") == plots.PALETTE["sdpa_cudnn"]            # an alias
     assert plots.color_of("something_new") == plots.color_of("something_new")
+
+
+def test_palette_comes_from_the_registry():
+    from flashattn.impls import IMPLS, color_of
+    assert plots.PALETTE == {n: i.color for n, i in IMPLS.items()}
+    for name in ("arch_tuned@128x128 occ=1", "arch_tuned#2", "flex", "something_new"):
+        assert plots.color_of(name) == color_of(name)
+
+
+@pytest.mark.parametrize("n,text", [(1024, "1K"), (16384, "16K"), (1000, "1000"), (512, "512"),
+                                    (3072, "3K"), (1536, "1536")])
+def test_fmt_n(n, text):
+    assert plots.fmt_n(n) == text

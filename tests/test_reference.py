@@ -133,6 +133,19 @@ def test_validation(shapes, kw, match):
         R.attention(q, k, v, **kw)
 
 
+def test_reference_is_a_package_with_the_contract_checks():
+    import importlib
+
+    from flashattn import contract
+    emulate, exact, online = (importlib.import_module(f"flashattn.reference.{m}")
+                              for m in ("emulate", "exact", "online"))
+    assert R.check_shapes is contract.check_shapes
+    assert R.attention is exact.attention and R.softmax is online.softmax
+    assert R.emulate is emulate.emulate and R.schedule is emulate.schedule
+    for name in R.__all__:
+        assert hasattr(R, name), name
+
+
 def test_validation_types():
     q = torch.randn(1, 1, 2, 8)
     with pytest.raises(TypeError, match="torch.Tensor"):

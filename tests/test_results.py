@@ -1,4 +1,5 @@
-"""flashattn.results on SYNTHETIC fixtures (tests/fixtures/results/synthetic: made-up numbers)."""
+"""flashattn.data.results on SYNTHETIC fixtures (tests/fixtures/results/synthetic: made-up
+numbers)."""
 import json
 import math
 from pathlib import Path
@@ -6,10 +7,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from flashattn import results
-from flashattn.bench import IMPL_ORDER
+from flashattn.data import results
+from flashattn.impls import ORDER as IMPL_ORDER
 
 ROOT = Path(__file__).parent / "fixtures" / "results"
+REPO = Path(__file__).resolve().parents[1]
 GPU = "synthetic"
 
 
@@ -34,7 +36,7 @@ def test_available():
 
 def test_default_root_and_env(monkeypatch):
     monkeypatch.delenv("FLASHATTN_RESULTS", raising=False)
-    assert results.results_root() == Path(results.__file__).resolve().parent.parent / "results"
+    assert results.results_root() == REPO / "results"     # the repository's, wherever the reader is
     monkeypatch.setenv("FLASHATTN_RESULTS", str(ROOT))
     assert results.results_root() == ROOT
     assert results.available() == [GPU]

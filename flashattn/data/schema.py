@@ -15,13 +15,19 @@ from pathlib import Path
 from ..contract import DTYPE_SHORT
 from ..impls import RATIO_REF, base_name, rank
 from ..steps import STEP_NAMES
+from .stats import ratio_ci
 
 ROW_FIELDS = ("impl", "kind", "config", "B", "Hq", "Hkv", "Nq", "Nk", "D", "dtype", "causal",
               "median_ms", "q1_ms", "q3_ms", "min_ms", "max_ms", "reps", "spread", "tflops",
-              "speedup_prev", "ratio_cudnn", "max_abs_err", "error")
+              "speedup_prev", "ratio_cudnn", "max_abs_err", "error",
+              # since the rounds method (chapter 3): 95 % intervals, per-round samples,
+              # the time a caller waits for one call, and a discriminating error measure
+              "ci_lo_ms", "ci_hi_ms", "ratio_cudnn_lo", "ratio_cudnn_hi", "method", "call_ms",
+              "rel_rms_err", "samples_ms")
 TIMING_FIELDS = ("median_ms", "q1_ms", "q3_ms", "min_ms", "max_ms", "reps", "spread")
 NUMERIC_FIELDS = ("median_ms", "q1_ms", "q3_ms", "min_ms", "max_ms", "spread", "tflops",
-                  "speedup_prev", "ratio_cudnn", "max_abs_err")
+                  "speedup_prev", "ratio_cudnn", "max_abs_err", "ci_lo_ms", "ci_hi_ms",
+                  "ratio_cudnn_lo", "ratio_cudnn_hi", "call_ms", "rel_rms_err")
 SKIPPED = "skipped"        # errors starting with this are skips, not failures
 
 
@@ -60,6 +66,7 @@ def add_derived(rows: list[dict]) -> list[dict]:
     by = {(r["impl"], key(r)): r for r in rows}
     for r in rows:
         r["speedup_prev"] = r["ratio_cudnn"] = None
+        r["ratio_cudnn_lo"] = r["ratio_cudnn_hi"] = None
         if not _ok(r):
             continue
         if r["impl"] in STEP_NAMES:
@@ -70,6 +77,9 @@ def add_derived(rows: list[dict]) -> list[dict]:
         ref = by.get((RATIO_REF, key(r)))
         if _ok(ref):
             r["ratio_cudnn"] = r["tflops"] / ref["tflops"]
+            if r.get("samples_ms") and ref.get("samples_ms"):
+                _, r["ratio_cudnn_lo"], r["ratio_cudnn_hi"] = ratio_ci(ref["samples_ms"],
+                                                                       r["samples_ms"])
     return rows
 
 

@@ -18,6 +18,7 @@ outside the timing, then timed in alternation with the others (``measure.timing`
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import math
 import os
@@ -42,6 +43,7 @@ SKIP_NAIVE = f"{SKIPPED}: N > naive-max-n"
 SKIP_MATH = f"{SKIPPED}: N x N scores do not fit in a third of free memory"
 MEASURE_BUDGET_S = 3.0   # slow implementations (~0.3 s a call) get fewer timed calls, at least 5
 MIN_REPS = 5
+METHODS = ("rounds", "interleaved")
 REF_SCORE_BYTES = 6 << 30   # the fp32 reference runs on as many heads as fit in this
 
 __all__ = ["run_bench", "to_frame", "format_table", "workload_name", "write_json", "dumps",
@@ -75,8 +77,10 @@ class _Progress:
         if r.get("error"):
             msg = f"{r['impl']:<15} N={r['Nq']:<6} {str(r['error'])[:100]}"
         else:
+            ci = (f", 95% CI {r['ci_lo_ms']:.3f}-{r['ci_hi_ms']:.3f}"
+                  if r.get("ci_lo_ms") is not None else "")
             msg = (f"{r['impl']:<15} N={r['Nq']:<6} {r['tflops']:7.1f} TFLOPS  "
-                   f"{r['median_ms']:9.3f} ms  (spread {r['spread']:.1%}, {r['reps']} reps"
+                   f"{r['median_ms']:9.3f} ms  (spread {r['spread']:.1%}{ci}, {r['reps']} reps"
                    f"{', err %.1e' % r['max_abs_err'] if r.get('max_abs_err') is not None else ''})")
         line = f"[{self.i}/{self.total}] {msg}"
         if self.bar is not None:
@@ -139,30 +143,17 @@ def _inputs(B, Hq, Hkv, N, D, dtype, device, seed):
 
 
 def ref_heads(Hq: int, Hkv: int, N: int) -> int:
-    """How many query heads (of batch 0) the fp32 reference checks: whole GQA groups, and
-    as many as fit REF_SCORE_BYTES of fp32 scores (always at least one group)."""
+    """How many query heads (of batch 0) the fp64 reference checks: whole GQA groups, and
+    as many as fit REF_SCORE_BYTES of fp64 scores (always at least one group)."""
     group = Hq // Hkv
-    fit = max(1, REF_SCORE_BYTES // max(1, 4 * N * N * group))
+    fit = max(1, REF_SCORE_BYTES // max(1, 8 * N * N * group))
     return min(Hq, group * fit)
 
 
 def reference_output(q, k, v, *, causal: bool, scale: float):
-    """fp32 attention of the checked slice: flashattn.reference if present, else torch math."""
-    import torch
-    q, k, v = (t.float() for t in (q, k, v))
-    try:
-        from ..reference import attention as ref_attention
-    except ImportError:
-        ref_attention = None
-    if ref_attention is not None:
-        return ref_attention(q, k, v, causal=causal, scale=scale).float()
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    g = q.shape[1] // k.shape[1]
-    if g > 1:
-        k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
-    with sdpa_kernel(SDPBackend.MATH):
-        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal,
-                                                                scale=scale)
+    """fp64 attention of the checked slice (``flashattn.reference.attention``)."""
+    from ..reference import attention as ref_attention
+    return ref_attention(*(t.double() for t in (q, k, v)), causal=causal, scale=scale)
 
 
 _FLEX = {}
@@ -216,16 +207,20 @@ def library_fn(impl: str, q, k, v, *, causal: bool, scale: float):
 
 
 def _check(fn, ref, hr: int, reps: int) -> dict:
-    """Compile/warm up, check once against ``ref``, estimate one call's time.
+    """Compile/warm up, check once against the fp64 ``ref``, estimate one call's time.
 
-    Returns {"max_abs_err", "reps"}: how many timed calls fit MEASURE_BUDGET_S.
+    Returns {"max_abs_err", "rel_rms_err", "reps"}: the largest absolute error, the RMS error
+    over the RMS of the reference (it discriminates where the max error is set by the output's
+    rounding), and how many timed calls fit MEASURE_BUDGET_S (method "interleaved").
     """
     import torch
     fn()                                   # JIT compile, module load, autotune caches
     torch.cuda.synchronize()
     o = fn()                               # the checked output
     torch.cuda.synchronize()
-    err = (o[:1, :hr].float() - ref).abs().max().item()
+    d = o[:1, :hr].double() - ref
+    err = d.abs().max().item()
+    rms = (d.square().mean().sqrt() / ref.square().mean().sqrt()).item()
     s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     s.record()
     fn()
@@ -233,7 +228,8 @@ def _check(fn, ref, hr: int, reps: int) -> dict:
     e.synchronize()
     est_ms = max(s.elapsed_time(e), 1e-3)
     n = max(MIN_REPS, min(reps, int(MEASURE_BUDGET_S * 1e3 / est_ms)))
-    return dict(max_abs_err=err if math.isfinite(err) else float("nan"), reps=n)
+    return dict(max_abs_err=err if math.isfinite(err) else float("nan"),
+                rel_rms_err=rms if math.isfinite(rms) else float("nan"), reps=n)
 
 
 def _warm_job(job) -> str:
@@ -284,7 +280,8 @@ def run_bench(steps=None, seqlens=None, *, causal: bool = True, dtype: str = "fl
               gqa=None, head_dim: int = DEFAULT_HEAD_DIM, batch: int = DEFAULT_BATCH,
               heads: int = DEFAULT_HEADS, baselines=None, reps: int = 20,
               progress: bool = True, naive_max_n: int = 4096, command: str | None = None,
-              name: str | None = None, prewarm_procs: int = 0) -> dict:
+              name: str | None = None, prewarm_procs: int = 0, method: str = "rounds",
+              rounds: int = 30, inner: int = 10, input_sets: int = 3) -> dict:
     """Time steps and library baselines on one workload; return the bench document.
 
     Args:
@@ -297,6 +294,10 @@ def run_bench(steps=None, seqlens=None, *, causal: bool = True, dtype: str = "fl
         reps: timed calls per measurement (fewer for calls over MEASURE_BUDGET_S / reps).
         naive_max_n: the naive step (N x N scores in memory) only runs up to this N.
         name: workload name; default ``workload_name(...)``.
+        method: "rounds" (default; ``timing.time_rounds``: ``rounds`` rounds in random order,
+            ``inner`` launches per sample replayed from a CUDA graph, ``input_sets`` input sets
+            in rotation, bootstrap intervals, plus the caller's wait per call) or
+            "interleaved" (the first version's events around each launch; ``reps``).
 
     Returns:
         {"meta": env.metadata() + {"workload": {...}}, "rows": [...]}, see results/README.md.
@@ -306,7 +307,9 @@ def run_bench(steps=None, seqlens=None, *, causal: bool = True, dtype: str = "fl
 
     from ..env import metadata
     from ..launch import launch
-    from .timing import time_interleaved
+    from .timing import call_time, time_interleaved, time_rounds
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {', '.join(METHODS)}, got {method!r}")
     steps = list(DEFAULT_STEPS if steps is None else steps)
     for s in steps:
         check_impl_name(s)
@@ -335,34 +338,46 @@ def run_bench(steps=None, seqlens=None, *, causal: bool = True, dtype: str = "fl
     if prewarm_procs:
         prewarm(steps, causal=causal, N=min(seqlens), B=B, Hq=Hq, Hkv=Hkv, D=D, dtype=dtype,
                 procs=prewarm_procs)
+    meta["method"] = dict(name=method, rounds=rounds, inner=inner, input_sets=input_sets,
+                          order="random per round", ci="bootstrap 95 % of the median",
+                          what=("GPU time per launch, batches replayed from CUDA graphs"
+                                if method == "rounds" else "events around each launch"))
     rows: list[dict] = []
     prog = _Progress(len(seqlens) * (len(steps) + len(baselines)), progress)
     grad = torch.is_grad_enabled()
     torch.set_grad_enabled(False)
     try:
         for N in seqlens:
-            q, k, v = _inputs(B, Hq, Hkv, N, D, tdt, dev, seed=N)
+            sets = [_inputs(B, Hq, Hkv, N, D, tdt, dev, seed=N + 7919 * i)
+                    for i in range(input_sets if method == "rounds" else 1)]
+            q, k, v = sets[0]
             hr = ref_heads(Hq, Hkv, N)
             ref = reference_output(q[:1, :hr], k[:1, :hr // (Hq // Hkv)],
                                    v[:1, :hr // (Hq // Hkv)], causal=causal, scale=scale)
             flops = attention_flops(B, Hq, N, N, D, causal)
-            out = torch.empty_like(q)
+            outs = [torch.empty_like(q) for _ in sets]
             # Phase 1: compile, check and estimate each implementation once.
-            entries = {}   # impl -> (kind, config label, fn, context, check values)
+            entries = {}   # impl -> (kind, config label, fns per input set, context, check, call)
             for s in steps:
                 prog.start(f"{s} N={N}")
-                if s == "naive" and N > naive_max_n:
+                if s.split("#")[0] == "naive" and N > naive_max_n:
                     rows.append(make_row(s, "step", N=N, error=SKIP_NAIVE, **shape))
                     prog.done(rows[-1])
                     continue
                 try:
                     step_obj, cfg = resolve_impl(s, q, k, causal)   # autotune searches here, once
                     label = cfg.label() if s != "best" else f"{step_obj.name}: {cfg.label()}"
-                    fn = (lambda so=step_obj, c=cfg:
-                          launch(q, k, v, out, so, c, causal=causal, scale=scale))
-                    out.fill_(float("nan"))   # rows a step forgets to write cannot pass the check
-                    entries[s] = ("step", label, fn, contextlib.nullcontext,
-                                  _check(fn, ref, hr, reps))
+                    fns = [(lambda so=step_obj, c=cfg, t=t, o=o:
+                            launch(t[0], t[1], t[2], o, so, c, causal=causal, scale=scale))
+                           for t, o in zip(sets, outs)]
+                    outs[0].fill_(float("nan"))   # rows a step forgets to write fail the check
+                    call = fns[0]
+                    if "@" not in s:   # the caller's view: the public API, validation included
+                        import flashattn
+                        call = (lambda name=s.split("#")[0]: flashattn.attention(
+                            q, k, v, causal=causal, scale=scale, step=name))
+                    entries[s] = ("step", label, fns, contextlib.nullcontext,
+                                  _check(fns[0], ref, hr, reps), call)
                 except Exception as e:   # a step that fails here is a row, not a crash
                     rows.append(make_row(s, "step", N=N, error=_err(e), **shape))
                     prog.done(rows[-1])
@@ -376,32 +391,48 @@ def run_bench(steps=None, seqlens=None, *, causal: bool = True, dtype: str = "fl
                         prog.done(rows[-1])
                         continue
                 try:
-                    fn, ctx = library_fn(impl, q, k, v, causal=causal, scale=scale)
+                    fns = [library_fn(impl, *t, causal=causal, scale=scale)[0] for t in sets]
+                    ctx = library_fn(impl, q, k, v, causal=causal, scale=scale)[1]
                     with ctx():
-                        entries[impl] = ("library", "", fn, ctx, _check(fn, ref, hr, reps))
+                        entries[impl] = ("library", "", fns, ctx,
+                                         _check(fns[0], ref, hr, reps), fns[0])
                 except Exception as e:
                     rows.append(make_row(impl, "library", N=N, error=_err(e), **shape))
                     prog.done(rows[-1])
+
             # Phase 2: time them all in alternation, so drift of a shared GPU hits all alike.
-            def in_ctx(fn, ctx):
+            def in_ctx(fns, ctx):
+                it = itertools.cycle(fns)       # consecutive calls read other inputs
+
                 def call():
                     with ctx():
-                        return fn()
+                        return next(it)()
                 return call
+            fail = ""
             try:
-                timed = time_interleaved({n: in_ctx(e[2], e[3]) for n, e in entries.items()},
-                                         {n: e[4]["reps"] for n, e in entries.items()})
+                if method == "rounds":
+                    timed = time_rounds({n: in_ctx(e[2], e[3]) for n, e in entries.items()},
+                                        rounds=rounds, inner=inner, seed=N)
+                else:
+                    timed = time_interleaved({n: in_ctx(e[2][:1], e[3])
+                                              for n, e in entries.items()},
+                                             {n: e[4]["reps"] for n, e in entries.items()})
             except Exception as e:
                 timed, fail = {}, _err(e)
-            for n, (kind, label, _, _, chk) in entries.items():
+            for n, (kind, label, _, ctx, chk, call) in entries.items():
                 if n not in timed:
                     rows.append(make_row(n, kind, N=N, error=fail, **shape))
                 else:
-                    vals = dict(timed[n].as_dict(), max_abs_err=chk["max_abs_err"])
+                    vals = dict(timed[n].as_dict(), max_abs_err=chk["max_abs_err"],
+                                rel_rms_err=chk["rel_rms_err"])
+                    if method == "rounds":
+                        with ctx():
+                            vals["call_ms"] = call_time(call)
                     rows.append(make_row(n, kind, N=N, config=label,
-                                     tflops=tflops(flops, vals["median_ms"]), **vals, **shape))
+                                         tflops=tflops(flops, vals["median_ms"]), **vals,
+                                         **shape))
                 prog.done(rows[-1])
-            del q, k, v, out, ref
+            del q, k, v, sets, outs, ref, entries
             torch.cuda.empty_cache()
     finally:
         torch.set_grad_enabled(grad)
@@ -437,7 +468,13 @@ def build_parser():
     p.add_argument("--baselines", default=",".join(DEFAULT_BASELINES),
                    help="comma-separated of %s, or 'none' (default: all)"
                         % ",".join(LIBRARY_OPTIONS))
-    p.add_argument("--reps", type=int, default=20, help="timed calls per measurement")
+    p.add_argument("--method", choices=METHODS, default="rounds",
+                   help="rounds: CUDA-graph batches in random order, with 95%% intervals "
+                        "(default); interleaved: events around each launch (first version)")
+    p.add_argument("--rounds", type=int, default=30, help="rounds (method rounds)")
+    p.add_argument("--inner", type=int, default=10, help="launches per sample (method rounds)")
+    p.add_argument("--reps", type=int, default=20,
+                   help="timed calls per measurement (method interleaved)")
     p.add_argument("--naive-max-n", type=int, default=4096,
                    help="skip the naive step above this N (default %(default)s)")
     p.add_argument("--json", action="store_true", help="print the JSON document to stdout")
@@ -473,6 +510,7 @@ def parse_args(argv: list[str] | None = None) -> dict:
     return dict(steps=steps, seqlens=seqlens, causal=a.causal, dtype=a.dtype, gqa=gqa,
                 head_dim=a.head_dim, batch=a.batch, heads=a.heads, baselines=baselines,
                 reps=a.reps, naive_max_n=a.naive_max_n, progress=not a.quiet,
+                method=a.method, rounds=a.rounds, inner=a.inner,
                 _json=a.json, _out=a.out)
 
 

@@ -1,11 +1,21 @@
-"""Timing on the GPU: CUDA events, warm-up excluded, median of many runs, L2 flushed.
+"""Timing on the GPU (chapter 3 explains the method and shows its control).
 
-Chapter 3 explains the method. Every number in the book comes through ``time_cuda``.
+What the book measures is the GPU time of the kernel: ``time_rounds`` times batches of
+back-to-back launches replayed from a CUDA graph (no host work inside the timed region), in
+many rounds, with the implementations in a fresh random order every round, and reports the
+median per launch with a bootstrap 95 % confidence interval. The time a caller waits, host work
+included, is measured separately (``call_time``): the difference is the host overhead.
+
+``time_interleaved`` (events around each single launch) and ``time_cuda`` are the simpler
+methods of the first version, kept for autotune's quick searches and for comparison.
 """
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass
+import random
+from dataclasses import dataclass, field
+
+from ..data.stats import bootstrap_ci
 
 
 @dataclass
@@ -16,6 +26,10 @@ class Timing:
     q1_ms: float
     q3_ms: float
     reps: int
+    samples: list = field(default_factory=list)   # ms per launch, one per round (time_rounds)
+    ci_lo_ms: float | None = None                 # bootstrap 95 % interval of the median
+    ci_hi_ms: float | None = None
+    method: str = ""
 
     @property
     def spread(self) -> float:
@@ -23,8 +37,12 @@ class Timing:
         return (self.q3_ms - self.q1_ms) / self.median_ms if self.median_ms else float("nan")
 
     def as_dict(self) -> dict:
-        return dict(median_ms=self.median_ms, min_ms=self.min_ms, max_ms=self.max_ms,
-                    q1_ms=self.q1_ms, q3_ms=self.q3_ms, reps=self.reps, spread=self.spread)
+        d = dict(median_ms=self.median_ms, min_ms=self.min_ms, max_ms=self.max_ms,
+                 q1_ms=self.q1_ms, q3_ms=self.q3_ms, reps=self.reps, spread=self.spread)
+        if self.samples:
+            d.update(ci_lo_ms=self.ci_lo_ms, ci_hi_ms=self.ci_hi_ms, method=self.method,
+                     samples_ms=[round(x, 6) for x in self.samples])
+        return d
 
 
 _L2_FLUSH = {}
@@ -94,6 +112,97 @@ def time_cuda(fn, *, warmup: int = 3, reps: int = 20, flush: bool = True) -> Tim
         fn()
     torch.cuda.synchronize()
     return summarize(event_times(fn, reps, flush=flush))
+
+
+def _summarize_rounds(samples: list[float], inner: int, method: str) -> Timing:
+    t = summarize(samples)
+    lo, hi = bootstrap_ci(samples)
+    return Timing(t.median_ms, t.min_ms, t.max_ms, t.q1_ms, t.q3_ms, len(samples) * inner,
+                  samples=list(samples), ci_lo_ms=lo, ci_hi_ms=hi, method=method)
+
+
+def _capture(fn, inner: int):
+    """A CUDA graph of ``inner`` calls of ``fn``, or None if ``fn`` cannot be captured."""
+    import torch
+    try:
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):            # warm-up on a side stream, as torch advises
+            fn()
+        torch.cuda.current_stream().wait_stream(s)
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            for _ in range(inner):
+                fn()
+        torch.cuda.synchronize()
+        g.replay()                            # one untimed replay: the graph is uploaded
+        torch.cuda.synchronize()
+        return g
+    except Exception:                         # a library that refuses capture: timed eagerly
+        torch.cuda.synchronize()
+        return None
+
+
+def time_rounds(fns: dict, *, rounds: int = 30, inner: int = 10, graph: bool = True,
+                flush: bool = True, seed: int = 0, progress=None) -> dict:
+    """GPU time per launch of each function, measured in alternation (chapter 3).
+
+    Every round times each function once, in a fresh random order (seeded): ``inner``
+    back-to-back calls between two CUDA events, replayed from a CUDA graph when ``graph`` (so
+    the host's launch work is not inside the timed region; functions that cannot be captured
+    are timed as an eager batch), the L2 cache flushed before each batch. One sample per round
+    is the batch time over ``inner``. Returns {name: Timing} with the per-round samples, their
+    median and a bootstrap 95 % confidence interval of the median; ``Timing.method`` says
+    "graph" or "batch".
+
+    A function should alternate between a few input sets (``bench`` gives it three) so that
+    consecutive calls do not find their inputs in L2.
+    """
+    import torch
+    names = list(fns)
+    graphs = {n: (_capture(fns[n], inner) if graph else None) for n in names}
+    samples = {n: [] for n in names}
+    rng = random.Random(seed)
+    for r in range(rounds):
+        order = names[:]
+        rng.shuffle(order)
+        for n in order:
+            g = graphs[n]
+            if flush:
+                flush_l2()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            if g is not None:
+                g.replay()
+            else:
+                for _ in range(inner):
+                    fns[n]()
+            end.record()
+            end.synchronize()
+            samples[n].append(start.elapsed_time(end) / inner)
+        if progress is not None:
+            progress(r + 1, rounds)
+    methods = {n: "graph" if graphs[n] is not None else "batch" for n in names}
+    del graphs
+    return {n: _summarize_rounds(samples[n], inner, methods[n]) for n in names}
+
+
+def call_time(fn, *, reps: int = 20) -> float:
+    """Median wall time in ms that a caller waits for one call of ``fn`` on an idle GPU
+    (host work, launch and kernel; ``torch.cuda.synchronize`` before and after each call).
+    Minus the GPU time of the same call, it is the host overhead of the call."""
+    import time
+
+    import torch
+    times = []
+    torch.cuda.synchronize()
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
 
 
 def attention_flops(B: int, Hq: int, Nq: int, Nk: int, D: int, causal: bool,

@@ -1,25 +1,25 @@
-"""The notebook tooling that needs no GPU: the mode banner, glue, nbrun, interleaved timing."""
+"""The notebook tooling that needs no GPU (flashattn.chapter, flashattn.nbrun): the mode
+banner, glue, code display, nbrun. (Interleaved timing: test_timing.py.)"""
 import json
 
 import nbformat
-import pytest
 
-from flashattn import book, timing
+from flashattn import chapter
 
 
 def test_recorded_mode_banner_names_the_gpu_and_date(monkeypatch):
     monkeypatch.setenv("FLASHATTN_BOOK_MODE", "recorded")
-    book.gpu_available.cache_clear()
+    chapter.gpu_available.cache_clear()
     try:
-        text = book.banner_text()
+        text = chapter.banner_text()
     finally:
-        book.gpu_available.cache_clear()
+        chapter.gpu_available.cache_clear()
     assert text.startswith("**Mode: recorded.**")
     assert "H200" in text and "2026-" in text and "results/h200/" in text
 
 
 def test_glue_returns_the_formatted_value():
-    assert book.glue("test_value", 3.14159, ".2f") == "3.14"
+    assert chapter.glue("test_value", 3.14159, ".2f") == "3.14"
 
 
 def test_nbrun_executes_a_notebook_and_keeps_outputs(tmp_path):
@@ -42,29 +42,15 @@ def test_nbrun_executes_a_notebook_and_keeps_outputs(tmp_path):
     assert cells[3]["outputs"] == []
 
 
-def test_time_interleaved_alternates_and_rotates(monkeypatch):
-    calls = []
-
-    def fake_event_times(fn, reps, flush=True):
-        calls.append((fn.__name__, reps))
-        return [1.0] * reps
-
-    monkeypatch.setattr(timing, "event_times", fake_event_times)
-    torch = pytest.importorskip("torch")
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
-
-    def a():
-        pass
-
-    def b():
-        pass
-    res = timing.time_interleaved({"a": a, "b": b}, {"a": 8, "b": 3}, rounds=4)
-    assert [n for n, _ in calls] == ["a", "b", "b", "a", "a", "b", "b", "a"]
-    assert res["a"].reps == 8 and res["b"].reps == 4     # b: ceil(3/4) = 1 per round
-    assert res["a"].median_ms == 1.0
+def test_chapter_reexports_its_page():
+    from flashattn.chapter import page
+    for name in chapter.__all__:
+        assert getattr(chapter, name) is getattr(page, name), name
 
 
-def test_summarize_quartiles():
-    t = timing.summarize([4.0, 1.0, 3.0, 2.0, 5.0])
-    assert (t.min_ms, t.median_ms, t.max_ms, t.reps) == (1.0, 3.0, 5.0, 5)
-    assert t.q1_ms <= t.median_ms <= t.q3_ms
+def test_show_wraps_kernel_source_show():
+    import pytest
+    pytest.importorskip("IPython")
+    from flashattn.kernels import source
+    assert chapter.show("x = 1\n") is not None
+    assert type(chapter.show("x = 1\n")) is type(source.show("x = 1\n"))
