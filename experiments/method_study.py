@@ -34,7 +34,7 @@ def control_table(doc: dict, a: str, b: str) -> list[dict]:
         for (impl, nn), r in by.items():
             if nn == n:
                 line[impl] = (r.get("ratio_cudnn"), r.get("ratio_cudnn_lo"), r.get("ratio_cudnn_hi"),
-                              r.get("tflops"), r.get("call_ms"), r.get("median_ms"))
+                              r.get("tflops"), r.get("host_ms"), r.get("median_ms"))
         out.append(line)
     return out
 
@@ -67,7 +67,7 @@ def main(argv=None) -> int:
                            if "control_lo" in line else ""))
                 ratios = "  ".join(
                     f"{k}={v[0]:.3f}" + (f"[{v[1]:.3f},{v[2]:.3f}]" if v[1] is not None else "")
-                    + (f" call-kernel={1e3 * (v[4] - v[5]):.0f}us" if v[4] else "")
+                    + (f" host={1e3 * v[4]:.0f}us" if v[4] else "")
                     for k, v in line.items() if isinstance(v, tuple) and v[0] is not None)
                 print(f"  N={line['N']:<6} {ctrl}  {ratios}", flush=True)
     return 0

@@ -32,7 +32,7 @@ class Impl:
 _STEP_COLORS = {
     "naive": "#9e9e9e", "baseline": "#1f77b4", "large_tiles": "#d62728",
     "fast_math": "#ff7f0e", "loop_split": "#bcbd22", "remap": "#2ca02c",
-    "autotune": "#17becf", "arch_tuned": "#9467bd",
+    "autotune": "#17becf", "arch_tuned": "#9467bd", "warp_groups": "#6a3d9a",
 }
 _EXPERIMENT_COLORS = {
     "lazy_rescale": "#8c564b", "pair": "#e377c2", "exp_poly": "#7f7f7f",

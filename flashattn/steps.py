@@ -100,6 +100,8 @@ class Step:
             return [self.config_for(arch)]
         if self.space == "seed":
             return seed_space(arch)
+        if self.space == "warp_groups" and arch in WARP_GROUP_SPACE:
+            return list(WARP_GROUP_SPACE[arch])
         return list(SEARCH_SPACE.get(arch, SEARCH_SPACE["sm_80"]))
 
 
@@ -127,6 +129,16 @@ SEARCH_SPACE: dict[str, list[Config]] = {
     "sm_120": [Config(64, 64), Config(64, 64, occupancy=2), Config(64, 128, occupancy=1)],
     "sm_80": [Config(64, 128, occupancy=1), Config(128, 64, occupancy=1),
               Config(64, 64, occupancy=2)],
+}
+# Chapter 10 (E8): on Hopper, num_worker_warps=8 gives the compiler two consumer warp groups
+# of 64 rows each (plus a producer group for the loads) for 128-row tiles, which then run
+# without spilling. The space adds those configurations to arch_tuned's best; on other
+# architectures it is arch_tuned's space unchanged.
+WARP_GROUP_SPACE: dict[str, list[Config]] = {
+    "sm_90": [Config(128, 128, occupancy=1, num_worker_warps=8),
+              Config(64, 128, occupancy=2),
+              Config(128, 64, occupancy=1, num_worker_warps=8),
+              Config(128, 256, occupancy=1, num_worker_warps=8)],
 }
 SEARCH_SPACE["sm_103"] = SEARCH_SPACE["sm_100"]
 SEARCH_SPACE["sm_121"] = SEARCH_SPACE["sm_120"]
@@ -160,6 +172,11 @@ _STEP_LIST = [
     Step("arch_tuned", "A search space per architecture",
          "Autotune over tiles and hints chosen per architecture (Hopper: 64x128, 2 programs/SM).",
          flags=dict(_SEED), config=Config(64, 128, occupancy=2), tuned=True, source="book"),
+    Step("warp_groups", "Two consumer warp groups",
+         "Hopper: 128-row tiles shared by two warp groups (num_worker_warps=8), searched "
+         "beside arch_tuned's tiles.",
+         flags=dict(_SEED), config=Config(128, 128, occupancy=1, num_worker_warps=8),
+         tuned=True, space="warp_groups", source="book"),
 ]
 
 # Techniques we measured that did not pay on the H200 (chapter 10 tells why). They are kept
@@ -217,6 +234,18 @@ def previous_step(name: str) -> str | None:
         return "arch_tuned"
     i = STEP_NAMES.index(get_step(name).name)
     return STEP_NAMES[i - 1] if i > 0 else None
+
+
+# Chapters 6-8 on Hopper: the seed's steps replayed at a tile that does not spill on sm_90
+# (64x128; chapter 5), each rung one change, ending with the launch hint of chapter 9.
+# Benchmark names: "STEP@CONFIG" runs a step pinned to a configuration.
+HOPPER_LADDER: tuple[tuple[str, str], ...] = (
+    ("baseline@64x128", "baseline at 64x128"),
+    ("fast_math@64x128", "+ fast math"),
+    ("loop_split@64x128", "+ loop split"),
+    ("remap@64x128", "+ remap"),
+    ("remap@64x128:occ=2", "+ occupancy=2 (arch_tuned's configuration)"),
+)
 
 
 def resolve_name(name: str, arch: str | None) -> Step:

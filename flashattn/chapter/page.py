@@ -1,9 +1,9 @@
 """What the chapter notebooks share: where their numbers come from, and how they say so.
 
-Every notebook starts with ``book.setup()``: it decides the mode (a GPU that runs cuTile:
+Every notebook starts with ``chapter.setup()``: it decides the mode (a GPU that runs cuTile:
 live measurements beside the recorded ones; otherwise the recorded dataset only) and shows a
 banner saying which GPU, date and versions the recorded numbers come from. Numbers quoted in
-prose go through ``book.glue`` (myst-nb's glue), so the text is always the data.
+prose go through ``chapter.glue`` (myst-nb's glue), so the text is always the data.
 """
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ def mode() -> str:
 
 @functools.lru_cache(maxsize=None)
 def results(gpu: str = DEFAULT_GPU):
-    """The recorded dataset (``flashattn.results.load``), loaded once per notebook."""
+    """The recorded dataset (``flashattn.data.results.load``), loaded once per notebook."""
     from ..data.results import load
     return load(gpu)
 

@@ -1,6 +1,6 @@
 """The book's figures and tables, from plain DataFrames (matplotlib only).
 
-Every function takes the DataFrames of ``flashattn.results.load(gpu)`` (``.bench``,
+Every function takes the DataFrames of ``flashattn.data.results.load(gpu)`` (``.bench``,
 ``.profile``, ``.compile``) or arrays, and returns a matplotlib Figure (tables: a DataFrame or
 pandas Styler). Pass ``meta`` (the results' metadata dict: ``gpu``, ...) to put the GPU in titles.
 

@@ -1,17 +1,25 @@
 """Recorded measurements, as DataFrames for the notebooks.
 
-    from flashattn import results
+    from flashattn.data import results
     r = results.load("h200")
     r.tflops_table("fp16-causal-d128")     # impl x N, book order
     r.ratio_table("fp16-causal-d128")      # the same over cuDNN
+    r.compile, r.tile_grid                 # compile reports: per arch, and the tile-shape grid
+    r.experiment("02-hopper-experiments")  # an experiment run of chapter 10 (bench rows)
+    results.seed_b200()                    # the seed's B200 TFLOPS (quoted, not measured)
     results.source_line(r.meta)            # "H200 (132 SMs), driver 580.159, CUDA 13.0, ..."
 
-Files (written by ``python -m flashattn record``; formats in results/README.md)::
+Files (formats in results/README.md)::
 
-    results/<gpu>/bench/<workload>.json    results/<gpu>/profiles/summary.json
-    results/<gpu>/compile/<arch>.json
+    results/<gpu>/bench/<workload>.json     python -m flashattn record --part bench
+    results/<gpu>/profiles/summary.json     python -m flashattn record --part profile
+    results/<gpu>/compile/<arch>.json       python -m flashattn record --part compile
+    results/<gpu>/compile/tiles.json        python experiments/tile_grid.py
+    experiments/data/<run>/<workload>.json  python experiments/sweep.py <run> (bench documents)
+    results/quoted/seed-b200.json           numbers quoted from the seed walkthrough
 
-The root is the repository's ``results/`` folder, or ``$FLASHATTN_RESULTS``. Parts that were not
+The root is the repository's ``results/`` folder, or ``$FLASHATTN_RESULTS``; experiment runs are
+under the repository's ``experiments/data/``, or ``$FLASHATTN_EXPERIMENTS``. Parts that were not
 recorded load as empty DataFrames.
 """
 from __future__ import annotations
@@ -26,6 +34,8 @@ from ..steps import STEP_NAMES
 from .schema import to_frame
 
 DEFAULT_WORKLOAD = "fp16-causal-d128"
+TILE_GRID_FILE = "tiles.json"      # compile/tiles.json: the tile-shape grid, not an arch report
+SEED_B200_FILE = "quoted/seed-b200.json"
 
 
 def results_root(root=None) -> Path:
@@ -35,6 +45,17 @@ def results_root(root=None) -> Path:
     if env:
         return Path(env)
     return Path(__file__).resolve().parents[2] / "results"
+
+
+def experiments_root(root=None) -> Path:
+    """Where experiment runs live: ``root``, ``$FLASHATTN_EXPERIMENTS`` or the repository's
+    ``experiments/data/``."""
+    if root is not None:
+        return Path(root)
+    env = os.environ.get("FLASHATTN_EXPERIMENTS")
+    if env:
+        return Path(env)
+    return Path(__file__).resolve().parents[2] / "experiments" / "data"
 
 
 def available(root=None) -> list[str]:
@@ -72,7 +93,10 @@ class Results:
     rules: "object" = None            # DataFrame: step, kernel, section, rule, type, message
     compile: "object" = None          # DataFrame: one row per (arch, step, kernel)
     compile_meta: dict = field(default_factory=dict)  # arch file stem -> meta
+    tile_grid: "object" = None        # DataFrame: compile/tiles.json, one row per kernel
+    tile_grid_meta: dict = field(default_factory=dict)
     meta: dict = field(default_factory=dict)
+    experiments_path: Path | None = None   # experiments/data/ (``experiment``)
 
     @property
     def workloads(self) -> list[str]:
@@ -115,11 +139,36 @@ class Results:
                         & (self.bench["Nq"] == N)]
         return None if df.empty else df.iloc[0].to_dict()
 
+    @property
+    def experiments(self) -> list[str]:
+        """The experiment runs recorded on this GPU (names for ``experiment``), sorted."""
+        root = self.experiments_path
+        return [n for n in list_experiments(root)
+                if _experiment_gpu(load_experiment_meta(n, root)) in (None, self.gpu)]
+
+    def experiment(self, name: str):
+        """The bench rows of the experiment run ``name`` (``experiments/data/<name>/``): one
+        DataFrame over all its workloads, with a ``workload`` column, in the file order.
+
+        Raises FileNotFoundError if there is no such run, ValueError if it was recorded on
+        another GPU than this dataset's.
+        """
+        metas = load_experiment_meta(name, self.experiments_path)
+        gpu = _experiment_gpu(metas)
+        if gpu not in (None, self.gpu):
+            raise ValueError(f"experiment {name!r} was recorded on {gpu}, not {self.gpu}")
+        return load_experiment(name, self.experiments_path)
+
 
 def _load_bench(d: Path):
+    return _load_bench_docs(d / "bench")
+
+
+def _load_bench_docs(folder: Path):
+    """(DataFrame of every bench document in ``folder`` with a workload column, workload -> meta)."""
     import pandas as pd
     frames, metas = [], {}
-    for f in sorted((d / "bench").glob("*.json")):
+    for f in sorted(folder.glob("*.json")):
         doc = _read(f)
         if not doc or "rows" not in doc:
             continue
@@ -175,25 +224,107 @@ def _num(v):
         return v
 
 
-def _load_compile(d: Path):
+def _compile_frame(kernels: list[dict], columns=("step", "arch", "kernel", "config")):
+    """Compile reports as rows, ``sass`` flattened into ``sass_<OPCODE>`` columns (0 if absent)."""
     import pandas as pd
-    rows, metas = [], {}
-    for f in sorted((d / "compile").glob("*.json")):
-        doc = _read(f)
-        if not doc or "kernels" not in doc:
-            continue
-        metas[f.stem] = doc.get("meta", {})
-        for k in doc["kernels"]:
-            r = {key: val for key, val in k.items() if key not in ("sass", "sass_text")}
-            for op, n in (k.get("sass") or {}).items():
-                r[f"sass_{op}"] = n
-            rows.append(r)
+    rows = []
+    for k in kernels:
+        r = {key: val for key, val in k.items() if key not in ("sass", "sass_text")}
+        for op, n in (k.get("sass") or {}).items():
+            r[f"sass_{op}"] = n
+        rows.append(r)
     if not rows:
-        return pd.DataFrame(columns=["step", "arch", "kernel", "config"]), metas
+        return pd.DataFrame(columns=list(columns))
     df = pd.DataFrame(rows)
     sass_cols = [c for c in df.columns if c.startswith("sass_") and c != "sass_lines"]
     df[sass_cols] = df[sass_cols].fillna(0).astype(int)
-    return df, metas
+    return df
+
+
+def _load_compile(d: Path):
+    """The per-arch reports (``compile/<arch>.json``; not the tile grid)."""
+    kernels, metas = [], {}
+    for f in sorted((d / "compile").glob("*.json")):
+        doc = _read(f)
+        if f.name == TILE_GRID_FILE or not doc or "kernels" not in doc:
+            continue
+        metas[f.stem] = doc.get("meta", {})
+        kernels += doc["kernels"]
+    return _compile_frame(kernels), metas
+
+
+def _load_tile_grid(d: Path):
+    """``compile/tiles.json`` (experiments/tile_grid.py): one row per compiled kernel, with
+    ``TILE_M`` and ``TILE_N`` columns; and its meta (``tile_m``, ``tile_n``: the grid)."""
+    doc = _read(d / "compile" / TILE_GRID_FILE) or {}
+    return (_compile_frame(doc.get("kernels", []),
+                           ("step", "arch", "kernel", "config", "TILE_M", "TILE_N")),
+            doc.get("meta", {}))
+
+
+# ---------------------------------------------------------------------------------------------
+# Experiment runs (chapter 10): bench documents under experiments/data/<run>/
+# ---------------------------------------------------------------------------------------------
+def list_experiments(root=None) -> list[str]:
+    """The experiment runs under ``experiments_root(root)``: folders holding bench documents."""
+    d = experiments_root(root)
+    if not d.is_dir():
+        return []
+    return sorted(x.name for x in d.iterdir() if x.is_dir() and any(x.glob("*.json")))
+
+
+def _experiment_dir(name: str, root=None) -> Path:
+    d = experiments_root(root) / name
+    if not d.is_dir() or not any(d.glob("*.json")):
+        known = ", ".join(list_experiments(root)) or "none"
+        raise FileNotFoundError(f"no experiment run {name!r} under {experiments_root(root)} "
+                                f"(known: {known})")
+    return d
+
+
+def load_experiment(name: str, root=None):
+    """The rows of the experiment run ``name`` as one DataFrame (bench schema, ``workload``
+    column; every workload the run recorded, in file order). ``Results.experiment`` is the
+    same, checked against the dataset's GPU."""
+    df, _ = _load_bench_docs(_experiment_dir(name, root))
+    return df
+
+
+def load_experiment_meta(name: str, root=None) -> dict:
+    """workload -> meta of the experiment run ``name``."""
+    return _load_bench_docs(_experiment_dir(name, root))[1]
+
+
+def _experiment_gpu(metas: dict) -> str | None:
+    """The results folder name ("h200") of the GPU a run's documents were recorded on."""
+    from ..env import gpu_slug
+    gpus = {m.get("gpu") for m in metas.values() if m.get("gpu")}
+    if len(gpus) > 1:
+        raise ValueError(f"an experiment run mixes GPUs: {sorted(gpus)}")
+    return gpu_slug(gpus.pop()) if gpus else None
+
+
+# ---------------------------------------------------------------------------------------------
+# Numbers quoted from others (not measured by us)
+# ---------------------------------------------------------------------------------------------
+def seed_b200(root=None):
+    """The seed walkthrough's B200 TFLOPS, impl (book order) x N: quoted, not measured by us.
+
+    From ``results/quoted/seed-b200.json`` (a bench document of the seed's workload, causal,
+    B=4, H=32, D=128, fp16, with only ``tflops`` set; its ``meta`` says where each table is in
+    the seed text). Values are the seed's integers. ``.attrs["meta"]`` holds that meta.
+    """
+    path = results_root(root) / SEED_B200_FILE
+    doc = _read(path)
+    if not doc or "rows" not in doc:
+        raise FileNotFoundError(f"no quoted seed numbers at {path}")
+    df = to_frame(doc)
+    t = df.pivot(index="impl", columns="Nq", values="tflops")
+    t = t.reindex(sorted(t.index, key=rank))
+    t = t.reindex(columns=sorted(t.columns))
+    t.index.name, t.columns.name = "impl", "N"
+    t.attrs["meta"] = doc.get("meta", {})
+    return t
 
 
 _SUMMARY_KEYS = ("gpu", "sm_count", "compute_capability", "arch", "driver", "cuda", "torch",
@@ -213,17 +344,20 @@ def _merge_meta(*metas: dict) -> dict:
     return out
 
 
-def load(gpu: str = "h200", root=None) -> Results:
-    """The results recorded for ``gpu`` under ``root`` (default: the repo's results/)."""
+def load(gpu: str = "h200", root=None, *, experiments=None) -> Results:
+    """The results recorded for ``gpu`` under ``root`` (default: the repo's results/);
+    ``experiments``: where ``Results.experiment`` looks (default ``experiments_root()``)."""
     d = results_root(root) / gpu
     bench, bench_meta = _load_bench(d)
     profile, units, rules, profile_meta = _load_profile(d)
     comp, compile_meta = _load_compile(d)
+    tiles, tiles_meta = _load_tile_grid(d)
     meta = _merge_meta(*bench_meta.values(), profile_meta, *compile_meta.values())
     meta["results"] = gpu
     return Results(gpu=gpu, path=d, bench=bench, bench_meta=bench_meta, profile=profile,
                    profile_units=units, profile_meta=profile_meta, rules=rules, compile=comp,
-                   compile_meta=compile_meta, meta=meta)
+                   compile_meta=compile_meta, tile_grid=tiles, tile_grid_meta=tiles_meta,
+                   meta=meta, experiments_path=experiments_root(experiments))
 
 
 def source_line(meta) -> str:
@@ -252,4 +386,5 @@ def source_line(meta) -> str:
 
 
 __all__ = ["load", "available", "Results", "source_line", "results_root", "DEFAULT_WORKLOAD",
-           "LIBRARY_IMPLS"]
+           "LIBRARY_IMPLS", "experiments_root", "list_experiments", "load_experiment",
+           "load_experiment_meta", "seed_b200", "TILE_GRID_FILE", "SEED_B200_FILE"]

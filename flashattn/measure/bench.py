@@ -44,6 +44,7 @@ SKIP_MATH = f"{SKIPPED}: N x N scores do not fit in a third of free memory"
 MEASURE_BUDGET_S = 3.0   # slow implementations (~0.3 s a call) get fewer timed calls, at least 5
 MIN_REPS = 5
 METHODS = ("rounds", "interleaved")
+SAMPLE_MS = 50.0          # method rounds: target length of one sample (a batch of launches)
 REF_SCORE_BYTES = 6 << 30   # the fp32 reference runs on as many heads as fit in this
 
 __all__ = ["run_bench", "to_frame", "format_table", "workload_name", "write_json", "dumps",
@@ -228,7 +229,7 @@ def _check(fn, ref, hr: int, reps: int) -> dict:
     e.synchronize()
     est_ms = max(s.elapsed_time(e), 1e-3)
     n = max(MIN_REPS, min(reps, int(MEASURE_BUDGET_S * 1e3 / est_ms)))
-    return dict(max_abs_err=err if math.isfinite(err) else float("nan"),
+    return dict(max_abs_err=err if math.isfinite(err) else float("nan"), est_ms=est_ms,
                 rel_rms_err=rms if math.isfinite(rms) else float("nan"), reps=n)
 
 
@@ -307,7 +308,7 @@ def run_bench(steps=None, seqlens=None, *, causal: bool = True, dtype: str = "fl
 
     from ..env import metadata
     from ..launch import launch
-    from .timing import call_time, time_interleaved, time_rounds
+    from .timing import host_time, time_interleaved, time_rounds
     if method not in METHODS:
         raise ValueError(f"method must be one of {', '.join(METHODS)}, got {method!r}")
     steps = list(DEFAULT_STEPS if steps is None else steps)
@@ -411,8 +412,12 @@ def run_bench(steps=None, seqlens=None, *, causal: bool = True, dtype: str = "fl
             fail = ""
             try:
                 if method == "rounds":
+                    # Slow implementations get fewer launches per sample (>= 1): a sample
+                    # lasts about SAMPLE_MS, at most ``inner`` launches.
+                    per = {n: max(1, min(inner, round(SAMPLE_MS / e[4]["est_ms"])))
+                           for n, e in entries.items()}
                     timed = time_rounds({n: in_ctx(e[2], e[3]) for n, e in entries.items()},
-                                        rounds=rounds, inner=inner, seed=N)
+                                        rounds=rounds, inner=per, seed=N)
                 else:
                     timed = time_interleaved({n: in_ctx(e[2][:1], e[3])
                                               for n, e in entries.items()},
@@ -427,7 +432,7 @@ def run_bench(steps=None, seqlens=None, *, causal: bool = True, dtype: str = "fl
                                 rel_rms_err=chk["rel_rms_err"])
                     if method == "rounds":
                         with ctx():
-                            vals["call_ms"] = call_time(call)
+                            vals["host_ms"] = host_time(call)
                     rows.append(make_row(n, kind, N=N, config=label,
                                          tflops=tflops(flops, vals["median_ms"]), **vals,
                                          **shape))

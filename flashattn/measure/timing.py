@@ -144,12 +144,12 @@ def _capture(fn, inner: int):
         return None
 
 
-def time_rounds(fns: dict, *, rounds: int = 30, inner: int = 10, graph: bool = True,
+def time_rounds(fns: dict, *, rounds: int = 30, inner=10, graph: bool = True,
                 flush: bool = True, seed: int = 0, progress=None) -> dict:
     """GPU time per launch of each function, measured in alternation (chapter 3).
 
     Every round times each function once, in a fresh random order (seeded): ``inner``
-    back-to-back calls between two CUDA events, replayed from a CUDA graph when ``graph`` (so
+    back-to-back calls (a number, or one per function) between two CUDA events, replayed from a CUDA graph when ``graph`` (so
     the host's launch work is not inside the timed region; functions that cannot be captured
     are timed as an eager batch), the L2 cache flushed before each batch. One sample per round
     is the batch time over ``inner``. Returns {name: Timing} with the per-round samples, their
@@ -161,7 +161,8 @@ def time_rounds(fns: dict, *, rounds: int = 30, inner: int = 10, graph: bool = T
     """
     import torch
     names = list(fns)
-    graphs = {n: (_capture(fns[n], inner) if graph else None) for n in names}
+    inner = inner if isinstance(inner, dict) else {n: int(inner) for n in names}
+    graphs = {n: (_capture(fns[n], inner[n]) if graph else None) for n in names}
     samples = {n: [] for n in names}
     rng = random.Random(seed)
     for r in range(rounds):
@@ -176,32 +177,32 @@ def time_rounds(fns: dict, *, rounds: int = 30, inner: int = 10, graph: bool = T
             if g is not None:
                 g.replay()
             else:
-                for _ in range(inner):
+                for _ in range(inner[n]):
                     fns[n]()
             end.record()
             end.synchronize()
-            samples[n].append(start.elapsed_time(end) / inner)
+            samples[n].append(start.elapsed_time(end) / inner[n])
         if progress is not None:
             progress(r + 1, rounds)
     methods = {n: "graph" if graphs[n] is not None else "batch" for n in names}
     del graphs
-    return {n: _summarize_rounds(samples[n], inner, methods[n]) for n in names}
+    return {n: _summarize_rounds(samples[n], inner[n], methods[n]) for n in names}
 
 
-def call_time(fn, *, reps: int = 20) -> float:
-    """Median wall time in ms that a caller waits for one call of ``fn`` on an idle GPU
-    (host work, launch and kernel; ``torch.cuda.synchronize`` before and after each call).
-    Minus the GPU time of the same call, it is the host overhead of the call."""
+def host_time(fn, *, reps: int = 20) -> float:
+    """Median host time in ms of one call of ``fn`` on an idle GPU: from the call until it
+    returns, with the GPU drained before each call (what Python validation, configuration
+    lookup and the launch cost the caller; the kernel itself runs after the call returns)."""
     import time
 
     import torch
     times = []
-    torch.cuda.synchronize()
     for _ in range(reps):
+        torch.cuda.synchronize()
         t0 = time.perf_counter()
         fn()
-        torch.cuda.synchronize()
         times.append((time.perf_counter() - t0) * 1e3)
+    torch.cuda.synchronize()
     return statistics.median(times)
 
 
