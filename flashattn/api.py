@@ -7,7 +7,8 @@ from __future__ import annotations
 import math
 
 from .contract import check_causal, check_tensors
-from .launch import launch, resolve
+from .autotune import resolve
+from .launch import launch
 from .steps import get_step
 
 

@@ -1,5 +1,7 @@
 """Autotuning (chapter 9): search tile shapes and launch hints per shape and architecture.
 
+    step, config = resolve("best", q, k, causal=True)   # which step, which tiles and hints
+
 The search space differs per architecture (``Step.configs(arch)``, defined in ``steps``), because
 what is fast differs: Blackwell keeps the
 accumulator in tensor memory and likes 256x128 tiles; on Hopper those tiles spill registers
@@ -17,7 +19,8 @@ import os
 from pathlib import Path
 
 from .contract import next_pow2
-from .steps import Config
+from .launch import arch_of, launch
+from .steps import Config, Step, resolve_name
 
 _memory: dict = {}
 
@@ -65,7 +68,6 @@ def search(step, arch: str, q, k, v, causal: bool, *, reps: int = 10):
     """Time every configuration of the space on these inputs; return [(Config, ms)], fastest first."""
     import torch
 
-    from .launch import launch
     from .measure.timing import time_cuda
     scale = q.shape[-1] ** -0.5
     out = torch.empty_like(q)
@@ -82,7 +84,7 @@ def search(step, arch: str, q, k, v, causal: bool, *, reps: int = 10):
     return timings
 
 
-def choose(step, arch: str, q, k, causal: bool, v=None) -> Config:
+def choose(step, arch: str, q, k, causal: bool) -> Config:
     """The cached winner for this shape on this GPU, searching on first use."""
     import torch
     space = step.configs(arch)
@@ -104,3 +106,13 @@ def choose(step, arch: str, q, k, causal: bool, v=None) -> Config:
         _save(gpu)
     c = cache[key]
     return Config(c["TILE_M"], c["TILE_N"], **{h: c.get(h) for h in Config.HINTS})
+
+
+def resolve(step: str, q, k, causal: bool) -> tuple[Step, Config]:
+    """The Step object and the Config it runs with for these inputs on this GPU: "best"
+    resolved for the GPU's architecture, a tuned step's configuration chosen by ``choose``."""
+    arch = arch_of(q.device)
+    s = resolve_name(step, arch)
+    if s.tuned:
+        return s, choose(s, arch, q, k, causal)
+    return s, s.config_for(arch)

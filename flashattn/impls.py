@@ -35,7 +35,7 @@ _STEP_COLORS = {
     "autotune": "#17becf", "arch_tuned": "#9467bd", "warp_groups": "#6a3d9a",
 }
 _EXPERIMENT_COLORS = {
-    "lazy_rescale": "#8c564b", "pair": "#e377c2", "exp_poly": "#7f7f7f",
+    "lazy_rescale": "#8c564b", "pair": "#e377c2", "exp_poly": "#c49c94",
     "persistent": "#bc80bd", "unchecked_kv": "#aec7e8",
 }
 _LIBRARIES = (

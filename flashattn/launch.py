@@ -1,7 +1,8 @@
 """Launching the kernels: a step and a configuration, on validated tensors.
 
-    step, config = resolve("best", q, k, causal=True)     # which step, which tiles and hints
     launch(q, k, v, out, step, config, causal=True, scale=D ** -0.5)
+
+Which step and configuration to launch for given inputs is ``autotune.resolve``.
 
 ``flashattn.attention`` (in ``api``) validates inputs and calls these; the benchmarks, the
 profiler target and autotune call them directly on inputs they made.
@@ -9,7 +10,7 @@ profiler target and autotune call them directly on inputs they made.
 from __future__ import annotations
 
 from .kernels import FMHA, NAIVE, fmha_constants, fmha_grid, hinted, naive_constants
-from .steps import Config, Step, resolve_name
+from .steps import Config, Step
 
 NAIVE_SCRATCH_BYTES = 8 << 30   # S (fp32) + P for this many bytes of (batch, head) pairs at once
 
@@ -79,14 +80,3 @@ def launch(q, k, v, out, step: Step, config: Config, *, causal: bool, scale: flo
                                    input_pos=input_pos)
     ct.launch(torch.cuda.current_stream(), grid, kernel, args)
     return out
-
-
-def resolve(step: str, q, k, causal: bool) -> tuple[Step, Config]:
-    """The Step object and the Config it runs with for these inputs on this GPU
-    (a tuned step measures its search space on first use of a shape: ``autotune.choose``)."""
-    from . import autotune
-    arch = arch_of(q.device)
-    s = resolve_name(step, arch)
-    if s.tuned:
-        return s, autotune.choose(s, arch, q, k, causal)
-    return s, s.config_for(arch)

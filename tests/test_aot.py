@@ -7,8 +7,9 @@ import json
 
 import pytest
 
-from flashattn import STEP_NAMES
+from flashattn import EXPERIMENTS, STEP_NAMES
 from flashattn.aot import compile_step, main
+from flashattn.steps import Config
 
 pytestmark = pytest.mark.slow
 
@@ -77,3 +78,22 @@ def test_cli_json(capsys):
     assert main(["--arch", "sm_90", "--step", "baseline", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["meta"]["cuda_tile"] and doc["kernels"][0]["registers"] > 0
+
+
+@pytest.mark.parametrize("step", list(EXPERIMENTS))
+def test_every_experiment_compiles_for_hopper(step):
+    # Chapter 10's experiments did not pay, but they stay compilable so the book can show them.
+    for r in compile_step(step, "sm_90"):
+        assert not r.error, r.error
+        assert r.registers > 0 and r.sass["HGMMA"] > 0
+
+
+def test_worker_warps_hint_compiles_and_is_reported():
+    # num_worker_warps (a Config hint since the layout change): compiled for Hopper, and named
+    # in the report, so the cubin cache keeps it apart from the unhinted kernel.
+    c = Config(128, 128, occupancy=1, num_worker_warps=8)
+    (r,) = compile_step("arch_tuned", "sm_90", config=c)
+    assert not r.error, r.error
+    assert r.config == "128x128 occ=1 nww=8" and r.registers > 0
+    (plain,) = compile_step("arch_tuned", "sm_90", config=Config(128, 128, occupancy=1))
+    assert not plain.error and plain.config == "128x128 occ=1"

@@ -125,8 +125,9 @@ def no_work(monkeypatch):
             raise _WorkStarted(what)
         return f
     from flashattn import autotune, launch
-    for mod in (api, launch):           # api holds its own references to launch and resolve
+    for mod in (api, autotune):         # api holds its own references to launch and resolve
         monkeypatch.setattr(mod, "resolve", refuse("resolve"))
+    for mod in (api, launch, autotune):
         monkeypatch.setattr(mod, "launch", refuse("launch"))
     monkeypatch.setattr(autotune, "choose", refuse("autotune.choose"))
     empty = torch.empty

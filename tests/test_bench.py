@@ -1,4 +1,5 @@
-"""flashattn.bench, flashattn.env and flashattn.record: CPU tests, plus GPU runs on a tiny shape."""
+"""flashattn.measure.bench, flashattn.env and flashattn.measure.record: CPU tests, plus GPU runs
+on a tiny shape. (The row schema: flashattn.data.schema; the registry of names: test_impls.py.)"""
 import json
 import math
 import os
@@ -9,9 +10,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from flashattn import EXPERIMENTS, STEP_NAMES, bench, env, record
-from flashattn.bench import (DEFAULT_SEQLENS, LIBRARIES, ROW_FIELDS, add_derived, parse_args,
-                             parse_gqa, to_frame, workload_name)
+from flashattn import EXPERIMENTS, STEP_NAMES, env, impls
+from flashattn.contract import parse_gqa
+from flashattn.data import schema
+from flashattn.data.schema import ROW_FIELDS, add_derived, make_row, to_frame, workload_name
+from flashattn.measure import bench, record
+from flashattn.measure.bench import DEFAULT_SEQLENS, parse_args
+from flashattn.steps import Config
 
 REPO = Path(__file__).resolve().parent.parent
 HAS_GPU = torch.cuda.is_available()
@@ -32,6 +37,7 @@ def test_parse_defaults_are_the_seed_workload():
     assert (a["batch"], a["heads"], a["head_dim"], a["gqa"]) == (4, 32, 128, None)
     assert a["baselines"] == ["flash", "cudnn", "efficient", "math", "flex"]
     assert a["naive_max_n"] == 4096 and a["reps"] == 20
+    assert (a["method"], a["rounds"], a["inner"]) == ("rounds", 30, 10)
     assert a["_json"] is False and a["_out"] is None
 
 
@@ -50,11 +56,17 @@ def test_parse_options():
     assert parse_args(["--causal"])["causal"] is True
     assert parse_args(["--baselines", "none"])["baselines"] == []
     assert parse_args(["--steps", "none"])["steps"] == []
+    a = parse_args(["--steps", "arch_tuned,arch_tuned#2,arch_tuned@128x128:occ=1:nww=8",
+                    "--method", "interleaved", "--rounds", "5", "--inner", "3"])
+    assert a["steps"] == ["arch_tuned", "arch_tuned#2", "arch_tuned@128x128:occ=1:nww=8"]
+    assert (a["method"], a["rounds"], a["inner"]) == ("interleaved", 5, 3)
 
 
 @pytest.mark.parametrize("bad", [["--steps", "nope"], ["--baselines", "triton"],
                                  ["--seqlens", "1k"], ["--gqa", "32:5"], ["--gqa", "32"],
-                                 ["--dtype", "float32"]])
+                                 ["--dtype", "float32"], ["--method", "events"],
+                                 ["--steps", "baseline@64"], ["--steps", "baseline#x"],
+                                 ["--steps", "nope@64x64"]])
 def test_parse_errors(bad, capsys):
     with pytest.raises(SystemExit):
         parse_args(bad)
@@ -83,8 +95,10 @@ def test_workload_name(kw, name):
 def test_record_extra_workload_names():
     assert [record._extra_name(w, 32) for w in record.EXTRA_WORKLOADS] == [
         "fp16-full-d128", "bf16-causal-d128", "fp16-causal-d128-gqa32x8", "fp16-causal-d64"]
-    assert record.EXTRA_STEPS[0] == "baseline" and record.EXTRA_STEPS[-1] == "arch_tuned"
-    assert "autotune" in record.EXTRA_STEPS and "remap" not in record.EXTRA_STEPS
+    # baseline, then the steps from autotune on (the seed's last step and the book's).
+    assert record.EXTRA_STEPS[0] == "baseline" and record.EXTRA_STEPS[-1] == STEP_NAMES[-1]
+    assert {"autotune", "arch_tuned"} <= set(record.EXTRA_STEPS)
+    assert "remap" not in record.EXTRA_STEPS
     assert record.EXTRA_WORKLOADS[0]["seqlens"] == (1024, 2048, 4096, 8192, 16384)
 
 
@@ -99,9 +113,9 @@ def _synthetic_doc():
     rows = []
     for (impl, n), t in tf.items():
         kind = "library" if impl.startswith("sdpa") else "step"
-        rows.append(bench._row(impl, kind, N=n, tflops=t, median_ms=1.0, **sh))
-    rows.append(bench._row("naive", "step", N=512, error=bench.SKIP_NAIVE, **sh))
-    rows.append(bench._row("sdpa_math", "library", N=512, error="RuntimeError: boom", **sh))
+        rows.append(make_row(impl, kind, N=n, tflops=t, median_ms=1.0, **sh))
+    rows.append(make_row("naive", "step", N=512, error=bench.SKIP_NAIVE, **sh))
+    rows.append(make_row("sdpa_math", "library", N=512, error="RuntimeError: boom", **sh))
     meta = dict(gpu=None, workload=dict(name="fp16-causal-d64", B=1, Hq=2, Hkv=2, D=64,
                                         dtype="float16", causal=True, seqlens=[256, 512]))
     return dict(meta=meta, rows=add_derived(rows))
@@ -140,7 +154,7 @@ def test_to_frame_and_table():
     assert len(df) == len(doc["rows"]) and (df["workload"] == "fp16-causal-d64").all()
     assert df["tflops"].dtype.kind == "f" and df["speedup_prev"].dtype.kind == "f"
     assert to_frame(dict(meta={}, rows=[])).empty
-    table = bench.format_table(doc)
+    table = schema.format_table(doc)
     lines = table.splitlines()
     assert lines[0].startswith("fp16-causal-d64")
     assert [ln.split()[0] for ln in lines[2:11]] == [
@@ -152,7 +166,7 @@ def test_to_frame_and_table():
 def test_write_json_is_strict_and_atomic(tmp_path):
     doc = _synthetic_doc()
     doc["rows"][0]["max_abs_err"] = float("nan")
-    p = bench.write_json(tmp_path / "sub" / "x.json", doc)
+    p = schema.write_json(tmp_path / "sub" / "x.json", doc)
     assert json.loads(p.read_text())["rows"][0]["max_abs_err"] is None
     assert [f.name for f in p.parent.iterdir()] == ["x.json"]          # no temporary left
 
@@ -178,17 +192,31 @@ def test_reference_and_math_baseline_on_cpu(causal, hkv):
     if causal:
         s = s.masked_fill(torch.ones(37, 37, dtype=torch.bool).triu(1), float("-inf"))
     expect = s.softmax(-1) @ vv
-    assert ref.dtype == torch.float32
-    torch.testing.assert_close(ref, expect, atol=1e-5, rtol=1e-5)
-    fn, ctx = bench._library_fn("sdpa_math", "MATH", q, k, v, causal=causal, scale=scale)
+    assert ref.dtype == torch.float64                     # the check's yardstick is fp64
+    torch.testing.assert_close(ref.float(), expect, atol=1e-5, rtol=1e-5)
+    fn, ctx = bench.library_fn("sdpa_math", q, k, v, causal=causal, scale=scale)
     with ctx():
         torch.testing.assert_close(fn(), expect, atol=1e-5, rtol=1e-5)
 
 
 def test_library_table_names():
-    assert {b: LIBRARIES[b][0] for b in LIBRARIES} == {
+    assert impls.LIBRARY_OPTIONS == {
         "flash": "sdpa_flash", "cudnn": "sdpa_cudnn", "efficient": "sdpa_efficient",
         "math": "sdpa_math", "flex": "flex"}
+    assert bench.DEFAULT_BASELINES == tuple(impls.LIBRARY_OPTIONS)
+    for opt, name in impls.LIBRARY_OPTIONS.items():
+        i = impls.IMPLS[name]
+        assert (i.kind, i.option) == ("library", opt)
+        assert i.backend == "flex" or hasattr(torch.nn.attention.SDPBackend, i.backend), i
+
+
+def test_make_row_fills_the_schema():
+    r = make_row("baseline", "step", B=1, Hq=2, Hkv=1, N=64, D=16, dtype="float16", causal=1,
+                 tflops=3.0)
+    assert tuple(r) == ROW_FIELDS
+    assert (r["Nq"], r["Nk"], r["causal"], r["tflops"], r["error"]) == (64, 64, True, 3.0, None)
+    # bench writes rows with the schema's functions, not copies of them.
+    assert bench.make_row is make_row and bench.add_derived is add_derived
 
 
 # --- env -----------------------------------------------------------------------------------
@@ -266,7 +294,7 @@ def test_record_compile_quick(tmp_path):
         pytest.skip("cuobjdump not installed")
     rc = record.main(["--out", str(tmp_path), "--part", "compile", "--quick"])
     assert rc == 0
-    from flashattn import results
+    from flashattn.data import results
     r = results.load(tmp_path.name, root=tmp_path.parent)
     assert set(r.compile["arch"]) == {"sm_90", "sm_100"}
     assert (r.compile["step"] == "baseline").all()
@@ -296,8 +324,14 @@ def test_run_bench_tiny():
         assert r["config"]
     assert by["autotune"]["speedup_prev"] is None          # its predecessor (remap) not run
     if by["sdpa_cudnn"]["error"] is None:
-        assert by["baseline"]["ratio_cudnn"] == pytest.approx(
-            by["baseline"]["tflops"] / by["sdpa_cudnn"]["tflops"])
+        from flashattn.data.stats import ratio_ci
+        b, c = by["baseline"], by["sdpa_cudnn"]
+        # Timed in the same rounds: the paired ratio (median over rounds of cuDNN / baseline),
+        # close to the ratio of the medians, inside its interval.
+        assert b["ratio_cudnn"] == pytest.approx(ratio_ci(c["samples_ms"], b["samples_ms"])[0])
+        assert b["ratio_cudnn_lo"] <= b["ratio_cudnn"] <= b["ratio_cudnn_hi"]
+        assert b["ratio_cudnn"] == pytest.approx(b["tflops"] / c["tflops"], rel=0.1)
+        assert b["host_ms"] > 0
     df = to_frame(doc)
     assert len(df) == 4
 
@@ -316,16 +350,22 @@ def test_record_quick(tmp_path):
         doc = json.loads(f.read_text())
         assert doc["meta"]["gpu"] and doc["rows"]
         assert all(math.isfinite(r["tflops"]) for r in doc["rows"] if not r["error"])
-    from flashattn import results
+    from flashattn.data import results
     r = results.load(tmp_path.name, root=tmp_path.parent)
     assert not r.tflops_table("fp16-causal-d128-quick").empty
 
 
-def test_run_bench_bookkeeping_on_cpu_with_fakes(monkeypatch):
-    """run_bench's loop, rows and derived columns, with the GPU parts replaced by CPU fakes."""
-    from flashattn import api, steps, timing
+@pytest.fixture
+def cpu_fakes(monkeypatch):
+    """run_bench's GPU parts replaced by CPU fakes: the launch writes the fp32 reference, timing
+    returns 1 ms. Returns the names ``autotune.resolve`` was asked for."""
+    from flashattn import launch, steps
+    from flashattn.measure import timing
+    resolved = []
+    launches = {}      # name -> launches per sample that run_bench asked time_rounds for
 
     def fake_resolve(s, q, k, causal):
+        resolved.append(s)
         if s == "large_tiles":
             raise RuntimeError("fake compile failure\nsecond line")
         return steps.get_step("pair" if s == "best" else s), steps.Config(64, 128, occupancy=2)
@@ -334,15 +374,30 @@ def test_run_bench_bookkeeping_on_cpu_with_fakes(monkeypatch):
         out.copy_(bench.reference_output(q, k, v, causal=causal, scale=scale))
         return out
 
-    def fake_check(fn, ref, hr, reps):
+    def fake_check(fn, ref, hr, reps):        # bench._check without the CUDA events
         o = fn()
-        err = (o[:1, :hr].float() - ref).abs().max().item()
-        return dict(max_abs_err=err, reps=reps)
+        d = o[:1, :hr].double() - ref
+        return dict(max_abs_err=d.abs().max().item(),
+                    rel_rms_err=(d.square().mean().sqrt() / ref.square().mean().sqrt()).item(),
+                    reps=reps, est_ms=0.5)
 
     def fake_interleaved(fns, reps, **kw):
         for f in fns.values():
             f()
         return {n: timing.Timing(1.0, 1.0, 1.0, 1.0, 1.0, reps[n]) for n in fns}
+
+    def fake_rounds(fns, *, rounds=30, inner=10, **kw):
+        out = {}
+        launches.update(inner if isinstance(inner, dict) else dict.fromkeys(fns, inner))
+        for i, (n, f) in enumerate(fns.items()):
+            for _ in range(3):
+                f()                      # each call reads the next input set
+            samples = [1.0 + 0.01 * ((r * 7 + i) % 5) for r in range(rounds)]
+            t = timing.summarize(samples)
+            out[n] = timing.Timing(t.median_ms, t.min_ms, t.max_ms, t.q1_ms, t.q3_ms,
+                                   rounds * launches[n], samples=samples, ci_lo_ms=0.99,
+                                   ci_hi_ms=1.03, method="graph")
+        return out
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
@@ -352,11 +407,21 @@ def test_run_bench_bookkeeping_on_cpu_with_fakes(monkeypatch):
         torch.randn(B, Hq, N, D), torch.randn(B, Hkv, N, D), torch.randn(B, Hkv, N, D)))
     monkeypatch.setattr(bench, "_check", fake_check)
     monkeypatch.setattr(timing, "time_interleaved", fake_interleaved)
-    monkeypatch.setattr(api, "resolve", fake_resolve)
-    monkeypatch.setattr(api, "launch", fake_launch)
+    monkeypatch.setattr(timing, "time_rounds", fake_rounds)
+    monkeypatch.setattr(timing, "host_time", lambda fn, **kw: 2.5)   # fn: flashattn.attention
+    monkeypatch.setattr(launch, "arch_of", lambda device: "sm_90")
+    from flashattn import autotune
+    monkeypatch.setattr(autotune, "resolve", fake_resolve)
+    monkeypatch.setattr(launch, "launch", fake_launch)
+    return resolved
+
+
+def test_run_bench_bookkeeping_on_cpu_with_fakes(cpu_fakes):
+    """run_bench's loop, rows and derived columns, with the GPU parts replaced by CPU fakes."""
+    from flashattn.measure import timing
     doc = bench.run_bench(["naive", "baseline", "large_tiles", "best"], [32, 64], causal=True,
                           gqa="4:2", head_dim=16, batch=1, baselines=["math", "cudnn"], reps=3,
-                          progress=True, naive_max_n=32, name="fake")
+                          progress=True, naive_max_n=32, name="fake", method="interleaved")
     json.loads(bench.dumps(doc))
     assert doc["meta"]["workload"] == dict(name="fake", B=1, Hq=4, Hkv=2, D=16, dtype="float16",
                                            causal=True, seqlens=[32, 64])
@@ -378,3 +443,70 @@ def test_run_bench_bookkeeping_on_cpu_with_fakes(monkeypatch):
     assert by["baseline", 64]["speedup_prev"] is None
     assert by["baseline", 32]["ratio_cudnn"] is None
     assert torch.is_grad_enabled()   # restored
+
+
+def test_run_bench_variants_and_controls_on_cpu_with_fakes(cpu_fakes):
+    """A control copy ("STEP#2") is resolved as its step and gets its own row; a variant
+    ("STEP@config") runs pinned to its configuration, without resolving (no autotune)."""
+    doc = bench.run_bench(["baseline", "baseline#2", "arch_tuned@128x128:occ=1:nww=8"], [32],
+                          causal=True, head_dim=16, batch=1, heads=2, baselines=[], reps=3,
+                          progress=False, method="interleaved")
+    by = {r["impl"]: r for r in doc["rows"]}
+    assert set(by) == {"baseline", "baseline#2", "arch_tuned@128x128:occ=1:nww=8"}
+    assert all(r["error"] is None and r["max_abs_err"] < 1e-5 for r in by.values()), by
+    assert by["baseline#2"]["config"] == by["baseline"]["config"] == "64x128 occ=2"
+    assert by["arch_tuned@128x128:occ=1:nww=8"]["config"] == "128x128 occ=1 nww=8"
+    assert cpu_fakes == ["baseline", "baseline"]       # the variant was not resolved
+
+
+@pytest.mark.parametrize("name,step,pinned", [
+    ("baseline", "baseline", None),
+    ("baseline#3", "baseline", None),
+    ("best", "arch_tuned", None),
+    ("best#2", "arch_tuned", None),
+    ("arch_tuned@128x128:occ=1:nww=8", "arch_tuned", Config(128, 128, 1, None, 8)),
+    ("pair@64x64", "pair", Config(64, 64)),
+    ("remap@256x128 occ=1#2", "remap", Config(256, 128, occupancy=1)),
+])
+def test_step_of(name, step, pinned):
+    s, cfg = bench.step_of(name, "sm_90")
+    assert s.name == step and cfg == pinned
+    if pinned is not None:
+        # with_config un-tunes the step: a variant never searches.
+        assert not s.tuned and s.configs("sm_90") == [pinned] == s.configs("sm_100")
+
+
+def test_run_bench_rounds_method_on_cpu_with_fakes(cpu_fakes):
+    """The default method: per-round samples, their interval, the host time of a call, the
+    fp64 check's relative RMS error, all in the row; the method in the document's meta."""
+    doc = bench.run_bench(["baseline", "baseline#2"], [32], causal=False, head_dim=16, batch=1,
+                          heads=2, baselines=["math"], rounds=6, inner=2, progress=False)
+    json.loads(bench.dumps(doc))
+    assert doc["meta"]["method"]["name"] == "rounds"
+    assert (doc["meta"]["method"]["rounds"], doc["meta"]["method"]["inner"]) == (6, 2)
+    by = {r["impl"]: r for r in doc["rows"]}
+    assert set(by) == {"baseline", "baseline#2", "sdpa_math"}
+    for r in by.values():
+        assert r["error"] is None, r
+        assert set(r) == set(ROW_FIELDS)
+        assert r["method"] == "graph" and len(r["samples_ms"]) == 6
+        assert 6 <= r["reps"] <= 12                      # 1 to `inner` launches per sample
+        assert r["ci_lo_ms"] <= r["median_ms"] <= r["ci_hi_ms"]
+        assert r["host_ms"] == 2.5
+        assert r["max_abs_err"] < 1e-5 and r["rel_rms_err"] < 1e-5
+    with pytest.raises(ValueError, match="method"):
+        bench.run_bench(["baseline"], [32], method="events")
+
+
+def test_add_derived_ratio_interval_from_samples():
+    sh = dict(B=1, Hq=2, Hkv=2, D=64, dtype="float16", causal=True)
+    rows = [make_row("sdpa_cudnn", "library", N=256, tflops=200.0, samples_ms=[1.0, 1.1, 0.9],
+                     **sh),
+            make_row("baseline", "step", N=256, tflops=100.0, samples_ms=[2.0, 2.2, 1.8], **sh),
+            make_row("autotune", "step", N=256, tflops=150.0, **sh)]
+    by = {r["impl"]: r for r in add_derived(rows)}
+    b = by["baseline"]
+    assert b["ratio_cudnn"] == pytest.approx(0.5)
+    assert b["ratio_cudnn_lo"] <= 0.5 <= b["ratio_cudnn_hi"]
+    assert by["autotune"]["ratio_cudnn"] == pytest.approx(0.75)
+    assert by["autotune"]["ratio_cudnn_lo"] is None            # no samples, no interval

@@ -2,7 +2,7 @@
 banner, glue, code display, nbrun. (Interleaved timing: test_timing.py.)"""
 import json
 
-import nbformat
+import pytest
 
 from flashattn import chapter
 
@@ -23,6 +23,7 @@ def test_glue_returns_the_formatted_value():
 
 
 def test_nbrun_executes_a_notebook_and_keeps_outputs(tmp_path):
+    nbformat = pytest.importorskip("nbformat")     # not on the GPU host
     from flashattn.nbrun import run
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_markdown_cell("# t"),
@@ -42,15 +43,40 @@ def test_nbrun_executes_a_notebook_and_keeps_outputs(tmp_path):
     assert cells[3]["outputs"] == []
 
 
-def test_chapter_reexports_its_page():
-    from flashattn.chapter import page
+def test_chapter_reexports_its_modules():
+    import importlib
+    page, helpers = (importlib.import_module(f"flashattn.chapter.{m}") for m in ("page", "helpers"))
     for name in chapter.__all__:
+        src = page if hasattr(page, name) else helpers
+        assert getattr(chapter, name) is getattr(src, name), name
+    for name in ("setup", "glue", "show", "mode", "results", "banner_text", "gpu_available"):
         assert getattr(chapter, name) is getattr(page, name), name
 
 
 def test_show_wraps_kernel_source_show():
-    import pytest
     pytest.importorskip("IPython")
     from flashattn.kernels import source
     assert chapter.show("x = 1\n") is not None
     assert type(chapter.show("x = 1\n")) is type(source.show("x = 1\n"))
+
+
+def test_below_shows_a_small_error_as_a_bound():
+    assert chapter.below(3e-16, "1e-15") == "1e-15"
+    for bad in (1e-15, 2e-15, float("nan")):
+        with pytest.raises(AssertionError, match="not below 1e-15"):
+            chapter.below(bad, "1e-15")
+
+
+@pytest.mark.parametrize("step,N,input_pos", [("loop_split", 1000, 0), ("baseline", 512, 0),
+                                              ("remap", 300, 130), ("pair", 1024, 0)])
+def test_tile_kinds_is_the_emulated_schedule(step, N, input_pos):
+    from flashattn import reference
+    from flashattn.chapter.helpers import FULL, MASKED, SKIPPED
+    from flashattn.steps import Config
+    config = Config(128, 64)
+    kinds = chapter.tile_kinds(step, N, config, input_pos=input_pos)
+    assert kinds.shape == (-(-N // 128), -(-(N + input_pos) // 64))
+    c = reference.tile_counts(step, N, N + input_pos, causal=True, input_pos=input_pos,
+                              config=config)
+    assert c == dict(full=int((kinds == FULL).sum()), masked=int((kinds == MASKED).sum()),
+                     skipped=int((kinds == SKIPPED).sum()))

@@ -1,4 +1,5 @@
-"""flashattn.profile: the ncu command, report parsing (real tiny fixtures + fakes), the CLI."""
+"""flashattn.measure.ncu: the ncu command, report parsing (real tiny fixtures + fakes), the CLI."""
+import importlib
 import json
 import lzma
 import shutil
@@ -6,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from flashattn import profile as P
+from flashattn.measure import ncu as P
 
 FIX = Path(__file__).parent / "fixtures" / "profile"
 
@@ -21,9 +22,25 @@ def test_ncu_command_exact():
         "--section", "ComputeWorkloadAnalysis", "--section", "MemoryWorkloadAnalysis",
         "--metrics", "dram__bytes_read.sum,dram__bytes_write.sum,"
         "l1tex__t_bytes_pipe_lsu_mem_local_op_ld.sum,l1tex__t_bytes_pipe_lsu_mem_local_op_st.sum",
-        "-o", "/tmp/out/steps", "-f", "python3", "-m", "flashattn.profile_target",
+        "-o", "/tmp/out/steps", "-f", "python3", "-m", "flashattn.measure.target",
         "--step", "baseline,remap", "--seqlen", "4096", "--batch", "4", "--heads", "32",
         "--head-dim", "128", "--dtype", "float16", "--causal", "--gqa", "32:8"]
+
+
+def test_ncu_target_is_a_runnable_module():
+    # ncu runs `python -m <target>` from the repository root: the module must exist there.
+    import importlib.util
+    cmd = P.ncu_command(["baseline"], "x")
+    target = cmd[cmd.index("-m") + 1]
+    spec = importlib.util.find_spec(target)
+    assert spec is not None and spec.origin, target
+    assert Path(spec.origin).resolve().is_relative_to(P.REPO)
+    assert hasattr(importlib.import_module(target), "main")
+
+
+def test_repo_is_the_repository_root():
+    assert (P.REPO / "flashattn" / "measure" / "ncu.py").is_file()
+    assert (P.REPO / "results").is_dir()
 
 
 def test_ncu_command_kernel_filter_never_locks_clocks():

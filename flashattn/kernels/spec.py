@@ -38,7 +38,7 @@ class KernelSpec:
     arrays: tuple[Array, ...]
     scalars: tuple[tuple[str, type], ...]   # (name, float | int), runtime values
     constants: tuple[str, ...]              # ct.Constant parameters, compile-time values
-    _checked: list = field(default_factory=list, compare=False, repr=False)
+    _checked: list = field(default_factory=list, init=False, compare=False, repr=False)
 
     @property
     def params(self) -> tuple[str, ...]:
@@ -70,7 +70,10 @@ class KernelSpec:
             diff = [f"{i}: spec {a!r} vs kernel {b!r}" for i, (a, b) in
                     enumerate(zip(self.params, src)) if a != b]
             if len(src) != len(self.params):
-                diff.append(f"spec has {len(self.params)} parameters, kernel {len(src)}")
+                n = min(len(src), len(self.params))
+                diff.append(f"spec has {len(self.params)} parameters, kernel {len(src)}"
+                            f" (only in spec: {list(self.params[n:])}, only in kernel: "
+                            f"{list(src[n:])})")
             raise KernelContractError(f"kernel spec {self.name!r} does not match "
                                       f"{self.module}.{self.function}: " + "; ".join(diff))
         self._checked.append(True)

@@ -4,7 +4,7 @@
         [--batch 4 --heads 32 --head-dim 128 --dtype float16 --causal/--no-causal --gqa 32:8]
 
 For each step, in order: fresh random inputs, the step's configuration for them
-(``flashattn.launch.resolve``), one warm-up launch outside any NVTX range (JIT compilation, module
+(``flashattn.autotune.resolve``), one warm-up launch outside any NVTX range (JIT compilation, module
 load, and an autotune search for tuned steps all happen here), ``torch.cuda.synchronize()``, then
 exactly one launch inside the NVTX push/pop range ``step:NAME``, synchronized. ``ncu --nvtx
 --nvtx-include "regex:step:.*/"`` then profiles only the kernels of the measured launches, and
@@ -70,7 +70,8 @@ def run_step(name: str, *, seqlen: int, batch: int, heads: int, kv_heads: int, h
     """Warm up then launch step ``name`` once inside NVTX range ``step:NAME``; what ran."""
     import torch
 
-    from ..launch import launch, resolve
+    from ..autotune import resolve
+    from ..launch import launch
     torch.manual_seed(seed)
     dt = getattr(torch, dtype)
     dev = torch.device("cuda")

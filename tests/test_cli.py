@@ -1,0 +1,91 @@
+"""The command line, ``python -m flashattn COMMAND``: help for the package and every command,
+and the exit status of a mistake (argparse's 2). Run as a user runs it, in a subprocess."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from flashattn.__main__ import COMMANDS, build_parser, main
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def run(*args, module="flashattn"):
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def paragraphs(text: str) -> list[str]:
+    return [p.strip() for p in text.strip().split("\n\n") if p.strip()]
+
+
+@pytest.mark.parametrize("args", [["--help"], ["-h"], []])
+def test_package_help(args):
+    res = run(*args)
+    assert res.returncode == 0, res.stderr
+    out = res.stdout
+    assert out.startswith("usage: python -m flashattn")
+    assert "FlashAttention in cuTile" in out                   # the description
+    for name, (_, help_, example) in COMMANDS.items():
+        assert name in out and example in out, name
+        assert " ".join(help_.split()[:3]) in " ".join(out.split()), name
+
+
+@pytest.mark.parametrize("command", list(COMMANDS))
+def test_command_help(command):
+    res = run(command, "--help")
+    assert res.returncode == 0, f"{command} --help: exit {res.returncode}\n{res.stderr}"
+    ps = paragraphs(res.stdout)
+    assert ps and ps[0].startswith(f"usage: python -m flashattn {command}"), res.stdout[:300]
+    # argparse prints the description right after the usage.
+    assert len(ps) > 1 and not ps[1].startswith(("options:", "positional arguments:")), \
+        f"{command} --help prints no description:\n{res.stdout}"
+    assert len(ps[1].split()) >= 4, ps[1]
+    assert "-h, --help" in res.stdout
+
+
+@pytest.mark.parametrize("command", list(COMMANDS))
+def test_command_modules_have_a_main(command):
+    import importlib
+    module = COMMANDS[command][0]
+    assert callable(importlib.import_module(module).main), module
+    assert module.startswith("flashattn.")
+
+
+def test_commands_are_the_subparsers():
+    p = build_parser()
+    sub = next(a for a in p._actions if a.dest == "command")
+    assert list(sub.choices) == list(COMMANDS)
+    assert set(COMMANDS) == {"steps", "compile", "bench", "profile", "record", "info", "nbrun"}
+
+
+def test_unknown_command_exits_2():
+    res = run("benchmark")
+    assert res.returncode == 2
+    assert "unknown command 'benchmark'" in res.stderr
+    for name in COMMANDS:
+        assert name in res.stderr
+    assert main(["nope"]) == 2
+
+
+def test_bad_option_of_a_command_exits_2():
+    res = run("bench", "--steps", "fastest", "--seqlens", "256")
+    assert res.returncode == 2
+    assert "unknown step 'fastest'" in res.stderr
+
+
+def test_steps_command_lists_every_step_and_experiment(capsys):
+    from flashattn import EXPERIMENTS, STEP_NAMES
+    assert main(["steps"]) == 0
+    out = capsys.readouterr().out
+    names = [ln.split()[0] for ln in out.splitlines() if ln.strip() and not ln.endswith(":")]
+    assert names == [*STEP_NAMES, *EXPERIMENTS]
+
+
+def test_nbrun_module_still_runs_on_its_own():
+    res = run("--help", module="flashattn.nbrun")
+    assert res.returncode == 0, res.stderr
+    assert "notebook" in res.stdout
