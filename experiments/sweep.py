@@ -1,172 +1,78 @@
-"""Experiment driver for chapter 10: time (step, config) variants against cuDNN in one run.
+"""An experiment run (chapter 10): the benchmark on chosen variants, written under
+experiments/data/RUN/ as bench documents, one per workload.
 
-    python experiments/sweep.py --seqlens 4096,16384 --causal both \
-        --variant remap@64x128o2 --variant pair@64x128o2 ... --json out.json
+    python experiments/sweep.py 06-worker-warps --causal both --seqlens 1024,4096,16384 \
+        --steps arch_tuned,arch_tuned#2,arch_tuned@128x128:occ=1:nww=8 --baselines cudnn,flash
 
-A variant is STEP or STEP@TMxTN[oOCC][cCTAS]. Every variant and the library baselines are
-timed in the same process on the same inputs, interleaved per sequence length, so ratios
-are comparable even on a shared, noisy GPU. Results are printed as TFLOPS and as ratios to
-cuDNN, and written as JSON for experiments/LOG.md.
+This is ``python -m flashattn bench`` (``flashattn.measure.bench.run_bench``) run once per causal
+setting: every option after RUN, --causal, --prewarm and --force is the benchmark's own (steps,
+variants ``STEP@TMxTN:occ=N:ctas=N:nww=N``, control copies ``STEP#2``, --seqlens, --dtype,
+--gqa, --method, ...), so an experiment gets the same inputs, correctness check, timing method
+and file format (``flashattn.data.schema``, results/README.md) as the recorded dataset.
+``flashattn.data.results.load("h200").experiment(RUN)`` reads the run back. Record the
+hypothesis and prediction in experiments/LOG.md before running.
 """
 from __future__ import annotations
 
 import argparse
-import json
-import math
 import re
 import sys
-import time
+from pathlib import Path
 
-import torch
-import torch.nn.functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
-
-from flashattn.api import launch, resolve
-from flashattn.steps import Config, get_step
-from flashattn.timing import attention_flops, time_cuda, tflops
+DATA = Path(__file__).resolve().parent / "data"
+CAUSAL = {"yes": (True,), "no": (False,), "both": (True, False)}
 
 
-def parse_variant(v: str):
-    """STEP[+FLAG|-FLAG|+FLAG=INT ...][@TMxTN[oOCC][cCTAS]] -> (Step, Config or None)."""
-    from dataclasses import replace
-    spec, _, cfg = v.partition("@")
-    parts = re.split(r"(?=[+-])", spec)
-    step = get_step(parts[0])
-    flags = dict(step.flags)
-    for p in parts[1:]:
-        if "=" in p:
-            k, val = p[1:].split("=")
-            flags[k] = int(val)
-        else:
-            flags[p[1:]] = p[0] == "+"
-    step = replace(step, flags=flags)
-    step.flag_values()  # validates names
-    if not cfg:
-        return step, None
-    m = re.fullmatch(r"(\d+)x(\d+)(?:o(\d+))?(?:c(\d+))?", cfg)
-    if not m:
-        raise SystemExit(f"bad variant {v!r}")
-    tm, tn, occ, ctas = m.groups()
-    return step, Config(int(tm), int(tn), int(occ) if occ else None, int(ctas) if ctas else None)
+def parse_args(argv: list[str]):
+    """(sweep options, run_bench keyword arguments); SystemExit on a bad command line."""
+    from flashattn.measure import bench
+    p = argparse.ArgumentParser(
+        prog="python experiments/sweep.py", description=__doc__.splitlines()[0],
+        epilog="Other options are python -m flashattn bench's (see its --help).")
+    p.add_argument("run", help="name of the run: its folder under --data (e.g. 06-worker-warps)")
+    p.add_argument("--causal", choices=sorted(CAUSAL), default="both",
+                   help="causal masking: yes, no, or both (one document each; default both)")
+    p.add_argument("--prewarm", type=int, default=0, metavar="PROCS",
+                   help="compile every variant in PROCS processes first (FLASHATTN_PREWARM)")
+    p.add_argument("--data", default=str(DATA), help="where runs live (default %(default)s)")
+    p.add_argument("--force", action="store_true", help="overwrite the documents of a run")
+    a, rest = p.parse_known_args(argv)
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", a.run):
+        p.error(f"a run name is letters, digits, '.', '_' and '-', got {a.run!r}")
+    for opt in ("--no-causal", "--out", "--json"):
+        if any(x == opt or x.startswith(opt + "=") for x in rest):
+            p.error(f"{opt} is not a sweep option: use --causal yes|no|both; the run is written "
+                    f"to {a.data}/RUN/<workload>.json")
+    kw = bench.parse_args(rest)
+    for k in ("_json", "_out", "causal"):
+        kw.pop(k)
+    return a, kw
 
 
-def _warm(args):
-    """Compile one variant in a worker process (fills cuTile's disk cache for the parent)."""
-    var, causal, n, b, h, hkv, d, dtype = args
-    import torch
-    dt = getattr(torch, dtype)
-    q = torch.randn(b, h, n, d, device="cuda", dtype=dt)
-    k = torch.randn(b, hkv, n, d, device="cuda", dtype=dt)
-    step, cfg = parse_variant(var)
-    if cfg is None:
-        cfg = resolve(step.name, q, k, causal)[1]
-    t0 = time.perf_counter()
-    try:
-        launch(q, k, k, torch.empty_like(q), step, cfg, causal=causal, scale=d ** -0.5)
-        torch.cuda.synchronize()
-        return f"warm {var} causal={causal}: {time.perf_counter() - t0:.1f} s"
-    except Exception as e:
-        return f"warm {var} causal={causal}: FAILED {type(e).__name__}: {e}"[:300]
-
-
-def prewarm(variants, causals, n, b, h, hkv, d, dtype, procs):
-    import multiprocessing as mp
-    jobs = [(v, c, n, b, h, hkv, d, dtype) for v in variants for c in causals]
-    with mp.get_context("spawn").Pool(procs) as pool:
-        for line in pool.imap_unordered(_warm, jobs):
-            print(line, file=sys.stderr, flush=True)
-
-
-def main():
-    p = argparse.ArgumentParser()
-    p.add_argument("--seqlens", default="4096,16384")
-    p.add_argument("--causal", choices=["yes", "no", "both"], default="both")
-    p.add_argument("--variant", action="append", default=[])
-    p.add_argument("--batch", type=int, default=4)
-    p.add_argument("--heads", type=int, default=32)
-    p.add_argument("--kv-heads", type=int, default=None)
-    p.add_argument("--head-dim", type=int, default=128)
-    p.add_argument("--dtype", default="float16")
-    p.add_argument("--reps", type=int, default=20)
-    p.add_argument("--libs", default="cudnn,flash")
-    p.add_argument("--json")
-    p.add_argument("--prewarm", type=int, default=0, help="compile variants in N processes first")
-    a = p.parse_args()
-    dt = getattr(torch, a.dtype)
-    hkv = a.kv_heads or a.heads
-    causals = {"yes": [True], "no": [False], "both": [False, True]}[a.causal]
-    if a.prewarm:
-        t0 = time.perf_counter()
-        prewarm(a.variant, causals, min(int(x) for x in a.seqlens.split(",")), a.batch,
-                a.heads, hkv, a.head_dim, a.dtype, a.prewarm)
-        print(f"prewarm: {time.perf_counter() - t0:.1f} s", file=sys.stderr)
-    rows = []
-    for causal in causals:
-        for n in [int(x) for x in a.seqlens.split(",")]:
-            q = torch.randn(a.batch, a.heads, n, a.head_dim, device="cuda", dtype=dt)
-            k = torch.randn(a.batch, hkv, n, a.head_dim, device="cuda", dtype=dt)
-            v = torch.randn(a.batch, hkv, n, a.head_dim, device="cuda", dtype=dt)
-            out = torch.empty_like(q)
-            scale = a.head_dim ** -0.5
-            flops = attention_flops(a.batch, a.heads, n, n, a.head_dim, causal)
-            ref = None
-            impls = []
-            for lib in [x for x in a.libs.split(",") if x]:
-                be = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
-                      "efficient": SDPBackend.EFFICIENT_ATTENTION}[lib]
-
-                def fn(be=be):
-                    with sdpa_kernel(be):
-                        return F.scaled_dot_product_attention(q, k, v, is_causal=causal,
-                                                              enable_gqa=hkv != a.heads)
-                impls.append((f"sdpa_{lib}", "", fn))
-            for var in a.variant:
-                step, cfg = parse_variant(var)
-                if cfg is None:
-                    step, cfg = step, resolve(step.name, q, k, causal)[1]
-
-                def fn(step=step, cfg=cfg):
-                    return launch(q, k, v, out, step, cfg, causal=causal, scale=scale)
-                impls.append((var, cfg.label(), fn))
-            for label, cfg_label, fn in impls:
-                t0 = time.perf_counter()
-                try:
-                    o = fn()
-                    torch.cuda.synchronize()
-                    if ref is None and label.startswith("sdpa"):
-                        ref = o.float()
-                    err = (o.float() - ref).abs().max().item() if ref is not None else float("nan")
-                    tm = time_cuda(fn, warmup=3, reps=a.reps)
-                    row = dict(impl=label, config=cfg_label, N=n, causal=causal,
-                               median_ms=tm.median_ms, spread=tm.spread,
-                               tflops=tflops(flops, tm.median_ms), err_vs_lib=err, error="")
-                except Exception as e:
-                    row = dict(impl=label, config=cfg_label, N=n, causal=causal,
-                               median_ms=math.nan, spread=math.nan, tflops=math.nan,
-                               err_vs_lib=math.nan, error=f"{type(e).__name__}: {e}"[:300])
-                rows.append(row)
-                print(f"[{time.perf_counter() - t0:5.1f}s] {'causal' if causal else 'full  '} "
-                      f"N={n:<6} {label:<28} {row['tflops']:7.1f} TFLOPS  err {row['err_vs_lib']:.2g}"
-                      f" {row['error']}", file=sys.stderr, flush=True)
-    # Ratios to cuDNN in the same run.
-    for r in rows:
-        c = [x for x in rows if x["impl"] == "sdpa_cudnn" and x["N"] == r["N"]
-             and x["causal"] == r["causal"]]
-        r["ratio_cudnn"] = r["tflops"] / c[0]["tflops"] if c and c[0]["tflops"] else math.nan
-    print(f"{'impl':<28} {'causal':<6} " + " ".join(f"{n:>14}" for n in a.seqlens.split(",")))
-    for causal in causals:
-        for label in dict.fromkeys(r["impl"] for r in rows):
-            cells = []
-            for n in a.seqlens.split(","):
-                r = [x for x in rows if x["impl"] == label and x["N"] == int(n)
-                     and x["causal"] == causal]
-                cells.append(f"{r[0]['tflops']:6.0f} ({r[0]['ratio_cudnn']:.2f}x)" if r else "")
-            print(f"{label:<28} {str(causal):<6} " + " ".join(f"{c:>14}" for c in cells))
-    if a.json:
-        from flashattn.env import metadata
-        with open(a.json, "w") as f:
-            json.dump(dict(meta=metadata(" ".join(sys.argv)), rows=rows), f, indent=1)
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    from flashattn.data.schema import format_table, write_json
+    from flashattn.measure import bench
+    a, kw = parse_args(argv)
+    out = Path(a.data) / a.run
+    old = sorted(out.glob("*.json")) if out.is_dir() else []
+    if old and not a.force:
+        print(f"error: {out} already holds a run ({', '.join(f.name for f in old)}); "
+              "experiment data are records: choose a new name, or --force", file=sys.stderr)
+        return 2
+    command = " ".join(["python experiments/sweep.py", *argv])
+    for causal in CAUSAL[a.causal]:
+        try:
+            doc = bench.run_bench(**kw, causal=causal, command=command,
+                                  prewarm_procs=a.prewarm)
+        except RuntimeError as e:                 # no GPU: run_bench says so
+            print(f"error: {e}", file=sys.stderr)
+            return 1
+        path = write_json(out / f"{doc['meta']['workload']['name']}.json", doc)
+        print(format_table(doc))
+        print(f"wrote {path}", file=sys.stderr)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

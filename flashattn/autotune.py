@@ -64,22 +64,29 @@ def _save(gpu_name: str) -> None:
         pass  # a read-only home still tunes, just not across processes
 
 
-def search(step, arch: str, q, k, v, causal: bool, *, reps: int = 10):
-    """Time every configuration of the space on these inputs; return [(Config, ms)], fastest first."""
+def search(step, arch: str, q, k, v, causal: bool, *, rounds: int = 8, inner: int = 3):
+    """Time every configuration of the space on these inputs; return [(Config, ms, error)],
+    fastest first. The configurations are timed in alternation, as the benchmarks time
+    (``measure.timing.time_rounds``: CUDA-graph batches, a random order every round), so a
+    drifting GPU does not pick the winner."""
     import torch
 
-    from .measure.timing import time_cuda
+    from .measure.timing import time_rounds
     scale = q.shape[-1] ** -0.5
     out = torch.empty_like(q)
-    timings = []
-    for cfg in step.configs(arch):
-        fn = lambda: launch(q, k, v, out, step, cfg, causal=causal, scale=scale)  # noqa: E731
+    timings, fns = [], {}
+    for i, cfg in enumerate(step.configs(arch)):
+        fn = lambda cfg=cfg: launch(q, k, v, out, step, cfg, causal=causal, scale=scale)  # noqa: E731
         try:
-            ms = time_cuda(fn, warmup=2, reps=reps).median_ms
+            fn()                                  # compile; a failure skips this configuration
+            torch.cuda.synchronize()
         except Exception as e:  # a config that does not compile here is skipped, not fatal
             timings.append((cfg, float("inf"), f"{type(e).__name__}: {e}"[:200]))
             continue
-        timings.append((cfg, ms, ""))
+        fns[i] = (cfg, fn)
+    if fns:
+        timed = time_rounds({i: fn for i, (_, fn) in fns.items()}, rounds=rounds, inner=inner)
+        timings += [(cfg, timed[i].median_ms, "") for i, (cfg, _) in fns.items()]
     timings.sort(key=lambda t: t[1])
     return timings
 

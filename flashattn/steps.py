@@ -207,9 +207,11 @@ STEP_NAMES: tuple[str, ...] = tuple(STEPS)
 SEED_STEPS = tuple(s.name for s in _STEP_LIST if s.source == "seed")
 
 
-# The fastest step measured on each architecture (results/<gpu>/; chapter 10). Architectures
-# we have not measured get the same step: its search space there is the seed's or smaller.
-BEST_STEP: dict[str, str] = {"sm_90": "arch_tuned"}
+# The fastest step measured on each architecture (chapter 10; experiments/LOG.md E8: on the
+# H200 warp_groups' space holds arch_tuned's winner and the 128-row warp-group tiles that win at
+# D=256). Architectures we have not measured get arch_tuned: its space there is the seed's or
+# smaller, and warp_groups' space on them is arch_tuned's.
+BEST_STEP: dict[str, str] = {"sm_90": "warp_groups"}
 DEFAULT_BEST = "arch_tuned"
 
 

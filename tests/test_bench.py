@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from flashattn.steps import BEST_STEP
 import torch
 
 from flashattn import EXPERIMENTS, STEP_NAMES, env, impls
@@ -462,8 +464,8 @@ def test_run_bench_variants_and_controls_on_cpu_with_fakes(cpu_fakes):
 @pytest.mark.parametrize("name,step,pinned", [
     ("baseline", "baseline", None),
     ("baseline#3", "baseline", None),
-    ("best", "arch_tuned", None),
-    ("best#2", "arch_tuned", None),
+    ("best", BEST_STEP["sm_90"], None),
+    ("best#2", BEST_STEP["sm_90"], None),
     ("arch_tuned@128x128:occ=1:nww=8", "arch_tuned", Config(128, 128, 1, None, 8)),
     ("pair@64x64", "pair", Config(64, 64)),
     ("remap@256x128 occ=1#2", "remap", Config(256, 128, occupancy=1)),
