@@ -76,7 +76,8 @@ def seed_of(case_id: str) -> int:
 
 def run_step(step, q, k, v, causal, scale, input_pos):
     """Launch through the same path as attention(), on a NaN-poisoned output."""
-    from flashattn.launch import launch, resolve
+    from flashattn.autotune import resolve
+    from flashattn.launch import launch
     out = torch.full_like(q, math.nan)
     s, cfg = resolve(step, q, k, causal)
     launch(q, k, v, out, s, cfg, causal=causal, scale=scale, input_pos=input_pos)

@@ -120,7 +120,7 @@ def step_of(name: str, arch: str | None):
 
 
 def resolve_impl(name: str, q, k, causal: bool):
-    """(Step, Config) that ``name`` runs with on these inputs (``launch.resolve`` for plain names)."""
+    """(Step, Config) that ``name`` runs with on these inputs (``autotune.resolve`` for plain names)."""
     from ..autotune import resolve
     from ..launch import arch_of
     step, pinned = step_of(name, arch_of(q.device))
