@@ -58,12 +58,14 @@ def test_missing_tile_grid_loads_empty(tmp_path):
 
 # --- experiment runs: experiments/data/<run>/<workload>.json -----------------------------------
 def test_experiment_runs_are_bench_documents(r):
-    assert r.experiments == sorted(RUNS)
+    assert set(RUNS) <= set(r.experiments)
+    for name in r.experiments:                            # every run in experiments/data/
+        df = r.experiment(name)
+        assert set(ROW_FIELDS) <= set(df.columns) and len(df), name
     for name, n in RUNS.items():
         df = r.experiment(name)
         assert len(df) == n
-        assert set(ROW_FIELDS) <= set(df.columns)
-        assert set(df.workload) == {"fp16-causal-d128", "fp16-full-d128"}
+        assert set(df.workload) == set(df.document) == {"fp16-causal-d128", "fp16-full-d128"}
         assert (df.causal == (df.workload == "fp16-causal-d128")).all()
         assert (df.Nq == df.Nk).all() and set(df.B) == {4} and set(df.D) == {128}
         assert df.error.isna().all() and df.tflops.notna().all()

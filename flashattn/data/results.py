@@ -148,7 +148,7 @@ class Results:
 
     def experiment(self, name: str):
         """The bench rows of the experiment run ``name`` (``experiments/data/<name>/``): one
-        DataFrame over all its workloads, with a ``workload`` column, in the file order.
+        DataFrame over all its documents, with ``workload`` and ``document`` columns.
 
         Raises FileNotFoundError if there is no such run, ValueError if it was recorded on
         another GPU than this dataset's.
@@ -164,8 +164,12 @@ def _load_bench(d: Path):
     return _load_bench_docs(d / "bench")
 
 
-def _load_bench_docs(folder: Path):
-    """(DataFrame of every bench document in ``folder`` with a workload column, workload -> meta)."""
+def _load_bench_docs(folder: Path, *, by_file: bool = False):
+    """(DataFrame of every bench document in ``folder`` with a workload column, metas).
+
+    metas: workload -> meta; with ``by_file``, file stem -> meta and a ``document`` column (the
+    file stem), for folders that hold several documents of one workload (experiment runs).
+    """
     import pandas as pd
     frames, metas = [], {}
     for f in sorted(folder.glob("*.json")):
@@ -175,12 +179,14 @@ def _load_bench_docs(folder: Path):
         meta = doc.get("meta", {})
         name = (meta.get("workload") or {}).get("name") or f.stem
         meta.setdefault("workload", {})["name"] = name
-        metas[name] = meta
+        metas[f.stem if by_file else name] = meta
         df = to_frame(doc)
         df["workload"] = name
+        if by_file:
+            df["document"] = f.stem
         frames.append(df)
     if not frames:
-        return pd.DataFrame(columns=["workload"]), metas
+        return pd.DataFrame(columns=["workload", "document"] if by_file else ["workload"]), metas
     return pd.concat(frames, ignore_index=True), metas
 
 
@@ -283,16 +289,17 @@ def _experiment_dir(name: str, root=None) -> Path:
 
 
 def load_experiment(name: str, root=None):
-    """The rows of the experiment run ``name`` as one DataFrame (bench schema, ``workload``
-    column; every workload the run recorded, in file order). ``Results.experiment`` is the
-    same, checked against the dataset's GPU."""
-    df, _ = _load_bench_docs(_experiment_dir(name, root))
+    """The rows of the experiment run ``name`` as one DataFrame: every bench document of
+    ``experiments/data/<name>/`` in file order, with ``workload`` and ``document`` (the file's
+    stem; ``sweep.py`` names it after the workload) columns. ``Results.experiment`` is the same,
+    checked against the dataset's GPU."""
+    df, _ = _load_bench_docs(_experiment_dir(name, root), by_file=True)
     return df
 
 
 def load_experiment_meta(name: str, root=None) -> dict:
-    """workload -> meta of the experiment run ``name``."""
-    return _load_bench_docs(_experiment_dir(name, root))[1]
+    """document (file stem) -> meta of the experiment run ``name``."""
+    return _load_bench_docs(_experiment_dir(name, root), by_file=True)[1]
 
 
 def _experiment_gpu(metas: dict) -> str | None:
