@@ -20,6 +20,7 @@ def test_ncu_command_exact():
         "ncu", "--clock-control", "none", "--nvtx", "--nvtx-include", "regex:step:.*/",
         "--section", "LaunchStats", "--section", "Occupancy", "--section", "SpeedOfLight",
         "--section", "ComputeWorkloadAnalysis", "--section", "MemoryWorkloadAnalysis",
+        "--section", "WarpStateStats", "--section", "SchedulerStats",
         "--metrics", "dram__bytes_read.sum,dram__bytes_write.sum,"
         "l1tex__t_bytes_pipe_lsu_mem_local_op_ld.sum,l1tex__t_bytes_pipe_lsu_mem_local_op_st.sum",
         "-o", "/tmp/out/steps", "-f", "python3", "-m", "flashattn.measure.target",

@@ -45,7 +45,6 @@ def mask_scores(qk, offs_m, offs_n_tile, j, k_seqlen,
 # 2^f on [0, 1], degree 3, p(0) = 1, max relative error 8.6e-5 (below fp16's 4.9e-4 rounding of P).
 EXP2_POLY = (0.69511679, 0.22764499, 0.07706704)
 ROUND_MAGIC = 12582912.0          # 1.5 * 2^23: adding it rounds an fp32 in [-2^22, 2^22] to an integer
-ROUND_MAGIC_BITS = 0x4B400000     # its bit pattern: bits(t) - this = the rounded integer
 
 
 def exp2_fma(x):
@@ -55,15 +54,17 @@ def exp2_fma(x):
     straight into the exponent bits. n comes from the rounding of an fp32 add: adding
     1.5 * 2^23 to x - 0.5 leaves round(x - 0.5) = floor(x) (or floor(x) - 1 at integers, where
     f = 1 and the cubic gives 2) in the low mantissa bits, so no float-to-int conversion (F2I,
-    on the same pipe as MUFU) is needed. Below -127 it flushes to zero, like
-    exp2(flush_to_zero=True).
+    on the same pipe as MUFU) is needed. Below -126 the result is denormal or zero (the clamp at
+    -126.5 keeps n >= -127: one less and the exponent would wrap into a NaN), which the fp16 P
+    and flush-to-zero arithmetic treat as 0, like exp2(flush_to_zero=True).
     """
-    x = ct.maximum(x, -127.0)
+    x = ct.maximum(x, -126.5)
     t = (x - 0.5) + ROUND_MAGIC                                      # round(x - 0.5) in its bits
     n = t - ROUND_MAGIC                                              # floor(x), as a float
     f = x - n                                                        # [0, 1]
     p = ((EXP2_POLY[2] * f + EXP2_POLY[1]) * f + EXP2_POLY[0]) * f + 1.0
-    bits = ct.bitcast(p, ct.int32) + ((ct.bitcast(t, ct.int32) - ROUND_MAGIC_BITS) << 23)
+    # bits(t) = bits(1.5 * 2^23) + n, and bits(1.5 * 2^23) << 23 wraps to 0: n << 23 remains.
+    bits = ct.bitcast(p, ct.int32) + (ct.bitcast(t, ct.int32) << 23)
     return ct.bitcast(bits, ct.float32)
 
 

@@ -43,7 +43,7 @@ import time
 from pathlib import Path
 
 SECTIONS = ("LaunchStats", "Occupancy", "SpeedOfLight", "ComputeWorkloadAnalysis",
-            "MemoryWorkloadAnalysis")
+            "MemoryWorkloadAnalysis", "WarpStateStats", "SchedulerStats")
 # Collected on top of the sections: DRAM bytes for the roofline, local-memory (spill) traffic.
 EXTRA_METRICS = ("dram__bytes_read.sum", "dram__bytes_write.sum",
                  "l1tex__t_bytes_pipe_lsu_mem_local_op_ld.sum",
@@ -75,6 +75,11 @@ METRIC_PATTERNS = (
     r"^derived__local_spilling_requests(_pct)?$",
     r"^sass__inst_executed_register_spilling",
     r"^lts__t_sector_hit_rate\.pct$",
+    # WarpStateStats (why warps stall, per issued instruction) and SchedulerStats (issue rate)
+    r"^smsp__average_warps?_\w*stalled\w*$",
+    r"^smsp__average_warp_latency\w*$",
+    r"^smsp__issue_active\.avg\.(pct_of_peak_sustained_active|per_cycle_active)$",
+    r"^smsp__warps_(eligible|active)\.avg\.per_cycle_active$",
     r"^l1tex__t_sector_hit_rate\.pct$",
 )
 _METRIC_RE = re.compile("|".join(METRIC_PATTERNS))
