@@ -190,3 +190,17 @@ def test_loaders_return_dataframes(r):
     assert isinstance(r.experiment("04-persistent"), pd.DataFrame)
     assert isinstance(r.tile_grid, pd.DataFrame)
     assert isinstance(results.seed_b200(), pd.DataFrame)
+
+
+def test_only_folders_of_bench_documents_are_runs(tmp_path):
+    (tmp_path / "profiles").mkdir()
+    (tmp_path / "profiles" / "summary.json").write_text(
+        '{"meta": {}, "rows": [{"step": "a", "metric": "m", "value": 1}]}')
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "w.json").write_text(
+        '{"meta": {"workload": {"name": "w"}}, "rows": [{"impl": "baseline", "Nq": 1}]}')
+    assert results.list_experiments(tmp_path) == ["run"]
+    assert results.is_bench_doc({"rows": [{"impl": "x"}]})
+    assert not results.is_bench_doc({"rows": [{"step": "x"}]}) and not results.is_bench_doc(None)
+    with pytest.raises(FileNotFoundError, match="known: run"):
+        results.load_experiment("profiles", tmp_path)

@@ -164,6 +164,13 @@ def _load_bench(d: Path):
     return _load_bench_docs(d / "bench")
 
 
+def is_bench_doc(doc) -> bool:
+    """A bench document: ``{"meta": {...}, "rows": [{"impl": ..., ...}, ...]}``
+    (a profile summary or another experiment's table is not one)."""
+    rows = doc.get("rows") if isinstance(doc, dict) else None
+    return isinstance(rows, list) and all(isinstance(r, dict) and "impl" in r for r in rows)
+
+
 def _load_bench_docs(folder: Path, *, by_file: bool = False):
     """(DataFrame of every bench document in ``folder`` with a workload column, metas).
 
@@ -174,7 +181,7 @@ def _load_bench_docs(folder: Path, *, by_file: bool = False):
     frames, metas = [], {}
     for f in sorted(folder.glob("*.json")):
         doc = _read(f)
-        if not doc or "rows" not in doc:
+        if not is_bench_doc(doc):
             continue
         meta = doc.get("meta", {})
         name = (meta.get("workload") or {}).get("name") or f.stem
@@ -272,16 +279,18 @@ def _load_tile_grid(d: Path):
 # Experiment runs (chapter 10): bench documents under experiments/data/<run>/
 # ---------------------------------------------------------------------------------------------
 def list_experiments(root=None) -> list[str]:
-    """The experiment runs under ``experiments_root(root)``: folders holding bench documents."""
+    """The experiment runs under ``experiments_root(root)``: folders holding bench documents
+    (folders of other records, profile summaries or logs, are not runs)."""
     d = experiments_root(root)
     if not d.is_dir():
         return []
-    return sorted(x.name for x in d.iterdir() if x.is_dir() and any(x.glob("*.json")))
+    return sorted(x.name for x in d.iterdir()
+                  if x.is_dir() and any(is_bench_doc(_read(f)) for f in x.glob("*.json")))
 
 
 def _experiment_dir(name: str, root=None) -> Path:
     d = experiments_root(root) / name
-    if not d.is_dir() or not any(d.glob("*.json")):
+    if not d.is_dir() or not any(is_bench_doc(_read(f)) for f in d.glob("*.json")):
         known = ", ".join(list_experiments(root)) or "none"
         raise FileNotFoundError(f"no experiment run {name!r} under {experiments_root(root)} "
                                 f"(known: {known})")

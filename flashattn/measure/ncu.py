@@ -76,8 +76,8 @@ METRIC_PATTERNS = (
     r"^sass__inst_executed_register_spilling",
     r"^lts__t_sector_hit_rate\.pct$",
     # WarpStateStats (why warps stall, per issued instruction) and SchedulerStats (issue rate)
-    r"^smsp__average_warps?_\w*stalled\w*$",
-    r"^smsp__average_warp_latency\w*$",
+    r"^smsp__average_warps_issue_stalled_\w+_per_issue_active\.ratio$",
+    r"^smsp__average_warp_latency_per_inst_issued\.ratio$",
     r"^smsp__issue_active\.avg\.(pct_of_peak_sustained_active|per_cycle_active)$",
     r"^smsp__warps_(eligible|active)\.avg\.per_cycle_active$",
     r"^l1tex__t_sector_hit_rate\.pct$",
