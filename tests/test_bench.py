@@ -512,3 +512,24 @@ def test_add_derived_ratio_interval_from_samples():
     assert b["ratio_cudnn_lo"] <= 0.5 <= b["ratio_cudnn_hi"]
     assert by["autotune"]["ratio_cudnn"] == pytest.approx(0.75)
     assert by["autotune"]["ratio_cudnn_lo"] is None            # no samples, no interval
+
+
+def test_a_control_copy_gets_its_twins_batch_size(cpu_fakes, monkeypatch):
+    """Each batch starts after an L2 flush: a control timed with another batch size than its
+    twin would read a systematic gap. bench gives "X#2" the launches per sample of "X"."""
+    import itertools
+
+    from flashattn.measure import timing
+    est = itertools.cycle([0.5, 30.0])          # the twin estimates fast, the copy slow
+    real_check = bench._check
+    monkeypatch.setattr(bench, "_check", lambda fn, ref, hr, reps: dict(
+        real_check(fn, ref, hr, reps), est_ms=next(est)))
+    seen = {}
+    real_rounds = timing.time_rounds
+    def spy(fns, *, inner, **kw):
+        seen.update(inner)
+        return real_rounds(fns, inner=inner, **kw)
+    monkeypatch.setattr(timing, "time_rounds", spy)
+    bench.run_bench(["baseline", "baseline#2"], [32], batch=1, heads=2, baselines=[],
+                    rounds=4, inner=8, progress=False)
+    assert seen["baseline#2"] == seen["baseline"], seen

@@ -417,6 +417,9 @@ def run_bench(steps=None, seqlens=None, *, causal: bool = True, dtype: str = "fl
                     # lasts about SAMPLE_MS, at most ``inner`` launches.
                     per = {n: max(1, min(inner, round(SAMPLE_MS / e[4]["est_ms"])))
                            for n, e in entries.items()}
+                    # A control copy ("X#2") gets its twin's batch size: each batch starts
+                    # after an L2 flush, so a different batch size alone would bias the pair.
+                    per = {n: per.get(n.split("#")[0], v) for n, v in per.items()}
                     timed = time_rounds({n: in_ctx(e[2], e[3]) for n, e in entries.items()},
                                         rounds=rounds, inner=per, seed=N)
                 else:
