@@ -96,9 +96,11 @@ def test_workload_name(kw, name):
 
 def test_record_extra_workload_names():
     assert [record._extra_name(w, 32) for w in record.EXTRA_WORKLOADS] == [
-        "fp16-full-d128", "bf16-causal-d128", "fp16-causal-d128-gqa32x8", "fp16-causal-d64"]
+        "fp16-full-d128", "bf16-causal-d128", "fp16-causal-d128-gqa32x8", "fp16-causal-d64", "fp16-causal-d256"]
     # baseline, then the steps from autotune on (the seed's last step and the book's).
-    assert record.EXTRA_STEPS[0] == "baseline" and record.EXTRA_STEPS[-1] == STEP_NAMES[-1]
+    assert record.EXTRA_STEPS[0] == "baseline" and record.EXTRA_STEPS[-1] == record.CONTROL
+    assert STEP_NAMES[-1] in record.EXTRA_STEPS and "best" in record.EXTRA_STEPS
+    assert record.CONTROL in record.MAIN_STEPS and "remap@64x128:occ=2" in record.MAIN_STEPS
     assert {"autotune", "arch_tuned"} <= set(record.EXTRA_STEPS)
     assert "remap" not in record.EXTRA_STEPS
     assert record.EXTRA_WORKLOADS[0]["seqlens"] == (1024, 2048, 4096, 8192, 16384)

@@ -29,26 +29,33 @@ from pathlib import Path
 from ..data.schema import workload_name, write_json
 from ..env import command_line, gpu_slug, metadata
 from ..impls import STEP_IMPLS
-from ..steps import STEP_NAMES
-from .bench import run_bench
+from ..steps import HOPPER_LADDER, STEP_NAMES
+from .bench import DEFAULT_STEPS, run_bench
 
 PARTS = ("bench", "bench-extra", "profile", "compile")
 COMPILE_ARCHS = ("sm_90", "sm_100")
 PROFILE_N = 4096
 
+# Every recorded workload carries a control: the fastest step timed again as another row
+# (chapter 3: the two agree to within the measurement's resolution, or nothing is an effect).
+CONTROL = "best#2"
+# The default workload: every step, experiment and `best`, the control, and the seed's steps
+# replayed at a tile that does not spill on Hopper (chapters 6-8).
+MAIN_STEPS = (*DEFAULT_STEPS, CONTROL, *(name for name, _ in HOPPER_LADDER))
 # The extra workloads of chapter 10: steps from autotune on, the baseline, the libraries.
-EXTRA_STEPS = ("baseline", *STEP_NAMES[STEP_NAMES.index("autotune"):])
+EXTRA_STEPS = ("baseline", *STEP_NAMES[STEP_NAMES.index("autotune"):], "best", CONTROL)
 EXTRA_WORKLOADS = (
     dict(causal=False, dtype="float16", head_dim=128, gqa=None,
          seqlens=(1024, 2048, 4096, 8192, 16384)),
     dict(causal=True, dtype="bfloat16", head_dim=128, gqa=None, seqlens=(4096, 8192, 16384)),
     dict(causal=True, dtype="float16", head_dim=128, gqa=(32, 8), seqlens=(4096, 8192, 16384)),
     dict(causal=True, dtype="float16", head_dim=64, gqa=None, seqlens=(4096, 8192, 16384)),
+    dict(causal=True, dtype="float16", head_dim=256, gqa=None, seqlens=(4096, 8192, 16384)),
 )
 
 # --quick: a tiny shape, a few implementations; file names say "-quick".
 QUICK = dict(seqlens=(256,), batch=1, heads=2, reps=5)
-QUICK_STEPS = ("baseline", "best")
+QUICK_STEPS = ("baseline", "best", CONTROL)
 QUICK_BASELINES = ("cudnn", "flash")
 
 
@@ -68,14 +75,15 @@ def record_bench(out: Path, *, quick: bool = False, command: str | None = None) 
         kw = dict(QUICK, steps=list(QUICK_STEPS), baselines=list(QUICK_BASELINES))
         name = workload_name() + "-quick"
     else:
-        kw, name = {}, workload_name()
+        kw, name = dict(steps=list(MAIN_STEPS)), workload_name()
     doc = run_bench(causal=True, dtype="float16", command=command, name=name, **kw)
     return [write_json(out / "bench" / f"{name}.json", doc)]
 
 
 def record_bench_extra(out: Path, *, quick: bool = False, workloads: list[str] | None = None,
                        command: str | None = None) -> list[Path]:
-    """fp16-full-d128, bf16-causal-d128, fp16-causal-d128-gqa32x8, fp16-causal-d64."""
+    """fp16-full-d128, bf16-causal-d128, fp16-causal-d128-gqa32x8, fp16-causal-d64,
+    fp16-causal-d256."""
     written = []
     heads = QUICK["heads"] if quick else 32
     for w in EXTRA_WORKLOADS:
