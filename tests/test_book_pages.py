@@ -1,0 +1,428 @@
+"""Every measured number on the book's pages in ``book/`` comes from the recorded data.
+
+Two checks, CPU only, a second or two:
+
+1. **Typed numbers.** The prose of every page in ``book/`` (Markdown pages, and the Markdown cells
+   of notebook pages) may hold a number only where an entry of ``ALLOWED`` covers it and says why
+   it is not a measurement: a hardware limit, a software version, a chapter number, a tile shape
+   that names a configuration. Code (fenced blocks, inline code, whose digits are masked), glue
+   roles, cross-references, citations and link targets are not prose. A measured quantity
+   (registers, bytes, percentages from a profile, SASS counts, TFLOPS, times) has no entry: it
+   must be glued from the data, so a page cannot go stale by hand. Some entries also check the
+   number they allow (a tile shape must be one the data hold, a chapter must exist, the driver a
+   page names must be the recording's).
+2. **Glued numbers.** Notebook pages glue their values with ``flashattn.chapter.glue`` and quote
+   them with ``{glue:text}`` roles. Every glued value must equal what ``results/h200`` gives now
+   (the committed outputs are what the book renders: ``execute_notebooks`` is off), every role
+   must name a glued key, and every key must have a known source. Keys name their datum:
+
+   - ``p__STEP__METRIC``: the Nsight Compute metric of the step's kernel
+     (``results/h200/profiles/summary.json``);
+   - ``c__ARCH__STEP__FIELD``: a field of the step's compile report (``results/h200/compile/``);
+   - ``pm__KEY[__KEY...]``: the profile summary's meta; ``cm__ARCH__KEY``: a compile report's meta;
+   - anything else is arithmetic on those and must be in ``DERIVED``.
+
+``python -m pytest tests/test_book_pages.py -o addopts=""``. To check a page's old text, pass its
+path: ``BOOK_PAGES=/tmp/old/nsight_compute.md pytest tests/test_book_pages.py -o addopts=""``
+scans those files instead of ``book/``.
+"""
+from __future__ import annotations
+
+import ast
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+BOOK = ROOT / "book"
+GPU = "h200"
+GLUE_MIME = "application/papermill.record/text/plain"
+
+
+# ---------------------------------------------------------------------------------------------
+# The data
+# ---------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def data():
+    from flashattn.data import results
+    return results.load(GPU, root=ROOT / "results")
+
+
+def _tile_shapes(r) -> set[str]:
+    """Every M×N tile shape that the recorded data name (compile reports, tile grid, profiles)."""
+    shapes = set()
+    configs = list(r.compile.get("config", [])) + list(r.tile_grid.get("config", []))
+    configs += [v.get("config", "") for v in r.profile_meta.get("per_step", {}).values()]
+    for c in configs:
+        m = re.match(r"(\d+)x(\d+)", str(c))
+        if m:
+            shapes.add(f"{m[1]}×{m[2]}")
+    return shapes
+
+
+def _chapters() -> int:
+    """The number of chapters in _toc.yml (the numbered part: notebooks/NN_*)."""
+    return len(re.findall(r"file:\s*notebooks/\d+_", (ROOT / "_toc.yml").read_text()))
+
+
+# ---------------------------------------------------------------------------------------------
+# 1. Typed numbers
+# ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Allow:
+    """Numbers inside a match of ``pattern`` are not measurements, because of ``reason``.
+
+    A space in ``pattern`` matches any whitespace (prose wraps). ``check(match, r)`` returns an
+    error message when the number it allows is wrong, or None.
+    """
+    pattern: str
+    reason: str
+    check: Callable | None = None
+
+    @property
+    def regex(self) -> re.Pattern:
+        return re.compile(self.pattern.replace(" ", r"\s+"))
+
+
+def _check_shape(m, r):
+    shape = re.sub(r"\s", "", m[0])
+    return None if shape in _tile_shapes(r) else f"tile shape {shape} is not in the data"
+
+
+def _check_chapter(m, r):
+    n = _chapters()
+    bad = [int(x) for x in re.findall(r"\d+", m[0]) if not 1 <= int(x) <= n]
+    return f"no chapter {bad} (the toc has {n})" if bad else None
+
+
+def _check_meta(key):
+    def check(m, r):
+        have = str(r.meta.get(key) or "")
+        return None if have.startswith(m["v"]) else f"{key} {m['v']!r}, the data say {have!r}"
+    return check
+
+
+# Each entry: a phrase in which a number is not a measurement, and why. Keep it small and
+# specific: a number that is measured must be glued from the data, not allowed here.
+ALLOWED = (
+    # Hardware facts (NVIDIA's specifications), not measurements of ours.
+    Allow(r"(?:at most|limit is) 255", "the ISA's limit of registers per thread"),
+    Allow(r"(?:at most 64 warps|percentage of 64|64-warp limit|maximum \(64 on Hopper\))",
+          "Hopper's limit of 64 resident warps per SM"),
+    Allow(r"65,536 registers", "the register file of one SM (64 K 32-bit registers)"),
+    Allow(r"\(32 threads\)", "the warp size"),
+    Allow(r"Four consecutive warps \(128 threads\)", "the definition of a warpgroup"),
+    Allow(r"16 results per SM per clock", "MUFU throughput from the CUDA programming guide"),
+    Allow(r"about 989 TFLOPS|about 3\.9 tera-operations|some 250 times|"
+          r"At head dimension 128 each score costs \$4D = 512\$",
+          "the preface's roofline: H100/H200 spec sheet peak and arithmetic on the specs"),
+    Allow(r"95\s+% interval", "the confidence level of the book's intervals, a convention"),
+    # Formulas and notation.
+    Allow(r"\$4 \\cdot B \\cdot H \\cdot N\^2 \\cdot D / t\$|\$2 N\^2 D\$",
+          "the FLOP count of attention (the throughput convention)"),
+    Allow(r"\$2\^x\$|\$1/x\$", "the functions MUFU.EX2 and MUFU.RCP compute"),
+    # Names, identifiers and configurations.
+    Allow(r"FlashAttention-\d", "names of the FlashAttention papers"),
+    Allow(r"x86-64", "a name of the CPU architecture"),
+    Allow(r"\b\d{4}\.\d{5}\b", "arXiv identifiers"),
+    Allow(r"\d+×\d+", "a tile shape naming a configuration (it must be one the data hold)",
+          _check_shape),
+    Allow(r"[Cc]hapters? \d+(?:(?:–|, | and )\d+)*", "chapter numbers (they must exist)",
+          _check_chapter),
+    Allow(r"stages 1–3", "refers to the numbered list of stages above it"),
+    Allow(r"B = 4, H = 32, D = 128", "the seed's workload, a configuration"),
+    Allow(r"with 32 query heads and 8 K/V heads, query heads 0–3 read K/V head 0|group size 1",
+          "the glossary's example of grouped-query attention"),
+    # Software versions and requirements (not measurements); the recording's own are checked.
+    Allow(r"(?:CUDA|Python\*?\*?|cuda-tile(?:\[tileiras\])?|tileiras`?) (?:>= )?\d+(?:\.\d+)*"
+          r"(?:\.x)?(?: or newer)?|13\.3 or newer|accepts 13\.2 to 13\.4|toolkit \(13\.0\)",
+          "software versions that the book requires"),
+    Allow(r"ran driver (?P<v>\d+(?:\.\d+)*)", "the recording's driver", _check_meta("driver")),
+    Allow(r"torch (?P<v>\d+(?:\.\d+)*) built", "the recording's torch", _check_meta("torch")),
+    Allow(r"built for CUDA (?P<v>\d+(?:\.\d+)*)", "the recording's CUDA", _check_meta("cuda")),
+    Allow(r"Return code 5", "an error message quoted verbatim"),
+)
+
+NUMBER = re.compile(r"(?<![A-Za-z_\d.#])\d+(?:[.,]\d+)*")
+FENCE = re.compile(r"^\s*(`{3,}|~{3,}|:{3,})\s*(\{[^}]*\})?\s*(.*)$")
+CODE_DIRECTIVES = {"{code-cell}", "{code-block}", "{code}", "{sourcecode}", "{literalinclude}",
+                   "{glue:figure}", "{math}", "{raw}", "{eval-rst}", "{bibliography}"}
+ROLE_WITH_TITLE = re.compile(r"\{(?:doc|ref|numref|term|download)\}`([^`<]*?)\s*<[^`>]*>`")
+ROLE = re.compile(r"\{[\w:+.-]+\}`[^`]*`")
+INLINE_CODE = re.compile(r"(`+)((?:(?!\n\s*\n).)+?)\1", re.S)   # may wrap, not span paragraphs
+LINK = re.compile(r"(!?)\[([^\]]*)\]\([^)\s]*(?:\s+\"[^\"]*\")?\)")
+URL = re.compile(r"<https?://[^>]*>|https?://[^\s)>\]]+")
+
+
+def prose(text: str) -> str:
+    """``text`` (MyST Markdown) with everything that is not prose blanked; lines are kept, so line
+    numbers stay right. Inline code keeps its letters (patterns may need them) with digits masked
+    as ``#``; directive arguments (an admonition's title) and bodies stay: they are prose."""
+    lines = text.split("\n")
+    if lines and lines[0].strip() == "---":                       # front matter
+        end = next((i for i in range(1, len(lines)) if lines[i].strip() == "---"), 0)
+        lines[:end + 1] = [""] * (end + 1)
+    out, stack = [], []          # stack of open fences: (marker, is_code)
+    for line in lines:
+        m = FENCE.match(line)
+        in_code = any(code for _, code in stack)
+        if m and stack and m[1][0] == stack[-1][0][0] and len(m[1]) >= len(stack[-1][0]) \
+                and not m[2] and not m[3]:
+            stack.pop()                                             # a closing fence
+            out.append("")
+            continue
+        if m and not in_code:
+            marker, directive, arg = m[1], m[2], m[3]
+            is_code = marker[0] != ":" and (directive is None or directive in CODE_DIRECTIVES)
+            stack.append((marker, is_code))
+            out.append("" if is_code else arg)
+            continue
+        if in_code:
+            out.append("")
+        elif stack and re.match(r"^\s*:[\w-]+:", line):             # a directive's option
+            out.append("")
+        else:
+            out.append(line)
+    text = "\n".join(out)
+    text = re.sub(r"<!--.*?-->", lambda m: "\n" * m[0].count("\n"), text, flags=re.S)
+    text = re.sub(r"(?m)^\(.+\)=\s*$", "", text)                    # MyST targets
+    text = re.sub(r"(?m)^%.*$", "", text)                           # MyST comments
+    text = re.sub(r"(?m)^(\s*)\d+[.)](?=\s)", r"\1", text)          # numbered-list markers
+    text = re.sub(r"\[\^[^\]]+\]", "", text)                        # footnote references
+    text = re.sub(r"\{glue(?::\w+)?\}`[^`]*`", "GLUE", text)
+    text = ROLE_WITH_TITLE.sub(lambda m: m[1], text)
+    text = ROLE.sub("REF", text)
+    text = INLINE_CODE.sub(lambda m: re.sub(r"\d", "#", m[2]), text)
+    text = LINK.sub(lambda m: m[2], text)
+    return URL.sub("URL", text)
+
+
+def typed_numbers(text: str, r) -> list[tuple[int, str, str]]:
+    """(line, number, why) for each number in the prose of ``text`` that no ALLOWED entry
+    covers, or that an entry's check rejects."""
+    clean = prose(text)
+    flat = clean.replace("\n", " ")            # same length: offsets stay valid
+    covered, problems = [], []
+    for a in ALLOWED:
+        for m in a.regex.finditer(flat):
+            covered.append((m.start(), m.end()))
+            if a.check is not None and (err := a.check(m, r)):
+                problems.append((clean.count("\n", 0, m.start()) + 1, m[0], err))
+    for m in NUMBER.finditer(flat):
+        if not any(s <= m.start() and m.end() <= e for s, e in covered):
+            line = clean.count("\n", 0, m.start()) + 1
+            ctx = flat[max(0, m.start() - 40):m.end() + 40].strip()
+            problems.append((line, m[0], f"typed by hand in “…{ctx}…”"))
+    return sorted(problems)
+
+
+def book_pages() -> list[Path]:
+    """The pages to scan: ``book/*.md`` and ``book/*.ipynb``, or ``$BOOK_PAGES`` (paths separated
+    by ``os.pathsep``) to check other text, e.g. a page's old version."""
+    env = os.environ.get("BOOK_PAGES")
+    if env:
+        return [Path(p) for p in env.split(os.pathsep) if p]
+    return sorted(BOOK.glob("*.md")) + sorted(BOOK.glob("*.ipynb"))
+
+
+def markdown_parts(page: Path) -> list[tuple[str, str]]:
+    """(where, Markdown text) of a page: the file, or each Markdown cell of a notebook."""
+    if page.suffix == ".ipynb":
+        nb = json.loads(page.read_text(encoding="utf-8"))
+        return [(f"{page.name} cell {i}", "".join(c["source"]))
+                for i, c in enumerate(nb["cells"]) if c["cell_type"] == "markdown"]
+    return [(page.name, page.read_text(encoding="utf-8"))]
+
+
+def _page_id(p: Path) -> str:
+    return p.name
+
+
+@pytest.mark.parametrize("page", book_pages(), ids=_page_id)
+def test_no_typed_measurements(page, data):
+    problems = [f"{where}, line {line}: {num!r}: {why}"
+                for where, text in markdown_parts(page)
+                for line, num, why in typed_numbers(text, data)]
+    assert not problems, (
+        f"{page.name} quotes numbers that do not come from the data. Glue measured values "
+        f"from results/{GPU} (flashattn.chapter.glue + {{glue:text}}); add a non-measurement to "
+        f"ALLOWED in {Path(__file__).name} with its reason.\n  " + "\n  ".join(problems))
+
+
+def test_prose_extraction():
+    """What the scan sees and what it skips."""
+    text = "\n".join([
+        "(label)=",
+        "# Title 7",
+        "1. item with 3 things, `--launch-count 1` and {glue:text}`p__baseline__x:.1f` %",
+        "See [chapter 5](../notebooks/05_x.ipynb) and {doc}`the trap <../notebooks/05_x>`.",
+        "```bash",
+        "ncu --launch-count 1",
+        "```",
+        ":::{admonition} Return code 9",
+        ":class: warning",
+        "body 42",
+        ":::",
+        "<!-- 17 -->",
+        "% a comment, 18",
+    ])
+    lines = prose(text).split("\n")
+    assert len(lines) == 13
+    assert [NUMBER.findall(x) for x in lines] == [[], ["7"], ["3"], ["5"], [], [], [], ["9"], [],
+                                                  ["42"], [], [], []]
+
+
+def test_allowed_entries_are_used():
+    """No dead entries: every ALLOWED phrase occurs on some page (of book/, not $BOOK_PAGES)."""
+    texts = [prose(t).replace("\n", " ")
+             for p in sorted(BOOK.glob("*.md")) + sorted(BOOK.glob("*.ipynb"))
+             for _, t in markdown_parts(p)]
+    unused = [a.pattern for a in ALLOWED if not any(a.regex.search(t) for t in texts)]
+    assert not unused, f"ALLOWED entries that no page uses (remove them): {unused}"
+
+
+# ---------------------------------------------------------------------------------------------
+# 2. Glued numbers
+# ---------------------------------------------------------------------------------------------
+def _profile_row(r, step):
+    rows = r.profile[r.profile["step"] == step]
+    assert len(rows) == 1, f"{len(rows)} profiled kernels for step {step!r} (want one)"
+    return rows.iloc[0]
+
+
+def _compile_row(r, arch, step):
+    rows = r.compile[(r.compile["arch"] == arch) & (r.compile["step"] == step)]
+    assert len(rows) == 1, f"{len(rows)} compiled kernels for {arch} {step!r} (want one)"
+    return rows.iloc[0]
+
+
+def _metric(r, step, metric):
+    return _profile_row(r, step)[metric]
+
+
+# Glue keys whose value is arithmetic on the data: key -> value from the dataset. Each must be
+# what the page's hidden cell computes.
+DERIVED: dict[str, Callable] = {
+    # one warp's registers: allocated registers per thread x the warp's 32 threads
+    "nc_bl_warp_regs": lambda r: 32 * _metric(r, "baseline",
+                                              "launch__registers_per_thread_allocated"),
+    # warps that fit in the 65,536-register file of an SM
+    "nc_bl_warps_fit": lambda r: 65536 // DERIVED["nc_bl_warp_regs"](r),
+    "nc_bl_smem_kib": lambda r: _metric(r, "baseline",
+                                        "launch__shared_mem_per_block_static") / 1024,
+    "nc_lt_local_gb": lambda r: (_metric(r, "large_tiles",
+                                         "l1tex__t_bytes_pipe_lsu_mem_local_op_ld.sum")
+                                 + _metric(r, "large_tiles",
+                                           "l1tex__t_bytes_pipe_lsu_mem_local_op_st.sum")) / 1e9,
+    "nc_lt_dram_write_gb": lambda r: _metric(r, "large_tiles", "dram__bytes_write.sum") / 1e9,
+    "nc_bl_dram_write_gb": lambda r: _metric(r, "baseline", "dram__bytes_write.sum") / 1e9,
+}
+
+
+def expected_value(key: str, r):
+    """What the data give for glue key ``key`` (see the module docstring for the names)."""
+    parts = key.split("__")
+    if parts[0] == "p" and len(parts) >= 3:
+        return _metric(r, parts[1], "__".join(parts[2:]))
+    if parts[0] == "c" and len(parts) == 4:
+        return _compile_row(r, parts[1], parts[2])[parts[3]]
+    if parts[0] in ("pm", "cm") and len(parts) >= 2:
+        v = r.profile_meta if parts[0] == "pm" else r.compile_meta
+        for p in parts[1:]:
+            v = v[p]
+        return v
+    if key in DERIVED:
+        return DERIVED[key](r)
+    raise KeyError(f"glue key {key!r} has no known source: name it p__/c__/pm__/cm__ or add it "
+                   f"to DERIVED")
+
+
+def glued_values(nb: dict) -> dict[str, object]:
+    """key -> value of every ``glue`` output in a notebook."""
+    out = {}
+    for cell in nb["cells"]:
+        for o in cell.get("outputs", []):
+            name = (o.get("metadata", {}).get("scrapbook") or {}).get("name")
+            if name is None:
+                continue
+            assert GLUE_MIME in o.get("data", {}), f"glue {name!r} has no text/plain value"
+            text = o["data"][GLUE_MIME]
+            text = "".join(text) if isinstance(text, list) else text
+            out[name] = ast.literal_eval(text)
+    return out
+
+
+GLUE_ROLE = re.compile(r"\{glue(?::(\w+))?\}`([^`]+)`")
+
+
+def glue_roles(nb: dict) -> list[tuple[str, str | None]]:
+    """(key, format spec or None) of every glue role in the Markdown cells."""
+    roles = []
+    for cell in nb["cells"]:
+        if cell["cell_type"] != "markdown":
+            continue
+        for kind, content in GLUE_ROLE.findall("".join(cell["source"])):
+            key, spec = content, None
+            if kind == "text" and ":" in content:
+                key, spec = content.rsplit(":", 1)
+            roles.append((key, spec))
+    return roles
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool):
+        return float(a) == float(b) or abs(float(a) - float(b)) <= 1e-12 * max(abs(float(b)), 1)
+    return a == b
+
+
+NOTEBOOK_PAGES = [p for p in book_pages() if p.suffix == ".ipynb"]
+
+
+@pytest.mark.skipif(not NOTEBOOK_PAGES, reason="no notebook pages in book/")
+@pytest.mark.parametrize("page", NOTEBOOK_PAGES, ids=_page_id)
+def test_glued_values_are_the_data(page, data):
+    nb = json.loads(page.read_text(encoding="utf-8"))
+    glued = glued_values(nb)
+    assert glued, f"{page.name} glues nothing: execute it (jupyter execute --inplace)"
+    wrong = []
+    for key, value in glued.items():
+        try:
+            want = expected_value(key, data)
+        except (KeyError, AssertionError) as e:
+            wrong.append(f"{key}: {e}")
+            continue
+        if hasattr(want, "item"):
+            want = want.item()
+        if not _same(value, want):
+            wrong.append(f"{key}: the page says {value!r}, the data give {want!r}")
+    assert not wrong, (f"{page.name}: glued values that are not the data (re-execute the page, "
+                       f"or fix its hidden cell):\n  " + "\n  ".join(wrong))
+
+
+@pytest.mark.skipif(not NOTEBOOK_PAGES, reason="no notebook pages in book/")
+@pytest.mark.parametrize("page", NOTEBOOK_PAGES, ids=_page_id)
+def test_glue_roles_name_glued_keys(page):
+    nb = json.loads(page.read_text(encoding="utf-8"))
+    glued = glued_values(nb)
+    roles = glue_roles(nb)
+    missing = sorted({k for k, _ in roles if k not in glued})
+    assert not missing, f"{page.name}: glue roles without a glued value: {missing}"
+    for key, spec in roles:
+        if spec:
+            format(glued[key], spec)     # raises if the spec does not fit the value
+    unused = sorted(set(glued) - {k for k, _ in roles})
+    assert not unused, f"{page.name}: glued but never quoted: {unused}"
+
+
+def test_book_pages_in_toc():
+    """Every page in book/ is in _toc.yml (a page outside it is not built, and not checked)."""
+    toc = (ROOT / "_toc.yml").read_text()
+    pages = {p.stem for p in BOOK.glob("*.md")} | {p.stem for p in BOOK.glob("*.ipynb")}
+    missing = sorted(p for p in pages
+                     if not re.search(rf"(?:file|root):\s*book/{p}\s*$", toc, re.M))
+    assert not missing, f"pages in book/ missing from _toc.yml: {missing}"
