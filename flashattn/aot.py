@@ -117,6 +117,46 @@ def _source_hash() -> str:
     return h.hexdigest()[:16]
 
 
+def compile_spec(spec, arch: str, constants: dict, *, hints: dict | None = None,
+                 dtype: str = "float16", align: int = 8, label: str = "", step: str = "",
+                 use_cache: bool = True, keep_sass: bool = False) -> KernelReport:
+    """Compile one kernel (a ``KernelSpec`` with its constants by name) for ``arch`` and read
+    the cubin back. Any kernel of the package can be compiled this way, step or not (the
+    backward and decoding kernels are not steps). Errors go to ``KernelReport.error``."""
+    from cuda.tile.compilation import export_kernel
+    if arch not in ARCHS:
+        raise ValueError(f"unknown arch {arch!r}; choose from {', '.join(ARCHS)}")
+    hints = dict(hints or {})
+    rep = KernelReport(step=step or spec.name, arch=arch, kernel=spec.name,
+                       config=label or " ".join(f"{k}={v}" for k, v in hints.items()))
+    key = hashlib.sha256(json.dumps([_source_hash(), spec.name, sorted(constants.items()),
+                                     sorted(hints.items()), arch, dtype, align],
+                                    default=str).encode())
+    cubin = _cache_dir() / f"{spec.name}-{arch}-{key.hexdigest()[:20]}.cubin"
+    t0 = time.perf_counter()
+    try:
+        if not (use_cache and cubin.exists()):
+            kernel = hinted(spec.kernel(), hints)
+            sig = spec.signature(dtype=dtype, align=align, constants=constants)
+            cubin.parent.mkdir(parents=True, exist_ok=True)
+            tmp = cubin.with_suffix(f".tmp{os.getpid()}")
+            export_kernel(kernel, [sig], str(tmp), gpu_code=arch, output_format="cubin")
+            tmp.replace(cubin)
+        rep.compile_s = time.perf_counter() - t0
+        rep.cubin_bytes = cubin.stat().st_size
+        a = analyze_cubin(cubin)
+        rep.registers, rep.stack_bytes, rep.shared_bytes = (
+            a["registers"], a["stack_bytes"], a["shared_bytes"])
+        rep.sass, rep.sass_lines = a["sass"], a["sass_lines"]
+        if keep_sass:
+            rep.sass_text = a["sass_text"]  # type: ignore[attr-defined]
+    except Exception as e:  # report, don't crash: the table shows which variant failed
+        rep.compile_s = time.perf_counter() - t0
+        msg = str(e).strip()
+        rep.error = f"{type(e).__name__}: {msg.splitlines()[-1] if msg else ''}"[:500]
+    return rep
+
+
 def compile_step(name: str, arch: str, *, config: Config | None = None, head_dim: int = 128,
                  causal: bool = True, even_k: bool = True, dtype: str = "float16",
                  use_cache: bool = True, keep_sass: bool = False) -> list[KernelReport]:
@@ -124,42 +164,16 @@ def compile_step(name: str, arch: str, *, config: Config | None = None, head_dim
 
     Compilation errors are reported in ``KernelReport.error``, not raised.
     """
-    from cuda.tile.compilation import export_kernel
     if arch not in ARCHS:
         raise ValueError(f"unknown arch {arch!r}; choose from {', '.join(ARCHS)}")
     step = get_step(name)
     cfg = config or step.configs(arch)[0]
-    reports = []
-    for spec in specs_of(step):
-        kname = spec.name
-        rep = KernelReport(step=name, arch=arch, kernel=kname, config=cfg.label())
-        key = hashlib.sha256(json.dumps([_source_hash(), kname, step.flag_values(), cfg.label(),
-                                         arch, head_dim, causal, even_k, dtype]).encode())
-        cubin = _cache_dir() / f"{kname}-{arch}-{key.hexdigest()[:20]}.cubin"
-        t0 = time.perf_counter()
-        try:
-            if not (use_cache and cubin.exists()):
-                kernel = hinted(spec.kernel(), cfg.hints())
-                sig = spec.signature(dtype=dtype, align=8 if head_dim % 8 == 0 else 1,
-                                     constants=constants_for(spec, step, cfg, head_dim=head_dim,
-                                                             causal=causal, even_k=even_k))
-                cubin.parent.mkdir(parents=True, exist_ok=True)
-                tmp = cubin.with_suffix(f".tmp{os.getpid()}")
-                export_kernel(kernel, [sig], str(tmp), gpu_code=arch, output_format="cubin")
-                tmp.replace(cubin)
-            rep.compile_s = time.perf_counter() - t0
-            rep.cubin_bytes = cubin.stat().st_size
-            a = analyze_cubin(cubin)
-            rep.registers, rep.stack_bytes, rep.shared_bytes = (
-                a["registers"], a["stack_bytes"], a["shared_bytes"])
-            rep.sass, rep.sass_lines = a["sass"], a["sass_lines"]
-            if keep_sass:
-                rep.sass_text = a["sass_text"]  # type: ignore[attr-defined]
-        except Exception as e:  # report, don't crash: the table shows which variant failed
-            rep.compile_s = time.perf_counter() - t0
-            rep.error = f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"[:500]
-        reports.append(rep)
-    return reports
+    return [compile_spec(spec, arch,
+                         constants_for(spec, step, cfg, head_dim=head_dim, causal=causal,
+                                       even_k=even_k),
+                         hints=cfg.hints(), dtype=dtype, align=8 if head_dim % 8 == 0 else 1,
+                         label=cfg.label(), step=name, use_cache=use_cache, keep_sass=keep_sass)
+            for spec in specs_of(step)]
 
 
 def sass_of(name: str, arch: str, **kw) -> str:
