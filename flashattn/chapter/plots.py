@@ -254,6 +254,97 @@ def profile_table(profile_df, steps=None, styled=True):
         return table
 
 
+# The Nsight Compute card of a step chapter: the three sections the book is built around.
+CARD_SECTIONS = {
+    "LaunchStats": [
+        ("registers / thread", "launch__registers_per_thread", "{:.0f}"),
+        ("threads / program", "launch__block_size", "{:.0f}"),
+        ("shared memory / program (KB)", "smem_kb", "{:.1f}"),
+        ("grid (programs)", "launch__grid_size", "{:,.0f}"),
+        ("waves per SM", "launch__waves_per_multiprocessor", "{:.2f}"),
+        ("local memory (spill) bytes", "local_bytes", "{:,.0f}"),
+    ],
+    "Occupancy": [
+        ("programs / SM: register limit", "launch__occupancy_limit_registers", "{:.0f}"),
+        ("programs / SM: shared-memory limit", "launch__occupancy_limit_shared_mem", "{:.0f}"),
+        ("theoretical occupancy %", "sm__maximum_warps_per_active_cycle_pct", "{:.1f}"),
+        ("achieved occupancy %", "sm__warps_active.avg.pct_of_peak_sustained_active", "{:.1f}"),
+    ],
+    "SpeedOfLight": [
+        ("duration (ms)", "duration_ms", "{:.3f}"),
+        ("SM throughput %", "sm__throughput.avg.pct_of_peak_sustained_elapsed", "{:.1f}"),
+        ("memory throughput %",
+         "gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed", "{:.1f}"),
+        ("DRAM throughput %", "gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed", "{:.1f}"),
+        ("tensor pipe %", "tensor_pct", "{:.1f}"),
+    ],
+    "WarpStateStats": [   # recorded since the stall reasons were added; absent before
+        ("stall: waiting for memory (long scoreboard)",
+         "smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio", "{:.2f}"),
+        ("stall: barrier", "smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio",
+         "{:.2f}"),
+        ("stall: math pipe throttle",
+         "smsp__average_warps_issue_stalled_math_pipe_throttle_per_issue_active.ratio", "{:.2f}"),
+        ("issue slots busy %", "smsp__issue_active.avg.pct_of_peak_sustained_active", "{:.1f}"),
+    ],
+}
+
+
+def ncu_card(profile_df, step, prev=None, *, highlight=(), styled=True):
+    """The Nsight Compute card of a chapter: LaunchStats, Occupancy and SpeedOfLight (and the
+    stall reasons when recorded) of ``step`` beside ``prev`` (its predecessor), from the recorded
+    profile (``results.load(gpu).profile``).
+
+    ``highlight``: labels of the rows that carry the chapter's argument (e.g.
+    ``("local memory (spill) bytes", "SM throughput %")``); they are shaded and bold. Returns a
+    pandas Styler (or the DataFrame with ``styled=False``): rows (section, metric), columns the
+    two steps and their ratio. Raises KeyError if a step was not profiled.
+    """
+    import pandas as pd
+    steps = [s for s in (prev, step) if s is not None]
+    d = per_step(profile_df, steps)
+    have = set(d["step"]) if not d.empty else set()
+    missing = [s for s in steps if s not in have]
+    if missing:
+        raise KeyError(f"no recorded profile for {', '.join(missing)}; profiled: "
+                       f"{', '.join(sorted(have)) or 'none'}")
+    rows, index, fmts = [], [], {}
+    by = {r["step"]: r for _, r in d.iterrows()}
+    for section, fields in CARD_SECTIONS.items():
+        for label, metric, fmt in fields:
+            vals = [by[s].get(metric, np.nan) for s in steps]
+            if all(v != v for v in vals):          # not recorded (e.g. WarpStateStats)
+                continue
+            rows.append(vals)
+            index.append((section, label))
+            fmts[label] = fmt
+    table = pd.DataFrame(rows, index=pd.MultiIndex.from_tuples(index, names=["section", "metric"]),
+                         columns=steps, dtype=float)
+    unknown = set(highlight) - set(fmts)
+    if unknown:
+        raise KeyError(f"highlight names no row of the card: {sorted(unknown)}")
+    if prev is not None:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            table["ratio"] = table[step] / table[prev]
+    if not styled:
+        return table
+    try:
+        sty = table.style
+        for (section, label) in table.index:
+            sty = sty.format(lambda v, f=fmts[label]: "–" if v != v else f.format(v),
+                             subset=pd.IndexSlice[[(section, label)], steps])
+        if "ratio" in table:
+            sty = sty.format(lambda v: "–" if v != v or not np.isfinite(v) else f"×{v:.2f}",
+                             subset=["ratio"])
+        marked = [i for i in table.index if i[1] in set(highlight)]
+        if marked:
+            sty = sty.set_properties(subset=pd.IndexSlice[marked, :],
+                                     **{"background-color": "#fff3b0", "font-weight": "bold"})
+        return sty.set_caption(f"Nsight Compute: {step}" + (f" beside {prev}" if prev else ""))
+    except ImportError:
+        return table
+
+
 def profile_bars(profile_df, metrics=None, steps=None, meta=None, ncols=3):
     """Small multiples: one bar chart per metric, one bar per step. Returns the Figure."""
     plt = _plt()
