@@ -204,3 +204,94 @@ def test_only_folders_of_bench_documents_are_runs(tmp_path):
     assert not results.is_bench_doc({"rows": [{"step": "x"}]}) and not results.is_bench_doc(None)
     with pytest.raises(FileNotFoundError, match="known: run"):
         results.load_experiment("profiles", tmp_path)
+
+
+# --- other records of experiment runs: profile summaries and tables -----------------------------
+def test_experiment_profile_of_warp_groups():
+    """Chapter 10 (E8): the profile of arch_tuned against warp_groups at D=128, N=8K."""
+    p = results.load_experiment_profile("12-profiles", "d128-summary.json")
+    assert list(p.step) == ["arch_tuned", "warp_groups"]            # book order
+    assert set(p.kernel) == {"fmha_kernel"}
+    s = p.set_index("step")
+    assert s.loc["arch_tuned", "launch__block_size"] == 256
+    assert s.loc["warp_groups", "launch__block_size"] == 384         # three warp groups
+    assert s.loc["warp_groups", "launch__registers_per_thread"] == 168
+    stall = "smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio"
+    assert s[stall].dtype.kind == "f"
+    meta = p.attrs["meta"]
+    assert meta["configs"] == {"arch_tuned": "64x128 occ=2", "warp_groups": "128x128 occ=1 nww=8"}
+    assert meta["shape"]["N"] == 8192 and meta["shape"]["D"] == 128
+    assert p.attrs["units"]["gpu__time_duration.sum"] == "ns"
+    assert {"step", "rule", "message"} <= set(p.attrs["rules"].columns)
+
+
+def test_experiment_table_crosscheck():
+    t = results.load_experiment_table("13-timing-crosscheck", "timing-crosscheck.json")
+    assert list(t.columns) == ["N", "method", "arch_tuned_ms", "cudnn_ms", "ratio"]
+    assert set(t.method) == {"rounds", "do_bench", "do_bench_cudagraph"}
+    assert sorted(t.N.unique()) == [1024, 2048, 4096, 8192, 16384]
+    assert ((t.cudnn_ms / t.arch_tuned_ms - t.ratio).abs() < 1e-9).all()   # ratio = speed
+    assert t.attrs["meta"]["gpu"] == "NVIDIA H200"
+
+
+def test_experiment_records_are_not_runs():
+    """Folders with only profiles or tables are not experiment runs (no bench documents)."""
+    runs = results.list_experiments()
+    assert "12-profiles" not in runs and "13-timing-crosscheck" not in runs
+
+
+def test_experiment_file_loaders_synthetic(tmp_path):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "t.json").write_text(
+        '{"meta": {"m": 1}, "rows": [{"N": 1, "x": 2.0}, {"N": 2, "x": 3.0}]}')
+    (tmp_path / "run" / "p.json").write_text(json.dumps({"meta": {"configs": {"a": "64x64"}},
+        "rows": [{"step": "a", "kernel": "k", "metric": "m", "value": "1,234.5", "unit": "ns"},
+                 {"step": "baseline", "kernel": "k", "metric": "m", "value": 2, "unit": "ns"}],
+        "rules": []}))
+    (tmp_path / "run" / "bad.json").write_text("not json")
+    assert results.load_experiment_file("run", "t.json", tmp_path)["meta"] == {"m": 1}
+    t = results.load_experiment_table("run", "t.json", tmp_path)
+    assert t.x.tolist() == [2.0, 3.0] and t.attrs["meta"] == {"m": 1}
+    p = results.load_experiment_profile("run", "p.json", tmp_path)
+    assert p.step.tolist() == ["baseline", "a"] and p.m.tolist() == [2, 1234.5]
+    assert p.attrs["units"] == {"m": "ns"} and p.attrs["rules"].empty
+    with pytest.raises(FileNotFoundError, match="no file 'nope.json' in experiment 'run'"):
+        results.load_experiment_file("run", "nope.json", tmp_path)
+    with pytest.raises(ValueError, match="not JSON"):
+        results.load_experiment_file("run", "bad.json", tmp_path)
+    with pytest.raises(ValueError, match="not a profile summary"):
+        results.load_experiment_profile("run", "t.json", tmp_path)
+    (tmp_path / "run" / "norows.json").write_text('{"meta": {}}')
+    with pytest.raises(ValueError, match="no list of rows"):
+        results.load_experiment_table("run", "norows.json", tmp_path)
+
+
+def test_experiment_log_table_d256():
+    """Chapter 10 (E8): the D=256 profile, whose summary JSON did not come back, from its log."""
+    t = results.load_experiment_log_table("12-profiles", "prof-d256.log")
+    assert t.step.tolist() == ["arch_tuned", "warp_groups"]
+    s = t.set_index("step")
+    assert s.loc["arch_tuned", "registers"] == 255 and s.loc["warp_groups", "block"] == 384
+    assert s.loc["warp_groups", "duration_ns"] < s.loc["arch_tuned", "duration_ns"]
+    assert t["occ_theory_%"].dtype.kind == "f"
+    # the D=128 log prints the same table as its summary JSON holds
+    log = results.load_experiment_log_table("12-profiles", "prof-d128.log").set_index("step")
+    js = results.load_experiment_profile("12-profiles", "d128-summary.json").set_index("step")
+    assert (log["registers"] == js["launch__registers_per_thread"]).all()
+    assert (log["duration_ns"] == js["gpu__time_duration.sum"]).all()
+
+
+def test_experiment_log_table_synthetic(tmp_path):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "a.log").write_text("running: x\n\nstep  kernel  registers  sm_%\n"
+                                            "a     k       128        1,234.5\n\nmore\n")
+    (tmp_path / "run" / "b.log").write_text("nothing printed\n")
+    (tmp_path / "run" / "c.log").write_text("step kernel x\na k\n")
+    t = results.load_experiment_log_table("run", "a.log", tmp_path)
+    assert t.to_dict("records") == [{"step": "a", "kernel": "k", "registers": 128, "sm_%": 1234.5}]
+    with pytest.raises(ValueError, match="no printed profile table"):
+        results.load_experiment_log_table("run", "b.log", tmp_path)
+    with pytest.raises(ValueError, match="a row of 2 cells under 3 columns"):
+        results.load_experiment_log_table("run", "c.log", tmp_path)
+    with pytest.raises(FileNotFoundError):
+        results.load_experiment_log_table("run", "d.log", tmp_path)

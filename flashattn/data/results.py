@@ -6,6 +6,9 @@
     r.ratio_table("fp16-causal-d128")      # the same over cuDNN
     r.compile, r.tile_grid                 # compile reports: per arch, and the tile-shape grid
     r.experiment("02-hopper-experiments")  # an experiment run of chapter 10 (bench rows)
+    results.load_experiment_profile("12-profiles", "d128-summary.json")   # a profile of a run
+    results.load_experiment_table("13-timing-crosscheck", "timing-crosscheck.json")
+    results.load_experiment_log_table("12-profiles", "prof-d256.log")    # a printed profile table
     results.seed_b200()                    # the seed's B200 TFLOPS (quoted, not measured)
     results.source_line(r.meta)            # "H200 (132 SMs), driver 580.159, CUDA 13.0, ..."
 
@@ -16,6 +19,7 @@ Files (formats in results/README.md)::
     results/<gpu>/compile/<arch>.json       python -m flashattn record --part compile
     results/<gpu>/compile/tiles.json        python experiments/tile_grid.py
     experiments/data/<run>/<workload>.json  python experiments/sweep.py <run> (bench documents)
+    experiments/data/<run>/<other>.json     other records of a run: profile summaries, tables
     results/quoted/seed-b200.json           numbers quoted from the seed walkthrough
 
 The root is the repository's ``results/`` folder, or ``$FLASHATTN_RESULTS``; experiment runs are
@@ -198,8 +202,14 @@ def _load_bench_docs(folder: Path, *, by_file: bool = False):
 
 
 def _load_profile(d: Path):
+    return _profile_frames(_read(d / "profiles" / "summary.json") or {})
+
+
+def _profile_frames(doc: dict):
+    """(wide DataFrame, units, rules DataFrame, meta) of a profile summary document
+    (``python -m flashattn profile``: ``{"meta", "rows": [{step, kernel, metric, value, unit}],
+    "rules"}``)."""
     import pandas as pd
-    doc = _read(d / "profiles" / "summary.json") or {}
     rows, rules = doc.get("rows", []), doc.get("rules", [])
     units = {}
     if rows:
@@ -320,6 +330,79 @@ def _experiment_gpu(metas: dict) -> str | None:
     return gpu_slug(gpus.pop()) if gpus else None
 
 
+def load_experiment_file(run: str, name: str, root=None):
+    """The parsed JSON of ``experiments/data/<run>/<name>``: a record of an experiment that is
+    not a bench document (a profile summary, a table of another method's timings).
+
+    Raises FileNotFoundError if the file is missing, ValueError if it is not JSON.
+    """
+    path = experiments_root(root) / run / name
+    if not path.is_file():
+        raise FileNotFoundError(f"no file {name!r} in experiment {run!r} ({path})")
+    try:
+        return json.loads(path.read_text())
+    except ValueError as e:
+        raise ValueError(f"{path} is not JSON: {e}") from None
+
+
+def load_experiment_profile(run: str, name: str = "summary.json", root=None):
+    """A profile summary recorded with an experiment run (``experiments/data/<run>/<name>``,
+    written by ``python -m flashattn profile``) in the form of ``Results.profile``: one row per
+    (step, kernel), one column per metric, steps in book order. ``.attrs`` holds ``meta`` (with
+    ``configs``: step -> configuration profiled), ``units`` (metric -> unit) and ``rules`` (a
+    DataFrame of Nsight Compute's rule messages)."""
+    doc = load_experiment_file(run, name, root)
+    if not isinstance(doc, dict) or not all(isinstance(r, dict) and "metric" in r
+                                            for r in doc.get("rows", [None])):
+        raise ValueError(f"{run}/{name} is not a profile summary")
+    prof, units, rules, meta = _profile_frames(doc)
+    prof.attrs.update(meta=meta, units=units, rules=rules)
+    return prof
+
+
+def load_experiment_table(run: str, name: str, root=None):
+    """The rows of a ``{"meta": {...}, "rows": [{...}, ...]}`` record of an experiment run that
+    is not a bench document (e.g. ``13-timing-crosscheck/timing-crosscheck.json``: N, method,
+    ms per implementation, ratio) as a DataFrame, in file order; ``.attrs["meta"]`` holds its
+    meta."""
+    import pandas as pd
+    doc = load_experiment_file(run, name, root)
+    rows = doc.get("rows") if isinstance(doc, dict) else None
+    if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+        raise ValueError(f"{run}/{name} has no list of rows")
+    df = pd.DataFrame(rows)
+    df.attrs["meta"] = doc.get("meta", {})
+    return df
+
+
+def load_experiment_log_table(run: str, name: str, root=None):
+    """The summary table a ``python -m flashattn profile`` run printed into its log
+    (``experiments/data/<run>/<name>``, e.g. ``12-profiles/prof-d256.log``), for runs whose
+    summary JSON did not come back: one row per (step, kernel), the printed columns
+    (``registers``, ``block``, ``occ_theory_%``, ``sm_%``, ``duration_ns``, ...), numbers as
+    numbers. The table is the block of lines from the header (first word ``step``) to the next
+    blank line; raises ValueError if the log has none."""
+    import pandas as pd
+    path = experiments_root(root) / run / name
+    if not path.is_file():
+        raise FileNotFoundError(f"no file {name!r} in experiment {run!r} ({path})")
+    lines = path.read_text().splitlines()
+    start = next((i for i, ln in enumerate(lines) if ln.split()[:1] == ["step"]), None)
+    if start is None:
+        raise ValueError(f"{run}/{name} has no printed profile table")
+    head = lines[start].split()
+    rows = []
+    for ln in lines[start + 1:]:
+        if not ln.strip():
+            break
+        cells = ln.split()
+        if len(cells) != len(head):
+            raise ValueError(f"{run}/{name}: a row of {len(cells)} cells under {len(head)} "
+                             f"columns: {ln!r}")
+        rows.append([_num(c) for c in cells])
+    return pd.DataFrame(rows, columns=head)
+
+
 # ---------------------------------------------------------------------------------------------
 # Numbers quoted from others (not measured by us)
 # ---------------------------------------------------------------------------------------------
@@ -403,4 +486,5 @@ def source_line(meta) -> str:
 
 __all__ = ["load", "available", "Results", "source_line", "results_root", "DEFAULT_WORKLOAD",
            "LIBRARY_IMPLS", "experiments_root", "list_experiments", "load_experiment",
-           "load_experiment_meta", "seed_b200", "TILE_GRID_FILE", "SEED_B200_FILE"]
+           "load_experiment_meta", "load_experiment_file", "load_experiment_profile",
+           "load_experiment_table", "load_experiment_log_table", "seed_b200", "TILE_GRID_FILE", "SEED_B200_FILE"]
