@@ -48,3 +48,13 @@ def test_stall_rows_appear_only_when_recorded():
     t = plots.ncu_card(pd.DataFrame(rows), "b", "a", styled=False)
     assert ("WarpStateStats", "stall: waiting for memory (long scoreboard)") in t.index
     assert ("WarpStateStats", "stall: barrier") not in t.index
+
+
+def test_card_html_is_the_same_every_time(prof):
+    """nbval compares a cell's HTML and git stores it: no random table id."""
+    html = [plots.ncu_card(prof, "remap", "loop_split", highlight=("grid (programs)",)).to_html()
+            for _ in range(2)]
+    assert html[0] == html[1]
+    assert 'id="T_ncu-card-remap-loop_split"' in html[0]
+    alone = plots.ncu_card(prof, "baseline").to_html()
+    assert 'id="T_ncu-card-baseline"' in alone

@@ -9,6 +9,7 @@ Colours are fixed per implementation (``PALETTE``) so a step has the same colour
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 
@@ -340,7 +341,11 @@ def ncu_card(profile_df, step, prev=None, *, highlight=(), styled=True):
         if marked:
             sty = sty.set_properties(subset=pd.IndexSlice[marked, :],
                                      **{"background-color": "#fff3b0", "font-weight": "bold"})
-        return sty.set_caption(f"Nsight Compute: {step}" + (f" beside {prev}" if prev else ""))
+        # A fixed table id (pandas draws a random one): the committed HTML output, which nbval
+        # compares and git stores, stays the same from one execution to the next.
+        uid = re.sub(r"[^A-Za-z0-9_-]", "-", "ncu-card-" + "-".join(steps[::-1]))
+        return (sty.set_uuid(uid)
+                .set_caption(f"Nsight Compute: {step}" + (f" beside {prev}" if prev else "")))
     except ImportError:
         return table
 
