@@ -137,3 +137,216 @@ def check_tensors(q, k, v, *, causal: bool, scale, input_pos) -> None:
     if q.device.type != "cuda":
         raise ValueError(f"flashattn kernels run on a CUDA GPU; the tensors are on {q.device}. "
                          "On a CPU use flashattn.reference.attention(q, k, v, causal=...)")
+
+
+# --- decoding with a KV cache (flashattn.decode, issue 12) ---------------------------------------
+from typing import NamedTuple  # noqa: E402  (appended section)
+
+MAX_DECODE_QUERIES = 16     # new tokens per sequence for the decode path (more: attention())
+DECODE_PAGE_MULTIPLE = 16   # tokens per page: a multiple of the smallest K/V tile
+
+
+class DecodeDims(NamedTuple):
+    """What ``check_decode`` found. page_size is None for a contiguous cache; capacity is the
+    most keys a sequence can hold (S, or max_pages x page_size)."""
+    B: int
+    Hq: int
+    Hkv: int
+    Nq: int
+    D: int
+    paged: bool
+    page_size: int | None
+    capacity: int
+
+
+def _dtype_str(t) -> str:
+    return str(t.dtype).replace("torch.", "")
+
+
+def _device_type(t) -> str:
+    dev = getattr(t, "device", "cpu")
+    return getattr(dev, "type", str(dev))
+
+
+def check_decode_shapes(q_shape, k_shape, v_shape, seqlens_shape, table_shape=None, *,
+                        scale=None) -> DecodeDims:
+    """Raise ValueError (TypeError for a bad scale): the shapes of a decode call.
+
+    q (B, Hq, Nq, D) with 1 <= Nq <= 16; k_cache and v_cache of one shape, (B, Hkv, S, D)
+    without a block table or (num_pages, Hkv, page_size, D) with one, page_size a multiple of
+    16; block_table (B, max_pages); cache_seqlens (B,); Hq % Hkv == 0; 1 <= D <= 256.
+    """
+    for name, s in (("q", q_shape), ("k_cache", k_shape), ("v_cache", v_shape)):
+        if len(s) != 4:
+            raise ValueError(f"{name} must have 4 dimensions, got shape {tuple(s)}")
+    B, Hq, Nq, D = (int(x) for x in q_shape)
+    if tuple(k_shape) != tuple(v_shape):
+        raise ValueError(f"k_cache and v_cache must have the same shape, got {tuple(k_shape)} "
+                         f"and {tuple(v_shape)}")
+    P, Hkv, S, Dk = (int(x) for x in k_shape)
+    paged = table_shape is not None
+    if B < 1:
+        raise ValueError(f"q must hold at least one sequence, got batch size {B}")
+    if not 1 <= Nq <= MAX_DECODE_QUERIES:
+        raise ValueError(f"decode takes 1 to {MAX_DECODE_QUERIES} new tokens per sequence "
+                         f"(q's third dimension), got {Nq}; for a longer chunk use "
+                         "flashattn.attention(q, k, v, causal=True, input_pos=...)")
+    if Dk != D:
+        raise ValueError(f"head dim differs: q has {D}, k_cache and v_cache have {Dk}")
+    if D < 1 or D > MAX_HEAD_DIM:
+        raise ValueError(f"head dim must be between 1 and {MAX_HEAD_DIM}, got {D}")
+    if Hkv < 1 or Hq < 1 or Hq % Hkv:
+        raise ValueError(f"query heads ({Hq}) must be a positive multiple of the cache's "
+                         f"key/value heads ({Hkv}) for grouped-query attention")
+    if tuple(seqlens_shape) != (B,):
+        raise ValueError(f"cache_seqlens must have shape (B,) = ({B},), got "
+                         f"{tuple(seqlens_shape)}")
+    if S < 1:
+        raise ValueError(f"the cache holds no token per {'page' if paged else 'sequence'} "
+                         f"(shape {tuple(k_shape)})")
+    if paged:
+        if len(table_shape) != 2 or int(table_shape[0]) != B:
+            raise ValueError(f"block_table must have shape (B, max_pages) with B = {B}, got "
+                             f"{tuple(table_shape)}")
+        if int(table_shape[1]) < 1:
+            raise ValueError("block_table has no column: each sequence needs at least one page")
+        if S % DECODE_PAGE_MULTIPLE:
+            raise ValueError(f"page_size (k_cache.shape[2] of a paged cache) must be a multiple "
+                             f"of {DECODE_PAGE_MULTIPLE}, got {S}")
+        if P < 1:
+            raise ValueError("the paged cache has no page")
+        capacity = int(table_shape[1]) * S
+    else:
+        if P != B:
+            raise ValueError(f"a contiguous cache (B, Hkv, S, D) needs one row per sequence: "
+                             f"q has batch size {B}, k_cache {P} (a paged cache needs "
+                             "block_table)")
+        capacity = S
+    if scale is not None:
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+            raise TypeError(f"scale must be a float, got {type(scale).__name__}")
+        if not math.isfinite(scale) or scale <= 0:
+            raise ValueError(f"scale must be a finite positive number, got {scale}")
+    return DecodeDims(B, Hq, Hkv, Nq, D, paged, S if paged else None, capacity)
+
+
+def check_decode_values(cache_seqlens, block_table, dims: DecodeDims, *,
+                        num_pages: int | None = None) -> None:
+    """Raise ValueError unless every length is in [0, capacity] and every page a sequence uses
+    (slots ``0 .. cdiv(len, page_size) - 1`` of its row) is in [0, num_pages).
+
+    Reads the values on the host: a device tensor is copied (a synchronisation), so this is not
+    allowed inside CUDA-graph capture (see ``check_decode``).
+    """
+    import numpy as np
+
+    def host(t):
+        return np.asarray(t.detach().cpu() if hasattr(t, "detach") else t).astype(np.int64)
+    lens = host(cache_seqlens).reshape(-1)
+    bad = np.flatnonzero((lens < 0) | (lens > dims.capacity))
+    if bad.size:
+        b = int(bad[0])
+        raise ValueError(f"cache_seqlens[{b}] = {int(lens[b])} is outside [0, {dims.capacity}] "
+                         f"(the cache holds at most {dims.capacity} tokens per sequence"
+                         + (f": {dims.capacity // dims.page_size} pages of {dims.page_size}"
+                            if dims.paged else "") + f"); {bad.size} such sequence(s)")
+    if not dims.paged:
+        return
+    table = host(block_table)
+    used = -(-lens // dims.page_size)                                 # pages per sequence
+    in_use = np.arange(table.shape[1])[None, :] < used[:, None]       # (B, max_pages)
+    out = in_use & ((table < 0) | (table >= num_pages))
+    if out.any():
+        b, p = (int(x) for x in np.argwhere(out)[0])
+        raise ValueError(f"block_table[{b}, {p}] = {int(table[b, p])} is not a page of the "
+                         f"cache (0 .. {num_pages - 1}); sequence {b} uses slots 0 .. "
+                         f"{int(used[b]) - 1} for its {int(lens[b])} tokens")
+
+
+def check_decode(q, k_cache, v_cache, cache_seqlens, block_table=None, *, scale=None,
+                 check_values=None) -> DecodeDims:
+    """The inputs of a decode call (torch tensors or NumPy arrays); returns ``DecodeDims``.
+
+    Raises TypeError for a wrong type or dtype (q and the caches floating point and of one
+    dtype; cache_seqlens and block_table int32), ValueError for shapes
+    (``check_decode_shapes``), tensors on different devices, and values
+    (``check_decode_values``).
+
+    Values (lengths past the cache, page ids out of range) are checked on the host when
+    ``check_values`` is True, or when it is None (the default) and the tables are on the CPU.
+    Device tables are not read by default: that would synchronise every decode step, and
+    under CUDA-graph capture reading a device tensor is not allowed at all (``check_values=True``
+    while capturing raises ValueError). What then guards them is the kernel: it clamps every
+    length and page id for addressing, so nothing out of bounds is read, and writes NaN for a
+    sequence whose length or pages were invalid.
+    """
+    arrays = (("q", q), ("k_cache", k_cache), ("v_cache", v_cache),
+              ("cache_seqlens", cache_seqlens)) + (
+        (("block_table", block_table),) if block_table is not None else ())
+    for name, t in arrays:
+        if not (hasattr(t, "shape") and hasattr(t, "dtype")):
+            raise TypeError(f"{name} must be a torch.Tensor or numpy.ndarray, got "
+                            f"{type(t).__name__}")
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        if not _dtype_str(t).startswith(("float", "bfloat")):
+            raise TypeError(f"{name} must hold floating-point numbers, got {t.dtype}")
+    if not (_dtype_str(q) == _dtype_str(k_cache) == _dtype_str(v_cache)):
+        raise TypeError(f"q, k_cache, v_cache must share one dtype, got {q.dtype}, "
+                        f"{k_cache.dtype}, {v_cache.dtype}")
+    for name, t in arrays[3:]:
+        if _dtype_str(t) != "int32":
+            raise TypeError(f"{name} must be int32 (as serving engines keep it), got {t.dtype}; "
+                            "convert with .to(torch.int32)")
+    devices = {name: str(getattr(t, "device", "cpu")) for name, t in arrays}
+    if len(set(devices.values())) > 1:
+        raise ValueError("q, k_cache, v_cache, cache_seqlens" +
+                         (", block_table" if block_table is not None else "") +
+                         f" must be on one device, got {devices}")
+    dims = check_decode_shapes(tuple(q.shape), tuple(k_cache.shape), tuple(v_cache.shape),
+                               tuple(cache_seqlens.shape),
+                               None if block_table is None else tuple(block_table.shape),
+                               scale=scale)
+    on_cpu = _device_type(cache_seqlens) == "cpu"
+    if check_values is None:
+        check_values = on_cpu
+    if check_values:
+        if not on_cpu and _capturing():
+            raise ValueError("check_values=True reads cache_seqlens and block_table on the "
+                             "host, which CUDA-graph capture does not allow; pass "
+                             "check_values=False (the kernel clamps bad values and writes "
+                             "NaN for their sequences)")
+        check_decode_values(cache_seqlens, block_table, dims, num_pages=int(k_cache.shape[0]))
+    return dims
+
+
+def _capturing() -> bool:
+    try:
+        import torch
+        return bool(torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
+    except Exception:       # pragma: no cover - no CUDA build of torch
+        return False
+
+
+def check_decode_tensors(q, k_cache, v_cache, cache_seqlens, block_table=None, *, scale=None,
+                         check_values=None) -> DecodeDims:
+    """The decode kernels' contract: ``check_decode`` plus torch CUDA tensors, q and the caches
+    float16 or bfloat16, and the caches' last dimension contiguous (a cache is never copied)."""
+    import torch
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache),
+                    ("cache_seqlens", cache_seqlens), ("block_table", block_table)):
+        if t is not None and not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        if _dtype_str(t) not in DTYPES:
+            raise TypeError(f"{name} has dtype {t.dtype}; the decode kernels take float16 or "
+                            "bfloat16 (for float32 use flashattn.reference.decode_attention)")
+    dims = check_decode(q, k_cache, v_cache, cache_seqlens, block_table, scale=scale,
+                        check_values=check_values)
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if t.stride(-1) != 1:
+            raise ValueError(f"{name} must be contiguous in its last dimension (head dim), "
+                             f"got strides {tuple(t.stride())}")
+    if q.device.type != "cuda":
+        raise ValueError(f"the decode kernels run on a CUDA GPU; the tensors are on "
+                         f"{q.device}. On a CPU use flashattn.reference.decode_attention")
+    return dims

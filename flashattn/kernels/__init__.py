@@ -99,3 +99,280 @@ def constants_for(spec: KernelSpec, step: Step, config: Config, *, head_dim: int
     if spec.name == "fmha":
         return fmha_constants(step, config, head_dim=head_dim, causal=causal, even_k=even_k)
     return naive_constants(spec.name, config, head_dim=head_dim, causal=causal)
+
+
+# === decoding: split-KV over a contiguous or paged KV cache (issue 12) =========================
+# kernels/decode.py: decode_split_kernel (partials per split) and decode_combine_kernel (the LSE
+# merge). Not steps: the host module flashattn/decode.py launches them, aot.compile_spec compiles
+# them. Their integer tables (block table, lengths) are int32 arrays, which the base
+# KernelSpec.signature does not describe, hence the subclass.
+DECODE_MAX_TILE_M = 64        # rows (query heads x new tokens of a group) per program
+DECODE_WAVES = 2              # the split rule aims at this many programs per SM
+DECODE_MAX_SPLITS = 256       # beyond this, partials and the combine's loop outweigh the gain
+DECODE_COMBINE_ELEMS = 2048   # fp32 values per combine tile (its loop keeps two such tiles)
+
+
+class DecodeKernelSpec(KernelSpec):
+    """A ``KernelSpec`` whose arrays may also be int32 (``Array(name, ndim, "int32")``)."""
+
+    def signature(self, *, dtype: str, constants: dict, align: int = 8):
+        import cuda.tile as ct
+        from cuda.tile.compilation import (ArrayConstraint, CallingConvention,
+                                           ConstantConstraint, KernelSignature,
+                                           ScalarConstraint)
+        self.check_signature()
+        self._exact("constants", constants, self.constants)
+        io = {"float16": ct.float16, "bfloat16": ct.bfloat16}[dtype]
+
+        def arr(a: Array):
+            if a.dtype == "int32":
+                # Tables come as the caller made them: any row stride, 4-byte aligned.
+                return ArrayConstraint(ct.int32, a.ndim, index_dtype=ct.int32,
+                                       stride_lower_bound_incl=0, alias_groups=(),
+                                       may_alias_internally=False,
+                                       stride_constant=(None,) * (a.ndim - 1) + (1,),
+                                       stride_divisible_by=1, base_addr_divisible_by=4)
+            return ArrayConstraint(io if a.dtype == "io" else ct.float32, a.ndim,
+                                   index_dtype=ct.int32, stride_lower_bound_incl=0,
+                                   alias_groups=(), may_alias_internally=False,
+                                   stride_constant=(None,) * (a.ndim - 1) + (1,),
+                                   stride_divisible_by=(align,) * (a.ndim - 1) + (1,),
+                                   base_addr_divisible_by=16)
+        scalar = {float: ScalarConstraint(ct.float32), int: ScalarConstraint(ct.int32)}
+        params = ([arr(a) for a in self.arrays] + [scalar[t] for _, t in self.scalars] +
+                  [ConstantConstraint(constants[n]) for n in self.constants])
+        return KernelSignature(params, calling_convention=CallingConvention.cutile_python_v2())
+
+
+DECODE_SPLIT = DecodeKernelSpec(
+    "decode_split", "flashattn.kernels.decode", "decode_split_kernel",
+    arrays=(Array("Q", 4), Array("K", 4), Array("V", 4), Array("BlockTable", 2, "int32"),
+            Array("SeqLens", 1, "int32"), Array("Opart", 4, "float32"),
+            Array("Lse", 3, "float32")),
+    scalars=(("qk_scale", float), ("num_q", int)),
+    constants=("TILE_M", "TILE_N", "TILE_D", "PAGED"))
+
+DECODE_COMBINE = DecodeKernelSpec(
+    "decode_combine", "flashattn.kernels.decode", "decode_combine_kernel",
+    arrays=(Array("Opart", 4, "float32"), Array("Lse", 3, "float32"), Array("Out", 4)),
+    scalars=(), constants=("TILE_M", "TILE_D"))
+
+DECODE = {"decode_split": DECODE_SPLIT, "decode_combine": DECODE_COMBINE}
+
+
+# Register budget of the split kernel, in elements of TILE_M x TILE_N x TILE_D: the largest
+# products that compiled without spills (tileiras 13.4, every head dim, tests/test_decode_aot.py).
+# Warp MMA (HMMA: 16/32-row tiles, and sm_120 always) keeps S and the accumulator in registers;
+# Hopper's warpgroup MMA and Blackwell's tensor memory take 64-row tiles four times larger.
+DECODE_TILE_BUDGET = 1 << 18
+DECODE_TILE_BUDGET_WIDE = 1 << 20
+DECODE_WIDE_MMA_ARCHS = ("sm_90", "sm_100")
+
+
+def decode_tiles(*, rows: int, head_dim: int, page_size: int | None = None,
+                 arch: str | None = None) -> tuple[int, int]:
+    """(TILE_M, TILE_N) of the split kernel for ``rows = (Hq // Hkv) * Nq`` packed query rows.
+
+    TILE_M: the rows rounded up to a power of two, at least 16 (the MMA's M granularity), at
+    most ``DECODE_MAX_TILE_M`` (more rows take more row blocks), and with the smaller budget at
+    most what leaves TILE_N >= 32. TILE_N: the most keys (up to 128) whose
+    ``TILE_M x TILE_N x TILE_D`` product fits the register budget of ``arch`` (unknown arch: the
+    smaller budget, which compiles everywhere); for a paged cache also a divisor of the page
+    size, so that a K/V tile never straddles two pages.
+    """
+    if rows < 1:
+        raise ValueError(f"rows must be positive, got {rows}")
+    td = tile_d_for(head_dim)
+    tile_m = min(max(16, 1 << (int(rows) - 1).bit_length()), DECODE_MAX_TILE_M)
+    wide = arch in DECODE_WIDE_MMA_ARCHS and tile_m >= 64
+    budget = DECODE_TILE_BUDGET_WIDE if wide else DECODE_TILE_BUDGET
+    if not wide:
+        # Fewer rows rather than key tiles under 32 wide (64 x 16 x 256 spilled on sm_120).
+        tile_m = min(tile_m, max(16, budget // (32 * td)))
+    tile_n = max(16, min(128, budget // (tile_m * td)))
+    if page_size is not None:
+        if page_size < 16 or page_size % 16:
+            raise ValueError(f"page_size must be a positive multiple of 16, got {page_size}")
+        tile_n = min(tile_n, page_size & -page_size)       # largest power of two dividing it
+    return tile_m, tile_n
+
+
+def decode_split_constants(*, rows: int, head_dim: int, page_size: int | None,
+                           arch: str | None = None) -> dict:
+    """The constants of ``decode_split_kernel`` by name; ``page_size=None``: contiguous cache."""
+    tile_m, tile_n = decode_tiles(rows=rows, head_dim=head_dim, page_size=page_size, arch=arch)
+    return dict(TILE_M=tile_m, TILE_N=tile_n, TILE_D=tile_d_for(head_dim),
+                PAGED=page_size is not None)
+
+
+def decode_combine_constants(*, split_tile_m: int, head_dim: int) -> dict:
+    """The constants of ``decode_combine_kernel`` by name: the split kernel's row tile
+    (``split_tile_m``), or fewer rows (a power of two, so a divisor of it) so that a tile holds
+    at most ``DECODE_COMBINE_ELEMS`` fp32 values."""
+    td = tile_d_for(head_dim)
+    return dict(TILE_M=max(1, min(int(split_tile_m), DECODE_COMBINE_ELEMS // td)), TILE_D=td)
+
+
+def decode_row_blocks(rows: int, tile_m: int) -> int:
+    """Row blocks of one GQA group: cdiv(rows, tile_m)."""
+    return -(-int(rows) // int(tile_m))
+
+
+def decode_split_grid(*, B: int, Hkv: int, rows: int, tile_m: int,
+                      num_splits: int) -> tuple[int, int, int]:
+    """(row blocks, splits, B * Hkv): the row blocks of one group run side by side, so they
+    share its K/V tiles through L2."""
+    return (decode_row_blocks(rows, tile_m), int(num_splits), int(B) * int(Hkv))
+
+
+def decode_combine_grid(*, B: int, Hkv: int, rows: int, tile_m: int) -> tuple[int, int, int]:
+    """(row blocks of the combine's TILE_M, B * Hkv, 1)."""
+    return (decode_row_blocks(rows, tile_m), int(B) * int(Hkv), 1)
+
+
+def decode_partial_shapes(*, num_splits: int, B: int, Hkv: int, rows: int, tile_m: int,
+                          head_dim: int) -> tuple[tuple, tuple]:
+    """Shapes of the fp32 scratch: Opart (splits, B*Hkv, M_pad, TILE_D), Lse (splits, B*Hkv,
+    M_pad), padded to whole tiles of the split kernel's ``tile_m`` so every store of it is in
+    bounds."""
+    m_pad = decode_row_blocks(rows, tile_m) * tile_m
+    return ((num_splits, B * Hkv, m_pad, tile_d_for(head_dim)), (num_splits, B * Hkv, m_pad))
+
+
+def decode_num_splits(*, B: int, Hkv: int, rows: int, max_seqlen: int, head_dim: int,
+                      sm_count: int, page_size: int | None = None, arch: str | None = None,
+                      waves: int = DECODE_WAVES, min_tiles_per_split: int = 1,
+                      max_splits: int = DECODE_MAX_SPLITS) -> int:
+    """How many splits of the KV length: enough programs to fill the GPU, no empty work.
+
+    Without splitting, the grid has ``base = B * Hkv * row_blocks`` programs; a decode step is
+    memory-bound, so every SM should be streaming K/V: ask for ``waves x sm_count`` programs,
+    i.e. ``cdiv(waves * sm_count, base)`` splits (two waves let a second program hide the first
+    one's tail). Bounded above by the K/V tiles of the longest sequence over
+    ``min_tiles_per_split`` (a split with no tile is pure overhead: a partial written and read
+    back) and by ``max_splits``; at least 1; then lowered to the number of runs the kernel
+    actually deals (``cdiv(n, cdiv(n, splits))`` for ``n`` tiles), so the longest sequence
+    leaves no split empty. ``max_seqlen`` is the bound the host knows: the cache capacity under
+    CUDA-graph capture, the actual longest length otherwise (shorter sequences leave their
+    trailing splits empty, which cost one partial each).
+
+    H100/H200 (132 SMs), GQA 32:8, Nq=1, D=128 (rows 4: one row block; 128-key tiles): B=1 and
+    128K keys -> 32 splits of 32 tiles; B=8 and 32K -> 5 splits; B=64 -> 1 (512 programs).
+    """
+    for name, x in (("B", B), ("Hkv", Hkv), ("rows", rows), ("sm_count", sm_count),
+                    ("waves", waves), ("min_tiles_per_split", min_tiles_per_split),
+                    ("max_splits", max_splits)):
+        if int(x) < 1:
+            raise ValueError(f"{name} must be positive, got {x}")
+    if max_seqlen < 0:
+        raise ValueError(f"max_seqlen must be >= 0, got {max_seqlen}")
+    tile_m, tile_n = decode_tiles(rows=rows, head_dim=head_dim, page_size=page_size, arch=arch)
+    base = int(B) * int(Hkv) * decode_row_blocks(rows, tile_m)
+    want = -(-int(waves) * int(sm_count) // base)
+    n_tiles = -(-int(max_seqlen) // tile_n)
+    splits = max(1, min(want, n_tiles // int(min_tiles_per_split), int(max_splits)))
+    if n_tiles:
+        # The kernel deals runs of cdiv(n_tiles, splits) tiles: drop the splits left empty.
+        splits = -(-n_tiles // -(-n_tiles // splits))
+    return splits
+
+
+SPECS.update(DECODE)
+__all__ += ["DECODE", "DECODE_SPLIT", "DECODE_COMBINE", "DecodeKernelSpec", "decode_tiles",
+            "decode_split_constants", "decode_combine_constants", "decode_split_grid",
+            "decode_combine_grid", "decode_partial_shapes", "decode_num_splits"]
+# === end of decoding ============================================================================
+
+
+# === the backward pass (issue 11) ===============================================================
+# kernels/fmha_bwd.py: bwd_preprocess_kernel (Delta = rowsum(dO o O)), bwd_dkdv_kernel (one
+# program per K/V tile and (batch, kv head), looping over the query heads of its group and the
+# query tiles that see it) and bwd_dq_kernel (one program per query tile). Not steps: the host
+# module flashattn/launch_bwd.py launches them, aot.compile_spec compiles them. LSE and Delta
+# are fp32 (B, Hq, Nq); the LSE is in natural-log units.
+BWD_PREPROCESS = KernelSpec(
+    "bwd_preprocess", "flashattn.kernels.fmha_bwd", "bwd_preprocess_kernel",
+    arrays=(Array("Out", 4), Array("dO", 4), Array("Delta", 3, "float32")),
+    scalars=(("num_heads", int),),
+    constants=("TILE_M", "TILE_D"))
+
+BWD_DKDV = KernelSpec(
+    "bwd_dkdv", "flashattn.kernels.fmha_bwd", "bwd_dkdv_kernel",
+    arrays=(Array("Q", 4), Array("K", 4), Array("V", 4), Array("dO", 4),
+            Array("LSE", 3, "float32"), Array("Delta", 3, "float32"), Array("dK", 4),
+            Array("dV", 4)),
+    scalars=(("qk_scale", float), ("input_pos", int), ("num_kv_heads", int),
+             ("group_size", int)),
+    constants=("TILE_M", "TILE_N", "TILE_D", "CAUSAL", "EVEN_K"))
+
+BWD_DQ = KernelSpec(
+    "bwd_dq", "flashattn.kernels.fmha_bwd", "bwd_dq_kernel",
+    arrays=(Array("Q", 4), Array("K", 4), Array("V", 4), Array("dO", 4),
+            Array("LSE", 3, "float32"), Array("Delta", 3, "float32"), Array("dQ", 4)),
+    scalars=(("qk_scale", float), ("input_pos", int), ("num_heads", int),
+             ("group_size", int)),
+    constants=("TILE_M", "TILE_N", "TILE_D", "CAUSAL", "EVEN_K"))
+
+BWD = {"bwd_preprocess": BWD_PREPROCESS, "bwd_dkdv": BWD_DKDV, "bwd_dq": BWD_DQ}  # launch order
+BWD_PREPROCESS_CONFIG = Config(64, 64)     # 64 rows of Delta per program (TILE_N unused)
+
+# (bwd_dkdv, bwd_dq) configurations per architecture and padded head dim (TILE_D up to the key).
+# bwd_dkdv's TILE_M is its inner query tile and TILE_N its own K/V tile; bwd_dq's TILE_M is its
+# own query tile. Chosen from the compiler's report (python -m pytest -m slow
+# tests/test_backward_kernels.py prints it): no spills where a configuration without them was
+# found, else the fewest. Not measured on a GPU yet.
+BWD_CONFIGS: dict[str, dict[int, tuple[Config, Config]]] = {
+    # Hopper: two consumer warp groups (num_worker_warps=8, 168 registers) hold the fp32 dK and
+    # dV (or dQ) accumulators without spilling; 64x64 without the hint spills at D=128.
+    "sm_90": {128: (Config(64, 128, num_worker_warps=8), Config(128, 64, num_worker_warps=8)),
+              256: (Config(64, 64, num_worker_warps=8), Config(64, 64, num_worker_warps=8))},
+    # Datacenter Blackwell: tensor-memory MMAs (UTCHMMA). At D=256, dK and dV (2 x 256 fp32
+    # columns) fill tensor memory: the compiler falls back to HMMA and spills whatever the tiles.
+    "sm_100": {64: (Config(64, 64), Config(64, 64)),
+               128: (Config(64, 128), Config(128, 64)),
+               256: (Config(16, 32), Config(64, 64))},
+    # Consumer Blackwell (and Ampere): mma.sync with operands in registers, small tiles.
+    "sm_120": {64: (Config(64, 32), Config(64, 64)),
+               128: (Config(64, 32), Config(32, 32)),
+               256: (Config(16, 32), Config(32, 32))},
+}
+BWD_CONFIGS["sm_80"] = BWD_CONFIGS["sm_120"]
+
+
+def bwd_configs(arch: str | None, head_dim: int) -> dict[str, Config]:
+    """The configuration of each backward kernel, by kernel name, for ``arch`` and ``head_dim``
+    (unknown architectures get sm_80's)."""
+    td = tile_d_for(head_dim)
+    table = BWD_CONFIGS.get(arch or "sm_80", BWD_CONFIGS["sm_80"])
+    dkdv, dq = table[min(d for d in table if d >= td)]
+    return {"bwd_preprocess": BWD_PREPROCESS_CONFIG, "bwd_dkdv": dkdv, "bwd_dq": dq}
+
+
+def bwd_constants(kernel: str, config: Config, *, head_dim: int, causal: bool,
+                  even_k: bool) -> dict:
+    """The ``ct.Constant`` values of one backward kernel, by name. ``even_k``: Nk is a multiple
+    of ``config.TILE_N`` (the key tile of both bwd_dkdv and bwd_dq)."""
+    td = tile_d_for(head_dim)
+    if kernel == "bwd_preprocess":
+        return dict(TILE_M=config.TILE_M, TILE_D=td)
+    if kernel not in ("bwd_dkdv", "bwd_dq"):
+        raise ValueError(f"unknown backward kernel {kernel!r}; choose from {', '.join(BWD)}")
+    return dict(TILE_M=config.TILE_M, TILE_N=config.TILE_N, TILE_D=td, CAUSAL=bool(causal),
+                EVEN_K=bool(even_k))
+
+
+def bwd_grid(kernel: str, config: Config, *, B: int, Hq: int, Hkv: int, Nq: int,
+             Nk: int) -> tuple[int, int, int]:
+    """The launch grid: bwd_preprocess and bwd_dq one program per query tile per (batch, query
+    head), bwd_dkdv one per key/value tile per (batch, key/value head)."""
+    if kernel == "bwd_dkdv":
+        return (-(-Nk // config.TILE_N), B * Hkv, 1)
+    if kernel not in ("bwd_preprocess", "bwd_dq"):
+        raise ValueError(f"unknown backward kernel {kernel!r}; choose from {', '.join(BWD)}")
+    return (-(-Nq // config.TILE_M), B * Hq, 1)
+
+
+SPECS.update(BWD)
+__all__ += ["BWD", "BWD_PREPROCESS", "BWD_DKDV", "BWD_DQ", "BWD_CONFIGS",
+            "BWD_PREPROCESS_CONFIG", "bwd_configs", "bwd_constants", "bwd_grid"]
+# === end of the backward pass ===================================================================

@@ -12,6 +12,8 @@ the tests can check each step's tiling rules, without a GPU.
 from ..contract import check_shapes
 from .emulate import (INV_LOG_2, LAZY_THRESHOLD, Program, default_config, emulate, schedule,
                       tile_counts, work_per_program)
+from .backward import (attention_backward, attention_lse, backward_delta, dkdv_schedule,
+                       dq_schedule, emulate_backward)
 from .exact import attention, causal_mask
 from .online import (blockwise_trace, online_softmax_attention, online_softmax_blockwise,
                      online_softmax_streaming, online_softmax_trace, softmax)
@@ -20,3 +22,4 @@ __all__ = ["attention", "causal_mask", "check_shapes", "softmax", "online_softma
            "online_softmax_streaming", "blockwise_trace", "online_softmax_blockwise",
            "online_softmax_attention", "Program", "schedule", "work_per_program", "tile_counts",
            "default_config", "emulate", "INV_LOG_2", "LAZY_THRESHOLD"]
+from .decode import *  # noqa: E402,F401,F403  decode attention, split-KV (decode.__all__)

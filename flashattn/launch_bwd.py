@@ -1,0 +1,151 @@
+"""Launching the backward kernels (issue 11): dQ, dK, dV from the forward's inputs and output.
+
+    dq, dk, dv = attention_backward(q, k, v, out, dout, lse, causal=True)
+
+``lse`` is the forward's log-sum-exp per query row, fp32 (B, Hq, Nq), natural log
+(``flashattn.reference.attention_lse``, or PyTorch's flash / memory-efficient kernels'
+``logsumexp``). Three launches: ``bwd_preprocess`` (Delta = rowsum(dO o O)), ``bwd_dkdv`` and
+``bwd_dq`` (kernels/fmha_bwd.py), with the configurations of ``kernels.bwd_configs`` for the
+GPU's architecture. Deterministic: no atomics, dK and dV are summed over each GQA group inside
+one program.
+
+Not yet wired into ``flashattn.attention`` or torch.autograd: that waits for the GPU tests
+(tests/test_backward_gpu.py) and the forward's LSE output.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .contract import check_causal, check_tensors
+from .kernels import BWD, KernelSpec, bwd_configs, bwd_constants, bwd_grid, hinted
+from .steps import Config
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One kernel launch: its spec, grid, positional arguments and kernel hints."""
+    spec: KernelSpec
+    grid: tuple[int, int, int]
+    args: tuple
+    hints: dict
+    constants: dict
+
+
+def check_backward(q, k, v, out, dout, lse, *, causal, scale, input_pos) -> None:
+    """The forward's contract (``contract.check_tensors``) for q, k, v, then
+    ``check_backward_tensors``. Raises TypeError/ValueError naming the problem."""
+    check_tensors(q, k, v, causal=causal, scale=scale, input_pos=input_pos)
+    check_backward_tensors(q, out, dout, lse)
+
+
+def check_backward_tensors(q, out, dout, lse) -> None:
+    """out and dout of q's shape, dtype and device; lse a float32 (B, Hq, Nq) tensor there."""
+    import torch
+    for name, t in (("out", out), ("dout", dout), ("lse", lse)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    for name, t in (("out", out), ("dout", dout)):
+        if tuple(t.shape) != tuple(q.shape):
+            raise ValueError(f"{name} must have the shape of q {tuple(q.shape)}, got "
+                             f"{tuple(t.shape)}")
+        if t.dtype != q.dtype:
+            raise TypeError(f"{name} must have q's dtype {q.dtype}, got {t.dtype}")
+    B, Hq, Nq, _ = q.shape
+    if tuple(lse.shape) != (B, Hq, Nq):
+        raise ValueError(f"lse must have shape (B, Hq, Nq) = {(B, Hq, Nq)}, got "
+                         f"{tuple(lse.shape)}")
+    if lse.dtype != torch.float32:
+        raise TypeError(f"lse must be float32 (the forward's log-sum-exp), got {lse.dtype}")
+    for name, t in (("out", out), ("dout", dout), ("lse", lse)):
+        if t.device != q.device:
+            raise ValueError(f"{name} is on {t.device}, q on {q.device}: one device")
+
+
+def backward_launches(q, k, v, out, dout, lse, delta, dq, dk, dv, *, causal: bool,
+                      scale: float, input_pos: int, arch: str | None,
+                      configs: dict | None = None) -> list[Launch]:
+    """The three launches, in order, on validated contiguous tensors (any objects with
+    ``.shape`` work: the arguments are passed through, so this runs on a CPU)."""
+    B, Hq, Nq, D = q.shape
+    Hkv, Nk = k.shape[1], k.shape[2]
+    configs = {**bwd_configs(arch, D), **(configs or {})}
+    arrays = {
+        "bwd_preprocess": dict(Out=out, dO=dout, Delta=delta),
+        "bwd_dkdv": dict(Q=q, K=k, V=v, dO=dout, LSE=lse, Delta=delta, dK=dk, dV=dv),
+        "bwd_dq": dict(Q=q, K=k, V=v, dO=dout, LSE=lse, Delta=delta, dQ=dq),
+    }
+    scalars = {
+        "bwd_preprocess": dict(num_heads=Hq),
+        "bwd_dkdv": dict(qk_scale=scale, input_pos=input_pos, num_kv_heads=Hkv,
+                         group_size=Hq // Hkv),
+        "bwd_dq": dict(qk_scale=scale, input_pos=input_pos, num_heads=Hq, group_size=Hq // Hkv),
+    }
+    launches = []
+    for name, spec in BWD.items():
+        cfg: Config = configs[name]
+        constants = bwd_constants(name, cfg, head_dim=D, causal=causal,
+                                  even_k=Nk % cfg.TILE_N == 0)
+        launches.append(Launch(spec, bwd_grid(name, cfg, B=B, Hq=Hq, Hkv=Hkv, Nq=Nq, Nk=Nk),
+                               spec.args(arrays[name], scalars[name], constants),
+                               cfg.hints(), constants))
+    return launches
+
+
+def attention_backward(q, k, v, out, dout, lse, *, causal: bool = False,
+                       scale: float | None = None, input_pos: int = 0,
+                       configs: dict | None = None, grads: tuple | None = None):
+    """dQ, dK, dV of ``flashattn.attention(q, k, v, causal=, scale=, input_pos=)``.
+
+    Args:
+        q, k, v: the forward's inputs, (B, Hq, Nq, D) and (B, Hkv, Nk, D), float16 or bfloat16
+            CUDA tensors (any strides: copied if not contiguous).
+        out: the forward's output; dout: the gradient of the loss with respect to it. Both
+            (B, Hq, Nq, D) in q's dtype.
+        lse: (B, Hq, Nq) float32, the natural-log log-sum-exp of each query row's scaled scores.
+        causal, scale, input_pos: the forward's.
+        configs: {"bwd_dkdv": Config, "bwd_dq": Config, ...} to override ``bwd_configs``.
+        grads: (dq, dk, dv) to write into: contiguous, with the shapes, dtype and device of
+            q, k, v (the GPU tests pass NaN-filled ones). Default: new tensors.
+
+    Returns:
+        (dq, dk, dv) shaped as q, k, v, in their dtype; dk and dv summed over each GQA group.
+
+    Raises:
+        TypeError, ValueError: bad shapes, dtypes, devices or arguments, before any launch.
+    """
+    import torch
+    causal = check_causal(causal)
+    check_backward(q, k, v, out, dout, lse, causal=causal, scale=scale, input_pos=input_pos)
+    B, Hq, Nq, D = q.shape
+    if grads is None:
+        dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
+    else:
+        dq, dk, dv = grads
+        for name, g, t in (("dq", dq, q), ("dk", dk, k), ("dv", dv, v)):
+            if not isinstance(g, torch.Tensor) or tuple(g.shape) != tuple(t.shape) or \
+                    g.dtype != t.dtype or g.device != t.device or not g.is_contiguous():
+                raise ValueError(f"grads: {name} must be a contiguous tensor of shape "
+                                 f"{tuple(t.shape)}, dtype {t.dtype} on {t.device}")
+    if B * Hq * Nq == 0 or k.numel() == 0:
+        # No query row: nothing reaches K or V.
+        dk.zero_()
+        dv.zero_()
+        return dq, dk, dv
+    q, k, v, out, dout, lse = (t if t.is_contiguous() else t.contiguous()
+                               for t in (q, k, v, out, dout, lse))
+    delta = torch.empty((B, Hq, Nq), dtype=torch.float32, device=q.device)
+    if scale is None:
+        scale = 1.0 / math.sqrt(D)
+    import cuda.tile as ct
+
+    from .launch import arch_of
+    with torch.cuda.device(q.device):
+        stream = torch.cuda.current_stream()
+        for launch in backward_launches(q, k, v, out, dout, lse, delta, dq, dk, dv,
+                                        causal=causal, scale=float(scale),
+                                        input_pos=input_pos, arch=arch_of(q.device),
+                                        configs=configs):
+            ct.launch(stream, launch.grid, hinted(launch.spec.kernel(), launch.hints),
+                      launch.args)
+    return dq, dk, dv
