@@ -146,3 +146,34 @@ def test_chapter_page_renders(build):
     # Figures are required only once the notebook carries image outputs (placeholders have none).
     if _has_image_output(ROOT / f"{CHAPTER}.ipynb"):
         assert "<img" in dom, "the notebook has image outputs but the page shows no <img>"
+
+
+def _toc_pages() -> list[str]:
+    """Every document of _toc.yml (root first), as paths without suffix."""
+    import yaml
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text(encoding="utf-8"))
+    pages = [toc["root"]]
+    for part in toc.get("parts", []):
+        pages += [c["file"] for c in part.get("chapters", [])]
+    return pages
+
+
+@needs_chromium
+@pytest.mark.parametrize("doc", _toc_pages())
+def test_math_renders_offline(build, doc):
+    """MathJax is served from the built book (sphinx-mathjax-offline), so the math renders on a
+    machine with no network: no page keeps an unrendered TeX delimiter, and a page whose source
+    has math shows MathJax output. Each page is also screenshotted into _build/screenshots/."""
+    assert build.returncode == 0, "book build failed; see test_book_builds_without_warnings"
+    page = HTML / f"{doc}.html"
+    assert page.exists(), page
+    html = page.read_text(encoding="utf-8")
+    assert "cdn.jsdelivr.net/npm/mathjax" not in html, "MathJax still comes from a CDN"
+    dom = _dump_dom(page)
+    body = dom.split("<body", 1)[-1]
+    text = re.sub(r"<(script|style)\b.*?</\1>", "", body, flags=re.S)
+    assert "\\(" not in text and "\\[" not in text, f"{doc}: unrendered TeX delimiters"
+    has_math = 'class="math' in html
+    if has_math:
+        assert "<mjx-container" in dom, f"{doc}: the page has math but MathJax rendered none"
+    _screenshot(page, doc.replace("/", "__"))
