@@ -23,7 +23,7 @@ class Impl:
     kind: str               # "step" | "experiment" | "best" | "library"
     label: str              # for legends
     color: str
-    linestyle: str = "-"
+    linestyle: object = "-"     # a matplotlib line style: "-", "--", ":", or (offset, dashes)
     option: str | None = None    # libraries: the name ``bench --baselines`` takes ("cudnn")
     backend: str | None = None   # libraries: SDPBackend member, or "flex"
 
@@ -39,12 +39,14 @@ _EXPERIMENT_COLORS = {
     "persistent": "#bc80bd", "unchecked_kv": "#aec7e8",
 }
 _LIBRARIES = (
-    # name, option, backend, label, colour
-    ("sdpa_flash", "flash", "FLASH_ATTENTION", "FlashAttention-2 (SDPA)", "#555555"),
-    ("sdpa_cudnn", "cudnn", "CUDNN_ATTENTION", "cuDNN (SDPA)", "#000000"),
-    ("sdpa_efficient", "efficient", "EFFICIENT_ATTENTION", "mem-efficient (SDPA)", "#aaaaaa"),
-    ("sdpa_math", "math", "MATH", "math (SDPA)", "#c7c7c7"),
-    ("flex", "flex", "flex", "FlexAttention", "#7f7f7f"),
+    # name, option, backend, label, colour, line style: each library its own colour and dash,
+    # apart from the steps' hues (cuDNN, the reference of every ratio, stays black).
+    ("sdpa_flash", "flash", "FLASH_ATTENTION", "FlashAttention-2 (SDPA)", "#b15928", "-."),
+    ("sdpa_cudnn", "cudnn", "CUDNN_ATTENTION", "cuDNN (SDPA)", "#000000", "--"),
+    ("sdpa_efficient", "efficient", "EFFICIENT_ATTENTION", "mem-efficient (SDPA)", "#c51b7d",
+     (0, (5, 2, 1, 2))),
+    ("sdpa_math", "math", "MATH", "math (SDPA)", "#7f7f7f", ":"),
+    ("flex", "flex", "flex", "FlexAttention", "#1b7837", (0, (1, 1))),
 )
 _EXTRA = ["#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173", "#3182bd", "#e6550d"]
 
@@ -55,8 +57,8 @@ for _n in EXPERIMENTS:
     IMPLS[_n] = Impl(_n, "experiment", _n,
                      _EXPERIMENT_COLORS.get(_n, _EXTRA[len(IMPLS) % len(_EXTRA)]))
 IMPLS["best"] = Impl("best", "best", "best", _STEP_COLORS["arch_tuned"])
-for _n, _opt, _be, _label, _c in _LIBRARIES:
-    IMPLS[_n] = Impl(_n, "library", _label, _c, "--", _opt, _be)
+for _n, _opt, _be, _label, _c, _ls in _LIBRARIES:
+    IMPLS[_n] = Impl(_n, "library", _label, _c, _ls, _opt, _be)
 
 ORDER: tuple[str, ...] = tuple(IMPLS)
 STEP_IMPLS: tuple[str, ...] = (*STEP_NAMES, *EXPERIMENTS)       # runnable by flashattn.launch

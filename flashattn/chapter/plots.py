@@ -21,7 +21,7 @@ from ..steps import STEP_NAMES
 # experiment and per library, the same in every chapter.
 PALETTE = {name: impl.color for name, impl in IMPLS.items()}
 KIND_COLORS = {0: "#eeeeee", 1: "#1f77b4", 2: "#ff7f0e"}   # skipped / full / masked tiles
-KIND_NAMES = {0: "skipped", 1: "full", 2: "masked (diagonal)"}
+KIND_NAMES = {0: "skipped", 1: "full", 2: "masked"}
 
 
 def color_of(impl: str) -> str:
@@ -57,6 +57,15 @@ def _pick_workload(df, workload):
     return df[df["workload"] == workload], workload
 
 
+def _linestyle(impl: str) -> str:
+    """A library's line style from the registry (each library its own), dashed if unknown."""
+    from ..impls import get
+    try:
+        return get(impl).linestyle
+    except KeyError:
+        return "--"
+
+
 def _is_library(df_rows) -> bool:
     return "kind" in df_rows.columns and (df_rows["kind"] == "library").all()
 
@@ -83,8 +92,8 @@ def tflops_vs_seqlen(bench_df, impls=None, workload=None, ax=None, meta=None):
         d = df[df["impl"] == impl].sort_values("Nk")
         lib = _is_library(d)
         c = color_of(impl)
-        ax.plot(d["Nk"], d["tflops"], ls="--" if lib else "-", marker="o", ms=3.5, lw=1.8,
-                color=c, label=impl + (" (library)" if lib else ""))
+        ax.plot(d["Nk"], d["tflops"], ls=_linestyle(impl) if lib else "-", marker="o", ms=3.5,
+                lw=1.8, color=c, label=impl + (" (library)" if lib else ""))
         if {"q1_ms", "q3_ms", "median_ms"} <= set(d.columns):
             lo = d["tflops"] * d["median_ms"] / d["q3_ms"]
             hi = d["tflops"] * d["median_ms"] / d["q1_ms"]
@@ -129,8 +138,9 @@ def waterfall(bench_df, seqlen=16384, steps=None, workload=None, meta=None,
     total = [tf[s] / base for s in steps]
     fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(steps) + 2), 4.5))
     x = np.arange(len(steps))
-    ax.bar(x, per, color=[color_of(s) for s in steps], alpha=0.85, width=0.6,
-           label="over the previous step")
+    # Bars start at ×1 (no change), so a slow-down hangs below the line and a gain stands on it.
+    ax.bar(x, np.array(per) - 1.0, bottom=1.0, color=[color_of(s) for s in steps], alpha=0.85,
+           width=0.6, label="over the previous step")
     ax.plot(x, total, "k-o", ms=4, lw=1.5, label=f"over {steps[0]} (running total)")
     for xi, p, t in zip(x, per, total):
         ax.annotate(f"×{t:.2f}", (xi, t), textcoords="offset points", xytext=(0, 6),
@@ -350,6 +360,20 @@ def ncu_card(profile_df, step, prev=None, *, highlight=(), styled=True):
         return table
 
 
+def _human_fmt(v, _pos=None) -> str:
+    """Axis labels without matplotlib's offset text: 1.1e11 -> "110G", 0.5 -> "0.5"."""
+    a = abs(v)
+    for div, unit in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if a >= div:
+            return f"{v / div:g}{unit}"
+    return f"{v:g}"
+
+
+def _human_formatter():
+    from matplotlib.ticker import FuncFormatter
+    return FuncFormatter(_human_fmt)
+
+
 def profile_bars(profile_df, metrics=None, steps=None, meta=None, ncols=3):
     """Small multiples: one bar chart per metric, one bar per step. Returns the Figure."""
     plt = _plt()
@@ -372,6 +396,7 @@ def profile_bars(profile_df, metrics=None, steps=None, meta=None, ncols=3):
         ax.set_xticks(range(len(d)))
         ax.set_xticklabels(d["step"], rotation=45, ha="right", fontsize=7)
         ax.tick_params(axis="y", labelsize=7)
+        ax.yaxis.set_major_formatter(_human_formatter())   # 1.1e11 -> "110G": no offset text
         ax.grid(True, axis="y", alpha=0.3)
         if m.endswith("pct") or m.endswith("_pct_of_peak_sustained_active") or "%" in \
                 fields.get(m, ("", ""))[0]:
