@@ -20,8 +20,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .kernels import constants_for, hinted
-from .kernels import kernels_of as specs_of
-from .steps import ARCHS, EXPERIMENTS, STEP_NAMES, Config, Step, get_step
+from .kernels import kernels_of
+from .steps import ARCHS, EXPERIMENTS, STEP_NAMES, Config, get_step
 
 # The workload the book's static tables describe: the seed's B=4, H=32, D=128, fp16, causal.
 DEFAULT_SHAPE = dict(head_dim=128, causal=True, even_k=True, dtype="float16")
@@ -97,11 +97,6 @@ def analyze_cubin(path: str | os.PathLike) -> dict:
     return out
 
 
-def kernels_of(step: Step):
-    """[(name, kernel object)] a step launches."""
-    return [(spec.name, spec.kernel()) for spec in specs_of(step)]
-
-
 def _cache_dir() -> Path:
     from .env import cache_root
     return cache_root() / "cubins"
@@ -173,7 +168,7 @@ def compile_step(name: str, arch: str, *, config: Config | None = None, head_dim
                                        even_k=even_k),
                          hints=cfg.hints(), dtype=dtype, align=8 if head_dim % 8 == 0 else 1,
                          label=cfg.label(), step=name, use_cache=use_cache, keep_sass=keep_sass)
-            for spec in specs_of(step)]
+            for spec in kernels_of(step)]
 
 
 def sass_of(name: str, arch: str, **kw) -> str:

@@ -107,10 +107,3 @@ def color_of(name: str) -> str:
         if key in low:
             return IMPLS[impl].color
     return _EXTRA[sum(map(ord, name)) % len(_EXTRA)]
-
-
-def is_library(name: str) -> bool:
-    try:
-        return get(name).kind == "library"
-    except KeyError:
-        return any(k in str(name).lower() for k in ("cudnn", "flex", "sdpa", "flash"))

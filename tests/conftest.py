@@ -11,6 +11,17 @@ import pytest
 os.environ.setdefault("FLASHATTN_AUTOTUNE", "0")
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny matmuls: thread hand-offs cost more than they save, worse on a busy machine.
+    Modules of many small CPU matmuls use it (``pytestmark = pytest.mark.usefixtures(...)``)."""
+    import torch
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 def _gpu_reason():
     try:
         import torch

@@ -13,12 +13,7 @@ from flashattn.reference.emulate import schedule
 from flashattn.steps import STEPS, Config
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")   # tests/conftest.py
 
 
 HEADS = {"1:1": (2, 2, 2), "4:1": (1, 4, 1), "8:1": (1, 8, 1)}             # (B, Hq, Hkv)

@@ -9,13 +9,7 @@ from flashattn import reference as R
 from flashattn.steps import EXPERIMENTS, STEPS, Config
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny matmuls: thread hand-offs cost more than they save, worse on a busy machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")   # tests/conftest.py
 
 
 FUSED = [name for name, s in {**STEPS, **EXPERIMENTS}.items() if s.kernel == "fmha"]

@@ -104,47 +104,14 @@ def constants_for(spec: KernelSpec, step: Step, config: Config, *, head_dim: int
 # === decoding: split-KV over a contiguous or paged KV cache (issue 12) =========================
 # kernels/decode.py: decode_split_kernel (partials per split) and decode_combine_kernel (the LSE
 # merge). Not steps: the host module flashattn/decode.py launches them, aot.compile_spec compiles
-# them. Their integer tables (block table, lengths) are int32 arrays, which the base
-# KernelSpec.signature does not describe, hence the subclass.
+# them. Their integer tables (block table, lengths) are int32 arrays (``Array(..., "int32")``).
 DECODE_MAX_TILE_M = 64        # rows (query heads x new tokens of a group) per program
 DECODE_WAVES = 2              # the split rule aims at this many programs per SM
 DECODE_MAX_SPLITS = 256       # beyond this, partials and the combine's loop outweigh the gain
 DECODE_COMBINE_ELEMS = 2048   # fp32 values per combine tile (its loop keeps two such tiles)
 
 
-class DecodeKernelSpec(KernelSpec):
-    """A ``KernelSpec`` whose arrays may also be int32 (``Array(name, ndim, "int32")``)."""
-
-    def signature(self, *, dtype: str, constants: dict, align: int = 8):
-        import cuda.tile as ct
-        from cuda.tile.compilation import (ArrayConstraint, CallingConvention,
-                                           ConstantConstraint, KernelSignature,
-                                           ScalarConstraint)
-        self.check_signature()
-        self._exact("constants", constants, self.constants)
-        io = {"float16": ct.float16, "bfloat16": ct.bfloat16}[dtype]
-
-        def arr(a: Array):
-            if a.dtype == "int32":
-                # Tables come as the caller made them: any row stride, 4-byte aligned.
-                return ArrayConstraint(ct.int32, a.ndim, index_dtype=ct.int32,
-                                       stride_lower_bound_incl=0, alias_groups=(),
-                                       may_alias_internally=False,
-                                       stride_constant=(None,) * (a.ndim - 1) + (1,),
-                                       stride_divisible_by=1, base_addr_divisible_by=4)
-            return ArrayConstraint(io if a.dtype == "io" else ct.float32, a.ndim,
-                                   index_dtype=ct.int32, stride_lower_bound_incl=0,
-                                   alias_groups=(), may_alias_internally=False,
-                                   stride_constant=(None,) * (a.ndim - 1) + (1,),
-                                   stride_divisible_by=(align,) * (a.ndim - 1) + (1,),
-                                   base_addr_divisible_by=16)
-        scalar = {float: ScalarConstraint(ct.float32), int: ScalarConstraint(ct.int32)}
-        params = ([arr(a) for a in self.arrays] + [scalar[t] for _, t in self.scalars] +
-                  [ConstantConstraint(constants[n]) for n in self.constants])
-        return KernelSignature(params, calling_convention=CallingConvention.cutile_python_v2())
-
-
-DECODE_SPLIT = DecodeKernelSpec(
+DECODE_SPLIT = KernelSpec(
     "decode_split", "flashattn.kernels.decode", "decode_split_kernel",
     arrays=(Array("Q", 4), Array("K", 4), Array("V", 4), Array("BlockTable", 2, "int32"),
             Array("SeqLens", 1, "int32"), Array("Opart", 4, "float32"),
@@ -152,7 +119,7 @@ DECODE_SPLIT = DecodeKernelSpec(
     scalars=(("qk_scale", float), ("num_q", int)),
     constants=("TILE_M", "TILE_N", "TILE_D", "PAGED"))
 
-DECODE_COMBINE = DecodeKernelSpec(
+DECODE_COMBINE = KernelSpec(
     "decode_combine", "flashattn.kernels.decode", "decode_combine_kernel",
     arrays=(Array("Opart", 4, "float32"), Array("Lse", 3, "float32"), Array("Out", 4)),
     scalars=(), constants=("TILE_M", "TILE_D"))
@@ -278,7 +245,7 @@ def decode_num_splits(*, B: int, Hkv: int, rows: int, max_seqlen: int, head_dim:
 
 
 SPECS.update(DECODE)
-__all__ += ["DECODE", "DECODE_SPLIT", "DECODE_COMBINE", "DecodeKernelSpec", "decode_tiles",
+__all__ += ["DECODE", "DECODE_SPLIT", "DECODE_COMBINE", "decode_tiles",
             "decode_split_constants", "decode_combine_constants", "decode_split_grid",
             "decode_combine_grid", "decode_partial_shapes", "decode_num_splits"]
 # === end of decoding ============================================================================

@@ -27,7 +27,7 @@ class Array:
     """An array parameter: its rank, and its element type ("io": the dtype of q, k, v)."""
     name: str
     ndim: int
-    dtype: str = "io"        # "io" or "float32"
+    dtype: str = "io"        # "io", "float32", or "int32" (tables: block table, lengths)
 
 
 @dataclass(frozen=True)
@@ -109,6 +109,13 @@ class KernelSpec:
         io = {"float16": ct.float16, "bfloat16": ct.bfloat16}[dtype]
 
         def arr(a: Array):
+            if a.dtype == "int32":
+                # Tables come as the caller made them: any row stride, 4-byte aligned.
+                return ArrayConstraint(ct.int32, a.ndim, index_dtype=ct.int32,
+                                       stride_lower_bound_incl=0, alias_groups=(),
+                                       may_alias_internally=False,
+                                       stride_constant=(None,) * (a.ndim - 1) + (1,),
+                                       stride_divisible_by=1, base_addr_divisible_by=4)
             return ArrayConstraint(io if a.dtype == "io" else ct.float32, a.ndim,
                                    index_dtype=ct.int32, stride_lower_bound_incl=0,
                                    alias_groups=(), may_alias_internally=False,

@@ -616,7 +616,8 @@ def format_rules(rules, steps=None, types=("OPTIMIZATION", "WARNING", "ERROR"),
 # ---------------------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
     from ..impls import IMPLS, STEP_IMPLS
-    from .target import add_shape_args, parse_gqa
+    from ..contract import parse_gqa
+    from .target import add_shape_args
     p = argparse.ArgumentParser(
         prog="python -m flashattn profile",
         description="Profile one launch per step with Nsight Compute (clocks not locked) and "

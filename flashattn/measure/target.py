@@ -22,13 +22,8 @@ import math
 import sys
 
 from ..contract import DTYPES, check_tensors
-from ..contract import parse_gqa as _parse_gqa
+from ..contract import parse_gqa
 from ..impls import IMPLS
-
-
-def parse_gqa(text: str | None, heads: int) -> tuple[int, int]:
-    """'32:8' -> (32, 8); None -> (heads, heads) (``contract.parse_gqa``)."""
-    return _parse_gqa(text, heads)
 
 
 def add_shape_args(p: argparse.ArgumentParser) -> None:
