@@ -3,16 +3,17 @@
 What the book measures is the GPU time of the kernel: ``time_rounds`` times batches of
 back-to-back launches replayed from a CUDA graph (no host work inside the timed region), in
 many rounds, with the implementations in a fresh random order every round, and reports the
-median per launch with a bootstrap 95 % confidence interval. The time a caller waits, host work
-included, is measured separately (``call_time``): the difference is the host overhead.
+median per launch with a bootstrap 95 % confidence interval. The host time of a call (how long
+it takes to return on an idle GPU) is measured separately (``host_time``).
 
-``time_interleaved`` (events around each single launch) and ``time_cuda`` are the simpler
-methods of the first version, kept for autotune's quick searches and for comparison.
+``time_interleaved`` (events around each single launch, ``bench --method interleaved``) and
+``time_cuda`` are the simpler methods of the first version, kept for comparison (chapter 3) and
+for the chapters' quick live timings.
 """
 from __future__ import annotations
 
-import statistics
 import random
+import statistics
 from dataclasses import dataclass, field
 
 from ..data.stats import bootstrap_ci
