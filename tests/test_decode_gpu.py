@@ -115,7 +115,7 @@ def torch_same_precision(q, k_cache, v_cache, lens, table, scale):
 
 def run(q, k, v, lens, table, **kw):
     from flashattn.decode import decode
-    out = torch.full_like(q, math.nan)
+    out = torch.full(q.shape, math.nan, dtype=q.dtype, device=q.device)   # contiguous
     decode(q, k, v, lens, block_table=table, out=out, **kw)
     torch.cuda.synchronize()
     return out

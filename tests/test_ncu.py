@@ -22,7 +22,8 @@ def test_ncu_command_exact():
         "--section", "ComputeWorkloadAnalysis", "--section", "MemoryWorkloadAnalysis",
         "--section", "WarpStateStats", "--section", "SchedulerStats",
         "--metrics", "dram__bytes_read.sum,dram__bytes_write.sum,"
-        "l1tex__t_bytes_pipe_lsu_mem_local_op_ld.sum,l1tex__t_bytes_pipe_lsu_mem_local_op_st.sum",
+        "l1tex__t_bytes_pipe_lsu_mem_local_op_ld.sum,l1tex__t_bytes_pipe_lsu_mem_local_op_st.sum,"
+            "smsp__inst_executed.sum,sm__cycles_active.avg,sm__cycles_elapsed.avg",
         "-o", "/tmp/out/steps", "-f", "python3", "-m", "flashattn.measure.target",
         "--step", "baseline,remap", "--seqlen", "4096", "--batch", "4", "--heads", "32",
         "--head-dim", "128", "--dtype", "float16", "--causal", "--gqa", "32:8"]

@@ -42,12 +42,17 @@ import sys
 import time
 from pathlib import Path
 
+from .target import nvtx_decode
+
 SECTIONS = ("LaunchStats", "Occupancy", "SpeedOfLight", "ComputeWorkloadAnalysis",
             "MemoryWorkloadAnalysis", "WarpStateStats", "SchedulerStats")
 # Collected on top of the sections: DRAM bytes for the roofline, local-memory (spill) traffic.
+# Instructions executed (chapter 7: the loop split's saving) and SM-active cycles against the
+# elapsed ones (chapter 8: the idle SMs of the last wave).
 EXTRA_METRICS = ("dram__bytes_read.sum", "dram__bytes_write.sum",
                  "l1tex__t_bytes_pipe_lsu_mem_local_op_ld.sum",
-                 "l1tex__t_bytes_pipe_lsu_mem_local_op_st.sum")
+                 "l1tex__t_bytes_pipe_lsu_mem_local_op_st.sum",
+                 "smsp__inst_executed.sum", "sm__cycles_active.avg", "sm__cycles_elapsed.avg")
 NVTX_INCLUDE = "regex:step:.*/"
 # The cuTile kernels of flashattn.kernels (fused, and the three of the naive step).
 KERNEL_FILTER = "regex:fmha_kernel|scores_kernel|softmax_kernel|pv_kernel"
@@ -243,10 +248,10 @@ def step_of_action(action) -> str | None:
             continue
         for r in dom.push_pop_ranges():
             if r.startswith("step:"):
-                return r[len("step:"):]
+                return nvtx_decode(r[len("step:"):])
         for r in getattr(dom, "start_end_ranges", lambda: ())():
             if r.startswith("step:"):
-                return r[len("step:"):]
+                return nvtx_decode(r[len("step:"):])
     return None
 
 
@@ -445,8 +450,8 @@ def summarize_csv(raw: str, details: str = "", manifest: dict | None = None,
     if nvtx_col:
         steps = []
         for k in kernels:
-            m = re.search(r"step:([\w.-]+)", k.get(nvtx_col, ""))
-            steps.append(m.group(1) if m else None)
+            m = re.search(r"step:([\w.@=#~-]+)", k.get(nvtx_col, ""))
+            steps.append(nvtx_decode(m.group(1)) if m else None)
         if not any(steps):
             steps = None
     if steps is None:

@@ -35,6 +35,7 @@ from .bench import DEFAULT_STEPS, run_bench
 PARTS = ("bench", "bench-extra", "profile", "compile")
 COMPILE_ARCHS = ("sm_90", "sm_100")
 PROFILE_N = 4096
+TAIL_STEPS = ("loop_split", "remap", "loop_split@64x128", "remap@64x128")   # profiled at N=1K
 
 # Every recorded workload carries a control: the fastest step timed again as another row
 # (chapter 3: the two agree to within the measurement's resolution, or nothing is an effect).
@@ -44,9 +45,11 @@ CONTROL = "best#2"
 MAIN_STEPS = (*DEFAULT_STEPS, CONTROL, *(name for name, _ in HOPPER_LADDER))
 # The extra workloads of chapter 10: steps from autotune on, the baseline, the libraries.
 EXTRA_STEPS = ("baseline", *STEP_NAMES[STEP_NAMES.index("autotune"):], "best", CONTROL)
+LADDER_STEPS = tuple(name for name, _ in HOPPER_LADDER)
 EXTRA_WORKLOADS = (
+    # Non-causal: the Hopper ladder too (chapters 6-8 measure each rung both ways).
     dict(causal=False, dtype="float16", head_dim=128, gqa=None,
-         seqlens=(1024, 2048, 4096, 8192, 16384)),
+         seqlens=(1024, 2048, 4096, 8192, 16384), steps=(*EXTRA_STEPS, *LADDER_STEPS)),
     dict(causal=True, dtype="bfloat16", head_dim=128, gqa=None, seqlens=(4096, 8192, 16384)),
     dict(causal=True, dtype="float16", head_dim=128, gqa=(32, 8), seqlens=(4096, 8192, 16384)),
     dict(causal=True, dtype="float16", head_dim=64, gqa=None, seqlens=(4096, 8192, 16384)),
@@ -102,7 +105,7 @@ def record_bench_extra(out: Path, *, quick: bool = False, workloads: list[str] |
             name = full_name
             # FlexAttention's torch.compile per shape costs more than the extras' budget;
             # the default workload has it.
-            doc = run_bench(list(EXTRA_STEPS), list(w["seqlens"]), causal=w["causal"],
+            doc = run_bench(list(w.get("steps", EXTRA_STEPS)), list(w["seqlens"]), causal=w["causal"],
                             dtype=w["dtype"], gqa=w["gqa"], head_dim=w["head_dim"],
                             baselines=["flash", "cudnn", "efficient"], command=command,
                             name=name)
@@ -114,10 +117,14 @@ def record_bench_extra(out: Path, *, quick: bool = False, workloads: list[str] |
 def record_profile(out: Path, *, quick: bool = False, command: str | None = None) -> list[Path]:
     """Nsight Compute on one launch of each step (``measure.ncu`` does the work)."""
     from .ncu import record_profiles
-    steps = ["baseline"] if quick else [*STEP_IMPLS, "sdpa_cudnn", "sdpa_flash"]
+    steps = (["baseline"] if quick else
+             [*STEP_IMPLS, *LADDER_STEPS, "sdpa_cudnn", "sdpa_flash"])
     kw = dict(batch=QUICK["batch"], heads=QUICK["heads"]) if quick else {}
     res = record_profiles(out / "profiles", steps, N=512 if quick else PROFILE_N, causal=True,
                           **kw)
+    if not quick:
+        # Chapter 8: the remap at N=1K, where the last wave's tail is a large share of the time.
+        record_profiles(out / "profiles" / "n1024", TAIL_STEPS, N=1024, causal=True)
     if isinstance(res, (list, tuple)):
         return [Path(p) for p in res]
     return [Path(res) if res else out / "profiles"]

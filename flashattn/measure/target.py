@@ -60,13 +60,23 @@ class _LaunchCounter:
         return False
 
 
+def nvtx_name(step: str) -> str:
+    """The NVTX range of a step: ``step:NAME`` with ':' written '~' (ncu's CSV joins nested
+    ranges with ':', and variants such as ``remap@64x128:occ=2`` contain one)."""
+    return "step:" + step.replace(":", "~")
+
+
+def nvtx_decode(name: str) -> str:
+    return name.replace("~", ":")
+
+
 def run_step(name: str, *, seqlen: int, batch: int, heads: int, kv_heads: int, head_dim: int,
              dtype: str, causal: bool, seed: int = 0) -> dict:
     """Warm up then launch step ``name`` once inside NVTX range ``step:NAME``; what ran."""
     import torch
 
-    from ..autotune import resolve
     from ..launch import launch
+    from .bench import resolve_impl
     torch.manual_seed(seed)
     dt = getattr(torch, dtype)
     dev = torch.device("cuda")
@@ -88,7 +98,7 @@ def run_step(name: str, *, seqlen: int, batch: int, heads: int, kv_heads: int, h
                                                enable_gqa=kv_heads != heads)
         step, config = None, None
     else:
-        step, config = resolve(name, q, k, causal)
+        step, config = resolve_impl(name, q, k, causal)   # a step, "best" or STEP@CONFIG
 
         def go():
             launch(q, k, v, out, step, config, causal=causal, scale=scale)
@@ -97,7 +107,7 @@ def run_step(name: str, *, seqlen: int, batch: int, heads: int, kv_heads: int, h
         go()
     torch.cuda.synchronize()
     with _LaunchCounter() as measured:
-        with torch.cuda.nvtx.range(f"step:{name}"):
+        with torch.cuda.nvtx.range(nvtx_name(name)):
             go()
         torch.cuda.synchronize()
     return dict(step=name, resolved_step=step.name if step else name,

@@ -1,10 +1,15 @@
 """Timing on the GPU (chapter 3 explains the method and shows its control).
 
-What the book measures is the GPU time of the kernel: ``time_rounds`` times batches of
-back-to-back launches replayed from a CUDA graph (no host work inside the timed region), in
-many rounds, with the implementations in a fresh random order every round, and reports the
-median per launch with a bootstrap 95 % confidence interval. The host time of a call (how long
-it takes to return on an idle GPU) is measured separately (``host_time``).
+What the book measures is the GPU time of the kernel in steady state: ``time_rounds`` times
+batches of back-to-back launches replayed from a CUDA graph (no host work inside the timed
+region), in many rounds, with the implementations in a fresh random order every round, and
+reports the median per launch with a bootstrap 95 % confidence interval. Before each timed
+batch the same batch runs untimed for ``warm_ms``: an H200 under a sustained tensor-core load
+sits at its power limit and its SM clock follows the power drawn, so without this preamble a
+sample's clock depends on which implementation ran before it in the round (E11 in
+``experiments/LOG.md``: 3-6 % from sample to sample; an idle GPU runs the first milliseconds at
+full clock). The host time of a call (how long it takes to return on an idle GPU) is
+measured separately (``host_time``).
 
 ``time_interleaved`` (events around each single launch, ``bench --method interleaved``) and
 ``time_cuda`` are the simpler methods of the first version, kept for comparison (chapter 3) and
@@ -12,6 +17,7 @@ for the chapters' quick live timings.
 """
 from __future__ import annotations
 
+import math
 import random
 import statistics
 from dataclasses import dataclass, field
@@ -145,8 +151,27 @@ def _capture(fn, inner: int):
         return None
 
 
+WARM_MS = 20.0   # time_rounds: untimed run of the same batch before each sample (steady state)
+
+
+def _graph_ms(g, inner: int, fn) -> float:
+    """Milliseconds of one replay of ``g`` (or ``inner`` eager calls of ``fn``)."""
+    import torch
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    if g is not None:
+        g.replay()
+    else:
+        for _ in range(inner):
+            fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end)
+
+
 def time_rounds(fns: dict, *, rounds: int = 30, inner=10, graph: bool = True,
-                flush: bool = True, seed: int = 0, progress=None) -> dict:
+                flush: bool = True, seed: int = 0, progress=None,
+                warm_ms: float = WARM_MS) -> dict:
     """GPU time per launch of each function, measured in alternation (chapter 3).
 
     Every round times each function once, in a fresh random order (seeded): ``inner``
@@ -157,6 +182,10 @@ def time_rounds(fns: dict, *, rounds: int = 30, inner=10, graph: bool = True,
     median and a bootstrap 95 % confidence interval of the median; ``Timing.method`` says
     "graph" or "batch".
 
+    With ``warm_ms`` > 0 the batch first runs untimed (whole replays, at least ``warm_ms``
+    milliseconds, at most 50 replays; none for a batch of 100 ms or more), so every sample starts in the power and clock state that
+    its own kernel settles into, not in the one its random predecessor left (E11).
+
     A function should alternate between a few input sets (``bench`` gives it three) so that
     consecutive calls do not find their inputs in L2.
     """
@@ -164,22 +193,34 @@ def time_rounds(fns: dict, *, rounds: int = 30, inner=10, graph: bool = True,
     names = list(fns)
     inner = inner if isinstance(inner, dict) else {n: int(inner) for n in names}
     graphs = {n: (_capture(fns[n], inner[n]) if graph else None) for n in names}
+    warm = {n: 0 for n in names}
+    if warm_ms > 0:
+        for n in names:
+            ms = _graph_ms(graphs[n], inner[n], fns[n])
+            # A batch of 100 ms or more settles into its own state within itself: no preamble.
+            warm[n] = 0 if ms >= 100 else min(50, max(1, math.ceil(warm_ms / max(ms, 1e-3))))
     samples = {n: [] for n in names}
     rng = random.Random(seed)
+
+    def run(n):
+        g = graphs[n]
+        if g is not None:
+            g.replay()
+        else:
+            for _ in range(inner[n]):
+                fns[n]()
+
     for r in range(rounds):
         order = names[:]
         rng.shuffle(order)
         for n in order:
-            g = graphs[n]
+            for _ in range(warm[n]):
+                run(n)
             if flush:
                 flush_l2()
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
-            if g is not None:
-                g.replay()
-            else:
-                for _ in range(inner[n]):
-                    fns[n]()
+            run(n)
             end.record()
             end.synchronize()
             samples[n].append(start.elapsed_time(end) / inner[n])
