@@ -44,7 +44,7 @@ SKIP_MATH = f"{SKIPPED}: N x N scores do not fit in a third of free memory"
 MEASURE_BUDGET_S = 3.0   # slow implementations (~0.3 s a call) get fewer timed calls, at least 5
 MIN_REPS = 5
 METHODS = ("rounds", "interleaved")
-SAMPLE_MS = 25.0          # method rounds: target length of one sample (a batch of launches)
+SAMPLE_MS = 5.0           # method rounds: target length of one sample (a batch of launches)
 REF_SCORE_BYTES = 6 << 30   # the fp32 reference runs on as many heads as fit in this
 
 __all__ = ["run_bench", "to_frame", "format_table", "workload_name", "write_json", "dumps",
@@ -309,7 +309,7 @@ def run_bench(steps=None, seqlens=None, *, causal: bool = True, dtype: str = "fl
 
     from ..env import metadata
     from ..launch import launch
-    from .timing import WARM_MS, host_time, time_interleaved, time_rounds
+    from .timing import IDLE_MS, host_time, time_interleaved, time_rounds
     if method not in METHODS:
         raise ValueError(f"method must be one of {', '.join(METHODS)}, got {method!r}")
     steps = list(DEFAULT_STEPS if steps is None else steps)
@@ -342,9 +342,9 @@ def run_bench(steps=None, seqlens=None, *, causal: bool = True, dtype: str = "fl
                 procs=prewarm_procs)
     meta["method"] = dict(name=method, rounds=rounds, inner=inner, input_sets=input_sets,
                           order="random per round", ci="bootstrap 95 % of the median",
-                          sample_ms=SAMPLE_MS, warm_ms=WARM_MS,
-                          what=("GPU time per launch in steady state, batches replayed from "
-                                "CUDA graphs, each after an untimed run of itself"
+                          sample_ms=SAMPLE_MS, idle_ms=IDLE_MS,
+                          what=("GPU time per launch started on an idle GPU, batches replayed "
+                                "from CUDA graphs"
                                 if method == "rounds" else "events around each launch"))
     rows: list[dict] = []
     prog = _Progress(len(seqlens) * (len(steps) + len(baselines)), progress)

@@ -1,15 +1,17 @@
 """Timing on the GPU (chapter 3 explains the method and shows its control).
 
-What the book measures is the GPU time of the kernel in steady state: ``time_rounds`` times
-batches of back-to-back launches replayed from a CUDA graph (no host work inside the timed
-region), in many rounds, with the implementations in a fresh random order every round, and
-reports the median per launch with a bootstrap 95 % confidence interval. Before each timed
-batch the same batch runs untimed for ``warm_ms``: an H200 under a sustained tensor-core load
-sits at its power limit and its SM clock follows the power drawn, so without this preamble a
-sample's clock depends on which implementation ran before it in the round (E11 in
-``experiments/LOG.md``: 3-6 % from sample to sample; an idle GPU runs the first milliseconds at
-full clock). The host time of a call (how long it takes to return on an idle GPU) is
-measured separately (``host_time``).
+What the book measures is the GPU time of the kernel started on an idle GPU: ``time_rounds``
+times short batches of back-to-back launches replayed from a CUDA graph (no host work inside
+the timed region), each after the GPU has idled for ``idle_ms``, in many rounds, with the
+implementations in a fresh random order every round, and reports the median per launch with a
+bootstrap 95 % confidence interval. The idle gap is what makes samples reproducible: under a
+sustained tensor-core load an H200 sits at its power limit and its SM clock wanders between
+states, so back-to-back samples of one kernel vary by 4-7 % (E11 in ``experiments/LOG.md``);
+after 25 ms of idle every sample starts at the same clock, and they agree to about 0.5 %. The
+sustained regime (``idle_ms=0``, ``warm_ms`` > 0) is measured too, as an experiment: it ranks
+kernels by how much power they draw as well as by how much work they do (chapter 3). The host
+time of a call (how long it takes to return on an idle GPU) is measured separately
+(``host_time``).
 
 ``time_interleaved`` (events around each single launch, ``bench --method interleaved``) and
 ``time_cuda`` are the simpler methods of the first version, kept for comparison (chapter 3) and
@@ -20,6 +22,7 @@ from __future__ import annotations
 import math
 import random
 import statistics
+import time
 from dataclasses import dataclass, field
 
 from ..data.stats import bootstrap_ci
@@ -151,7 +154,7 @@ def _capture(fn, inner: int):
         return None
 
 
-WARM_MS = 20.0   # time_rounds: untimed run of the same batch before each sample (steady state)
+IDLE_MS = 25.0   # time_rounds: the GPU idles this long before each sample (same clock state)
 
 
 def _graph_ms(g, inner: int, fn) -> float:
@@ -171,7 +174,7 @@ def _graph_ms(g, inner: int, fn) -> float:
 
 def time_rounds(fns: dict, *, rounds: int = 30, inner=10, graph: bool = True,
                 flush: bool = True, seed: int = 0, progress=None,
-                warm_ms: float = WARM_MS) -> dict:
+                idle_ms: float = IDLE_MS, warm_ms: float = 0.0) -> dict:
     """GPU time per launch of each function, measured in alternation (chapter 3).
 
     Every round times each function once, in a fresh random order (seeded): ``inner``
@@ -182,9 +185,10 @@ def time_rounds(fns: dict, *, rounds: int = 30, inner=10, graph: bool = True,
     median and a bootstrap 95 % confidence interval of the median; ``Timing.method`` says
     "graph" or "batch".
 
-    With ``warm_ms`` > 0 the batch first runs untimed (whole replays, at least ``warm_ms``
-    milliseconds, at most 50 replays; none for a batch of 100 ms or more), so every sample starts in the power and clock state that
-    its own kernel settles into, not in the one its random predecessor left (E11).
+    Before each sample the GPU idles for ``idle_ms`` (after the L2 flush), so every sample
+    starts in the same power and clock state whatever ran before it (E11). With ``warm_ms`` > 0
+    the batch instead first runs untimed (whole replays, at least ``warm_ms`` milliseconds, at
+    most 50; none for a batch of 100 ms or more): the sustained, power-limited regime.
 
     A function should alternate between a few input sets (``bench`` gives it three) so that
     consecutive calls do not find their inputs in L2.
@@ -218,6 +222,9 @@ def time_rounds(fns: dict, *, rounds: int = 30, inner=10, graph: bool = True,
                 run(n)
             if flush:
                 flush_l2()
+            if idle_ms > 0:
+                torch.cuda.synchronize()
+                time.sleep(idle_ms / 1e3)
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             run(n)
