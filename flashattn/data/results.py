@@ -5,6 +5,7 @@
     r.tflops_table("fp16-causal-d128")     # impl x N, book order
     r.ratio_table("fp16-causal-d128")      # the same over cuDNN
     r.compile, r.tile_grid                 # compile reports: per arch, and the tile-shape grid
+    r.profile, r.profile_at("n1024")       # Nsight Compute: N=4K (every step), N=1K (chapter 8)
     r.experiment("02-hopper-experiments")  # an experiment run of chapter 10 (bench rows)
     results.load_experiment_profile("12-profiles", "d128-summary.json")   # a profile of a run
     results.load_experiment_table("13-timing-crosscheck", "timing-crosscheck.json")
@@ -142,6 +143,11 @@ class Results:
         df = self.bench[(self.bench["workload"] == workload) & (self.bench["impl"] == impl)
                         & (self.bench["Nq"] == N)]
         return None if df.empty else df.iloc[0].to_dict()
+
+    def profile_at(self, sub: str):
+        """(wide DataFrame, units, rules, meta) of a further profile run recorded under
+        ``profiles/<sub>/`` (``"n1024"``: chapter 8's steps at N=1K, ``record.TAIL_STEPS``)."""
+        return _profile_frames(_read(self.path / "profiles" / sub / "summary.json") or {})
 
     @property
     def experiments(self) -> list[str]:

@@ -73,7 +73,7 @@ METRIC_PATTERNS = (
     r"^sm__pipe_\w+_cycles_active\.avg\.pct_of_peak_sustained_(active|elapsed)$",
     r"^sm__instruction_throughput\.avg\.pct_of_peak_sustained_active$",
     r"^smsp__inst_executed\.(sum|avg\.per_cycle_active)$",
-    r"^sm__cycles_elapsed\.avg(\.per_second)?$",
+    r"^sm__cycles_(elapsed|active)\.avg(\.per_second)?$",
     r"^gpc__cycles_elapsed\.max$",
     # Local memory = register spills and stack (MemoryWorkloadAnalysis and the extra metrics)
     r"^l1tex__t_bytes_pipe_lsu_mem_local_op_(ld|st)\.sum$",
