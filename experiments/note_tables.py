@@ -1,0 +1,97 @@
+"""Markdown tables of the recorded dataset for the issues' closing notes (CPU only):
+
+    python experiments/note_tables.py [control|ladder|targets|all]
+
+control: the control's gap (best vs best#2, paired by round) at every N of every workload;
+ladder:  the Hopper ladder (step x N x causal: TFLOPS with its 95 % interval, ratio to cuDNN);
+targets: best against cuDNN with its interval and the fraction of the H200's dense fp16 peak.
+"""
+from __future__ import annotations
+
+import sys
+
+from flashattn.data import results
+from flashattn.data.stats import gap
+from flashattn.steps import HOPPER_LADDER
+
+PEAK_TFLOPS = 989.0   # H200 dense fp16/bf16 tensor-core peak (NVIDIA's datasheet)
+
+
+def _rows(r, workload):
+    b = r.bench[r.bench["workload"] == workload]
+    return {(x["impl"], int(x["Nq"])): x for x in b.to_dict("records")}
+
+
+def _tf_ci(row):
+    """TFLOPS at the ends of the time's 95 % interval (slowest first)."""
+    t = row["tflops"] * row["median_ms"]
+    return t / row["ci_hi_ms"], t / row["ci_lo_ms"]
+
+
+def _ok(row) -> bool:
+    return row is not None and not isinstance(row.get("error"), str)
+
+
+def control(r) -> str:
+    out = ["| workload | N | best (ms) | best#2 (ms) | gap | 95 % interval of the gap |",
+           "|---|---|---|---|---|---|"]
+    for w in r.workloads:
+        rows = _rows(r, w)
+        for (impl, n), a in sorted(rows.items(), key=lambda t: t[0][1]):
+            if impl != "best" or ("best#2", n) not in rows:
+                continue
+            b = rows[("best#2", n)]
+            g, lo, hi = gap(a["samples_ms"], b["samples_ms"])
+            out.append(f"| {w} | {n} | {a['median_ms']:.4f} | {b['median_ms']:.4f} | "
+                       f"{100 * g:+.2f} % | [{100 * lo:+.2f}, {100 * hi:+.2f}] % |")
+    return "\n".join(out)
+
+
+def ladder(r) -> str:
+    out = ["| rung | causal | N | TFLOPS [95 % CI] | × cuDNN [95 % CI] |", "|---|---|---|---|---|"]
+    for w, causal in (("fp16-causal-d128", "yes"), ("fp16-full-d128", "no")):
+        rows = _rows(r, w)
+        for impl, _ in HOPPER_LADDER:
+            for n in sorted({k[1] for k in rows}):
+                x = rows.get((impl, n))
+                if not _ok(x):
+                    continue
+                lo, hi = _tf_ci(x)
+                out.append(f"| `{impl}` | {causal} | {n} | {x['tflops']:.1f} [{lo:.1f}, {hi:.1f}] | "
+                           f"{x['ratio_cudnn']:.3f} [{x['ratio_cudnn_lo']:.3f}, "
+                           f"{x['ratio_cudnn_hi']:.3f}] |")
+    return "\n".join(out)
+
+
+def targets(r) -> str:
+    out = ["| workload | N | config | TFLOPS | % of peak | × cuDNN [95 % CI] | target | met |",
+           "|---|---|---|---|---|---|---|---|"]
+    for w in r.workloads:
+        rows = _rows(r, w)
+        for n in sorted({k[1] for k in rows}):
+            x = rows.get(("best", n))
+            if not _ok(x):
+                continue
+            main = w in ("fp16-causal-d128", "fp16-full-d128")
+            target = 1.10 if (main and n == 16384) else 1.0
+            if main or n == 8192:
+                met = "yes" if x["ratio_cudnn_lo"] >= target else (
+                    "no" if x["ratio_cudnn_hi"] < target else "within the interval")
+                miss = "" if met == "yes" else f" ({100 * (x['ratio_cudnn'] / target - 1):+.1f} %)"
+                out.append(f"| {w} | {n} | {x['config']} | {x['tflops']:.1f} | "
+                           f"{100 * x['tflops'] / PEAK_TFLOPS:.1f} | {x['ratio_cudnn']:.3f} "
+                           f"[{x['ratio_cudnn_lo']:.3f}, {x['ratio_cudnn_hi']:.3f}] | "
+                           f"≥ {target:.2f} | {met}{miss} |")
+    return "\n".join(out)
+
+
+def main(argv):
+    r = results.load("h200")
+    what = argv[0] if argv else "all"
+    for name, fn in (("control", control), ("ladder", ladder), ("targets", targets)):
+        if what in (name, "all"):
+            print(f"## {name}\n\n{fn(r)}\n")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
