@@ -126,3 +126,16 @@ def test_figure_draws_a_panel_per_workload(h200):
     labels = [line.get_label() for line in fig.axes[1].get_lines()]
     assert any(lbl.startswith("loop_split@64x128") for lbl in labels)
     assert "sdpa_cudnn (library)" in labels
+
+
+def test_sm_activity_from_the_recorded_n1k_report():
+    pytest.importorskip("ncu_report")
+    report = Path(__file__).resolve().parents[1] / "results/h200/profiles/n1024/steps.ncu-rep.xz"
+    if not report.exists():
+        pytest.skip("no recorded N=1K report")
+    d = ladder.sm_activity(report, ["loop_split@64x128", "remap@64x128"])
+    assert list(d.index) == ["loop_split@64x128", "remap@64x128"]
+    assert ((d["busy_min_pct"] <= d["busy_avg_pct"]) & (d["busy_avg_pct"] <= 100)).all()
+    assert (d["busy_avg_pct"] > 50).all()
+    with pytest.raises(KeyError, match="not in the report"):
+        ladder.sm_activity(report, ["baseline"])

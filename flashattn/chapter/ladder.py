@@ -262,3 +262,66 @@ def profile_rows(profile_df, steps, metrics: dict):
 __all__ = ["RUNGS", "LABELS", "WORKLOADS", "CONTROL", "COPIES", "NO_EFFECT", "predecessor",
            "samples", "paired", "copies", "resolution", "call_effect", "fmt_ci", "effect_table", "display_table", "glue_effects",
            "figure", "profile_rows"]
+
+
+# The counters that show a launch's tail: how long each SM was busy, against the launch's length.
+SM_ACTIVITY = ("sm__cycles_active.avg", "sm__cycles_active.min", "sm__cycles_active.max",
+               "sm__cycles_elapsed.avg", "sm__cycles_elapsed.max", "gpu__time_duration.sum")
+
+
+def sm_activity(report, steps=None):
+    """How busy the SMs were in each profiled launch, read from a recorded Nsight Compute report
+    (``.ncu-rep``, or ``.ncu-rep.xz`` as the dataset stores them) with the ``ncu_report`` module.
+
+    The recorded summaries keep achieved occupancy, which is averaged over the cycles an SM is
+    active and so cannot see SMs that idle at the end of a launch; ``sm__cycles_active`` over
+    ``sm__cycles_elapsed`` can. Returns a DataFrame indexed by step (the NVTX range of each
+    profiled kernel; ``steps`` selects and orders): the counters of ``SM_ACTIVITY`` and
+    ``busy_avg_pct`` / ``busy_min_pct`` / ``busy_max_pct`` (active cycles over the launch's
+    elapsed cycles, ``sm__cycles_elapsed.max``: the mean SM, the least and the most busy one). Raises RuntimeError without ``ncu_report``, KeyError
+    for a step not in the report.
+    """
+    import lzma
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    import pandas as pd
+
+    from ..measure.ncu import import_ncu_report, step_of_action
+    mod = import_ncu_report()
+    if mod is None:
+        raise RuntimeError("reading a report needs the ncu_report module (pip install ncu-report)")
+    report = Path(report)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = report
+        if report.suffix == ".xz":
+            path = Path(tmp) / report.stem
+            with lzma.open(report) as src, open(path, "wb") as dst:
+                shutil.copyfileobj(src, dst)
+        ctx = mod.load_report(str(path))
+        rows = {}
+        for ri in range(ctx.num_ranges()):
+            rng = ctx.range_by_idx(ri)
+            for ai in range(rng.num_actions()):
+                a = rng.action_by_idx(ai)
+                step = step_of_action(a)
+                if step is None or step in rows:
+                    continue
+                vals = {}
+                for m in SM_ACTIVITY:
+                    x = a.metric_by_name(m)
+                    vals[m] = float(x.as_double()) if x is not None else float("nan")
+                rows[step] = vals
+    d = pd.DataFrame.from_dict(rows, orient="index")
+    d.index.name = "step"
+    if steps is not None:
+        missing = [s for s in steps if s not in d.index]
+        if missing:
+            raise KeyError(f"not in the report: {', '.join(missing)}; it has "
+                           f"{', '.join(d.index)}")
+        d = d.loc[list(steps)]
+    el = d["sm__cycles_elapsed.max"]
+    for k in ("avg", "min", "max"):
+        d[f"busy_{k}_pct"] = 100 * d[f"sm__cycles_active.{k}"] / el
+    return d
