@@ -1,6 +1,7 @@
 """Launching the kernels: a step and a configuration, on validated tensors.
 
     launch(q, k, v, out, step, config, causal=True, scale=D ** -0.5)
+    launch(q, k, v, out, step, config, causal=True, scale=D ** -0.5, lse=lse)   # and the LSE
 
 Which step and configuration to launch for given inputs is ``autotune.resolve``.
 
@@ -14,6 +15,35 @@ from .steps import Config, Step
 
 NAIVE_SCRATCH_BYTES = 8 << 30   # S (fp32) + P for this many bytes of (batch, head) pairs at once
 
+_NO_LSE: dict = {}              # device -> the one-element stand-in for Lse when it is not written
+
+
+def _lse_stand_in(device):
+    """A (1, 1, 1) fp32 tensor on ``device``, made once: the kernel's Lse when WRITE_LSE is off
+    (never read or written; a fixed tensor keeps CUDA-graph captures free of allocations)."""
+    import torch
+    key = str(device)
+    if key not in _NO_LSE:
+        _NO_LSE[key] = torch.empty((1, 1, 1), dtype=torch.float32, device=device)
+    return _NO_LSE[key]
+
+
+def check_lse_out(q, lse) -> None:
+    """``lse`` must be a contiguous fp32 (B, Hq, Nq) tensor on q's device (ValueError/TypeError)."""
+    import torch
+    if not isinstance(lse, torch.Tensor):
+        raise TypeError(f"lse must be a torch.Tensor, got {type(lse).__name__}")
+    B, Hq, Nq, _ = q.shape
+    if tuple(lse.shape) != (B, Hq, Nq):
+        raise ValueError(f"lse must have shape (B, Hq, Nq) = {(B, Hq, Nq)}, got "
+                         f"{tuple(lse.shape)}")
+    if lse.dtype != torch.float32:
+        raise TypeError(f"lse must be float32, got {lse.dtype}")
+    if lse.device != q.device:
+        raise ValueError(f"lse is on {lse.device}, q on {q.device}: one device")
+    if not lse.is_contiguous():
+        raise ValueError("lse must be contiguous (the kernel writes it in place)")
+
 
 def arch_of(device) -> str:
     """"sm_90" for an H100/H200, "sm_100" for a B200, ..."""
@@ -23,8 +53,9 @@ def arch_of(device) -> str:
 
 
 def fmha_args(q, k, v, out, step: Step, config: Config, *, causal: bool, scale: float,
-              input_pos: int):
-    """(grid, kernel, args) for one launch of the fused kernel."""
+              input_pos: int, lse=None):
+    """(grid, kernel, args) for one launch of the fused kernel; with ``lse`` (fp32 (B, Hq, Nq))
+    the kernel also writes each row's natural-log LSE there (WRITE_LSE)."""
     import torch
     B, Hq, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
@@ -33,11 +64,11 @@ def fmha_args(q, k, v, out, step: Step, config: Config, *, causal: bool, scale: 
         sms = torch.cuda.get_device_properties(q.device).multi_processor_count
     grid = fmha_grid(step, config, B=B, Hq=Hq, Nq=Nq, sm_count=sms)
     args = FMHA.args(
-        dict(Q=q, K=k, V=v, Out=out),
+        dict(Q=q, K=k, V=v, Out=out, Lse=_lse_stand_in(q.device) if lse is None else lse),
         dict(qk_scale=scale, input_pos=input_pos, num_heads=Hq, group_size=Hq // Hkv,
              num_m_blocks=-(-Nq // config.TILE_M)),
         fmha_constants(step, config, head_dim=D, causal=causal,
-                       even_k=Nk % config.TILE_N == 0))
+                       even_k=Nk % config.TILE_N == 0, write_lse=lse is not None))
     return grid, hinted(FMHA.kernel(), config.hints()), args
 
 
@@ -70,13 +101,22 @@ def _naive(q, k, v, out, config: Config, *, causal, scale, input_pos):
 
 
 def launch(q, k, v, out, step: Step, config: Config, *, causal: bool, scale: float,
-           input_pos: int = 0):
-    """Launch a step with an explicit configuration on validated, contiguous tensors."""
+           input_pos: int = 0, lse=None):
+    """Launch a step with an explicit configuration on validated, contiguous tensors.
+
+    ``lse``: a contiguous fp32 (B, Hq, Nq) tensor to receive each query row's natural-log
+    log-sum-exp (what ``launch_bwd.attention_backward`` takes); fused steps only.
+    """
     import cuda.tile as ct
     import torch
+    if lse is not None:
+        check_lse_out(q, lse)
+        if step.kernel == "naive":
+            raise ValueError(f"step {step.name!r} (the naive kernels) does not write the LSE; "
+                             "use a fused step")
     if step.kernel == "naive":
         return _naive(q, k, v, out, config, causal=causal, scale=scale, input_pos=input_pos)
     grid, kernel, args = fmha_args(q, k, v, out, step, config, causal=causal, scale=scale,
-                                   input_pos=input_pos)
+                                   input_pos=input_pos, lse=lse)
     ct.launch(torch.cuda.current_stream(), grid, kernel, args)
     return out

@@ -105,9 +105,9 @@ def test_swapped_scalars_and_arrays_are_refused():
 
 
 def test_a_missing_or_unknown_kernel_parameter_is_refused():
-    with pytest.raises(KernelContractError, match="spec has 23 parameters, kernel 24.*only in kernel: \\['PERSISTENT'\\]"):
+    with pytest.raises(KernelContractError, match="spec has 25 parameters, kernel 26.*only in kernel: \\['WRITE_LSE'\\]"):
         fresh(FMHA, constants=FMHA.constants[:-1]).check_signature()
-    with pytest.raises(KernelContractError, match="spec has 25 parameters, kernel 24"):
+    with pytest.raises(KernelContractError, match="spec has 27 parameters, kernel 26"):
         fresh(FMHA, constants=(*FMHA.constants, "NUM_STAGES")).check_signature()
     with pytest.raises(KernelContractError, match="'NUM_STAGES' vs kernel 'TILE_M'"):
         fresh(FMHA, constants=("NUM_STAGES", *FMHA.constants)).check_signature()
@@ -126,7 +126,7 @@ def test_a_derived_spec_is_checked_afresh():
 
 # --- arguments by name ------------------------------------------------------------------------
 def _fmha_values(step="baseline", config=Config(64, 64)):
-    arrays = dict(Q="q", K="k", V="v", Out="out")            # stand-ins: args passes them through
+    arrays = dict(Q="q", K="k", V="v", Out="out", Lse="lse")  # stand-ins: passed through
     scalars = dict(qk_scale=0.125, input_pos=0, num_heads=8, group_size=2, num_m_blocks=3)
     constants = fmha_constants(ALL_STEPS[step], config, head_dim=128, causal=True, even_k=True)
     return arrays, scalars, constants
@@ -137,7 +137,8 @@ def test_args_are_positional_in_signature_order():
     args = FMHA.args(arrays, scalars, constants)
     assert len(args) == len(FMHA.params) == len(FMHA.source_params())
     by_name = dict(zip(FMHA.source_params(), args))
-    assert [by_name[n] for n in ("Q", "K", "V", "Out")] == ["q", "k", "v", "out"]
+    assert [by_name[n] for n in ("Q", "K", "V", "Out", "Lse")] == ["q", "k", "v", "out", "lse"]
+    assert by_name["WRITE_LSE"] is False
     assert by_name["qk_scale"] == 0.125 and isinstance(by_name["qk_scale"], float)
     assert by_name["num_m_blocks"] == 3 and isinstance(by_name["num_m_blocks"], int)
     assert by_name["PAIR"] is True and by_name["TILE_N"] == 128
@@ -207,6 +208,9 @@ def test_fmha_constants_are_exactly_the_kernels(step, head_dim, causal, even_k):
             assert (c["TILE_M"], c["TILE_N"]) == (config.TILE_M, config.TILE_N)
             assert c["TILE_D"] == tile_d_for(head_dim) >= head_dim
             assert c["CAUSAL"] is causal and c["EVEN_K"] is even_k
+            assert c["WRITE_LSE"] is False       # inference: the LSE block folds away
+            assert fmha_constants(s, config, head_dim=head_dim, causal=causal, even_k=even_k,
+                                  write_lse=True) == dict(c, WRITE_LSE=True)
             for f, v in flags.items():
                 if f != "UNCHECKED_KV":
                     assert c[f] == v and type(c[f]) is type(v), f
@@ -310,3 +314,51 @@ def test_launch_and_aot_pass_the_same_constants(captured, step, head_dim, causal
 def test_the_contract_module_is_what_kernels_use():
     # tile_d_for has one definition: contract's (kernels re-uses it, aot goes through kernels).
     assert kernels.tile_d_for is tile_d_for
+
+
+# --- the LSE output (issue 11) ------------------------------------------------------------------
+def test_launch_passes_the_lse_and_its_flag(captured):
+    import torch
+
+    from flashattn.launch import launch
+    s = STEPS["warp_groups"]
+    config = s.configs("sm_90")[0]
+    q = torch.zeros(1, 2, 2 * config.TILE_M + 5, 64, dtype=torch.float16)
+    lse = torch.empty(1, 2, q.shape[2], dtype=torch.float32)
+    launch(q, q, q, torch.empty_like(q), s, config, causal=True, scale=0.1)
+    launch(q, q, q, torch.empty_like(q), s, config, causal=True, scale=0.1, lse=lse)
+    launch(q, q, q, torch.empty_like(q), s, config, causal=True, scale=0.1)
+    (_, off), (_, on), (_, off2) = captured.launched
+    by_name = [dict(zip(FMHA.params, a)) for a in (off, on, off2)]
+    assert by_name[0]["WRITE_LSE"] is False and by_name[1]["WRITE_LSE"] is True
+    assert by_name[1]["Lse"] is lse
+    stand_in = by_name[0]["Lse"]
+    assert tuple(stand_in.shape) == (1, 1, 1) and stand_in.dtype == torch.float32
+    assert by_name[2]["Lse"] is stand_in          # one stand-in per device, made once
+    assert {n: v for n, v in by_name[0].items() if n not in ("Lse", "WRITE_LSE", "Out")} == \
+        {n: v for n, v in by_name[1].items() if n not in ("Lse", "WRITE_LSE", "Out")}
+
+
+@pytest.mark.parametrize("bad,err,match", [
+    (lambda q: torch_empty(1, 2, 7), ValueError, "shape"),
+    (lambda q: torch_empty(1, 2, q.shape[2], dtype="float16"), TypeError, "float32"),
+    (lambda q: torch_empty(1, q.shape[2], 2).transpose(1, 2), ValueError, "contiguous"),
+    (lambda q: "lse", TypeError, "torch.Tensor"),
+])
+def test_launch_refuses_a_bad_lse(captured, bad, err, match):
+    import torch
+
+    from flashattn.launch import launch
+    q = torch.zeros(1, 2, 33, 64, dtype=torch.float16)
+    with pytest.raises(err, match=match):
+        launch(q, q, q, torch.empty_like(q), STEPS["baseline"], Config(64, 64), causal=True,
+               scale=0.1, lse=bad(q))
+    with pytest.raises(ValueError, match="naive"):
+        launch(q, q, q, torch.empty_like(q), STEPS["naive"], Config(64, 64), causal=True,
+               scale=0.1, lse=torch.empty(1, 2, 33))
+    assert captured.launched == []
+
+
+def torch_empty(*shape, dtype="float32"):
+    import torch
+    return torch.empty(*shape, dtype=getattr(torch, dtype))

@@ -19,23 +19,27 @@ __all__ = ["FMHA", "NAIVE", "SPECS", "KernelSpec", "KernelContractError", "Array
            "kernels_of", "fmha_constants", "fmha_grid", "naive_constants", "NAIVE_ROW_TILE"]
 
 # --- the fused kernel -------------------------------------------------------------------------
+# Lse: fp32 (B, Hq, Nq), the natural-log LSE of each query row, written only with WRITE_LSE (the
+# backward's forward, issue 11); without it the launch passes a one-element stand-in.
 FMHA = KernelSpec(
     "fmha", "flashattn.kernels.fmha", "fmha_kernel",
-    arrays=(Array("Q", 4), Array("K", 4), Array("V", 4), Array("Out", 4)),
+    arrays=(Array("Q", 4), Array("K", 4), Array("V", 4), Array("Out", 4),
+            Array("Lse", 3, "float32")),
     scalars=(("qk_scale", float), ("input_pos", int), ("num_heads", int),
              ("group_size", int), ("num_m_blocks", int)),
     constants=("TILE_M", "TILE_N", "TILE_D", "CAUSAL", "EVEN_K", "FAST_MATH", "SPLIT_LOOP",
                "REMAP", "PAIR", "LAZY_RESCALE", "EXP_POLY", "UNCHECKED_KV", "K_LAT", "V_LAT",
-               "PERSISTENT"))
+               "PERSISTENT", "WRITE_LSE"))
 
 
 def fmha_constants(step: Step, config: Config, *, head_dim: int, causal: bool,
-                   even_k: bool) -> dict:
-    """The ``ct.Constant`` values of ``fmha_kernel`` for a step, by name."""
+                   even_k: bool, write_lse: bool = False) -> dict:
+    """The ``ct.Constant`` values of ``fmha_kernel`` for a step, by name. ``write_lse``: also
+    write the LSE of each row (the forward of a training step)."""
     flags = step.flag_values()
     td = tile_d_for(head_dim)
     return dict(flags, TILE_M=config.TILE_M, TILE_N=config.TILE_N, TILE_D=td,
-                CAUSAL=bool(causal), EVEN_K=bool(even_k),
+                CAUSAL=bool(causal), EVEN_K=bool(even_k), WRITE_LSE=bool(write_lse),
                 # Unchecked loads only where every K/V tile is provably in bounds.
                 UNCHECKED_KV=flags["UNCHECKED_KV"] and even_k and td == head_dim)
 
@@ -94,10 +98,11 @@ def kernels_of(step: Step) -> list[KernelSpec]:
 
 
 def constants_for(spec: KernelSpec, step: Step, config: Config, *, head_dim: int,
-                  causal: bool, even_k: bool) -> dict:
+                  causal: bool, even_k: bool, write_lse: bool = False) -> dict:
     """The constants of any kernel of a step, by name (what ``aot`` compiles)."""
     if spec.name == "fmha":
-        return fmha_constants(step, config, head_dim=head_dim, causal=causal, even_k=even_k)
+        return fmha_constants(step, config, head_dim=head_dim, causal=causal, even_k=even_k,
+                              write_lse=write_lse)
     return naive_constants(spec.name, config, head_dim=head_dim, causal=causal)
 
 
@@ -343,3 +348,57 @@ SPECS.update(BWD)
 __all__ += ["BWD", "BWD_PREPROCESS", "BWD_DKDV", "BWD_DQ", "BWD_CONFIGS",
             "BWD_PREPROCESS_CONFIG", "bwd_configs", "bwd_constants", "bwd_grid"]
 # === end of the backward pass ===================================================================
+
+
+# === packed variable-length prefill (issue 12) ==================================================
+# kernels/varlen.py: varlen_fwd_kernel, one program per (query tile, sequence, head) over packed
+# (total, H, D) tensors viewed head-major, cu_seqlens read on the device. Not a step: the host
+# module flashattn/varlen.py launches it, aot.compile_spec compiles it.
+VARLEN_FWD = KernelSpec(
+    "varlen_fwd", "flashattn.kernels.varlen", "varlen_fwd_kernel",
+    arrays=(Array("Q", 3), Array("K", 3), Array("V", 3), Array("Out", 3),
+            Array("CuSeqlensQ", 1, "int32"), Array("CuSeqlensK", 1, "int32")),
+    scalars=(("qk_scale", float), ("group_size", int), ("max_seqlen_q", int)),
+    constants=("TILE_M", "TILE_N", "TILE_D", "CAUSAL"))
+
+VARLEN = {"varlen_fwd": VARLEN_FWD}
+
+# Tiles and hints per architecture and padded head dim (TILE_D up to the key): the forward
+# steps' configurations (steps.py: warp_groups' first on Hopper, arch_tuned's elsewhere),
+# smaller where the compiler report showed spills (tests/test_varlen_aot.py prints it). Not
+# measured on a GPU yet: the varlen benchmark (measure/bench_decode.py) compares them with the
+# padded square kernel.
+VARLEN_CONFIGS: dict[str, dict[int, Config]] = {
+    "sm_90": {128: Config(128, 128, occupancy=1, num_worker_warps=8),
+              256: Config(128, 64, occupancy=1, num_worker_warps=8)},
+    "sm_100": {128: Config(128, 128, occupancy=2), 256: Config(128, 64, occupancy=1)},
+    # sm_120 (HMMA, operands in registers): 64x32 tiles spill at D=256 (~210 B of stack).
+    "sm_120": {64: Config(64, 64), 128: Config(64, 64), 256: Config(32, 32)},
+}
+VARLEN_CONFIGS["sm_80"] = VARLEN_CONFIGS["sm_120"]
+
+
+def varlen_config(arch: str | None, head_dim: int) -> Config:
+    """The configuration of ``varlen_fwd_kernel`` for ``arch`` (unknown: sm_80's, which
+    compiles everywhere) and ``head_dim``: the entry of the smallest listed TILE_D >= it."""
+    td = tile_d_for(head_dim)
+    table = VARLEN_CONFIGS.get(arch or "sm_80", VARLEN_CONFIGS["sm_80"])
+    return table[min(d for d in table if d >= td)]
+
+
+def varlen_constants(config: Config, *, head_dim: int, causal: bool) -> dict:
+    """The ``ct.Constant`` values of ``varlen_fwd_kernel`` by name."""
+    return dict(TILE_M=config.TILE_M, TILE_N=config.TILE_N, TILE_D=tile_d_for(head_dim),
+                CAUSAL=bool(causal))
+
+
+def varlen_grid(config: Config, *, B: int, Hq: int, max_seqlen_q: int) -> tuple[int, int, int]:
+    """(query tiles of the longest sequence, B, Hq): programs past a shorter sequence's end
+    exit at once."""
+    return (max(1, -(-int(max_seqlen_q) // config.TILE_M)), int(B), int(Hq))
+
+
+SPECS.update(VARLEN)
+__all__ += ["VARLEN", "VARLEN_FWD", "VARLEN_CONFIGS", "varlen_config", "varlen_constants",
+            "varlen_grid"]
+# === end of packed variable-length prefill ======================================================

@@ -110,11 +110,12 @@ def online_softmax_update(qk, m_i, l_i, acc, qk_scale, FAST_MATH: ConstBool,
     return p, m_ij, l_i, acc
 
 
-def attend_query_tile(Q, K, V, Out, qk_scale, input_pos, bid_x, batch_idx, head_idx, kv_head,
+def attend_query_tile(Q, K, V, Out, Lse, qk_scale, input_pos, bid_x, batch_idx, head_idx, kv_head,
                       TILE_M: ConstInt, TILE_N: ConstInt, TILE_D: ConstInt,
                       CAUSAL: ConstBool, EVEN_K: ConstBool, FAST_MATH: ConstBool,
                       SPLIT_LOOP: ConstBool, LAZY_RESCALE: ConstBool, EXP_POLY: ConstInt,
-                      UNCHECKED_KV: ConstBool, K_LAT: ConstInt, V_LAT: ConstInt):
+                      UNCHECKED_KV: ConstBool, K_LAT: ConstInt, V_LAT: ConstInt,
+                      WRITE_LSE: ConstBool):
     """Compute Out[batch_idx, head_idx, bid_x*TILE_M : (bid_x+1)*TILE_M, :]."""
     # --- Query tile and running state (fp32 for the softmax statistics and the output) ---
     offs_m = input_pos + bid_x * TILE_M + ct.arange(TILE_M, dtype=ct.int32)  # [TILE_M]
@@ -192,10 +193,17 @@ def attend_query_tile(Q, K, V, Out, qk_scale, input_pos, bid_x, batch_idx, head_
         acc = ct.truediv(acc, l_i)                                   # IEEE division
     acc = acc.reshape((1, 1, TILE_M, TILE_D)).astype(Out.dtype)
     ct.store(Out, index=(batch_idx, head_idx, bid_x, 0), tile=acc)   # rows past Nq are dropped
+    if WRITE_LSE:
+        # The backward's statistic (issue 11), only when asked: Lse is fp32 (B, Hq, Nq), else a
+        # one-element stand-in never touched. lse_i = log sum_j exp(scale * S[i, j])
+        # = (m_i + log2 l_i) ln 2, in natural-log units as the backward and PyTorch take it.
+        # Every row sees key 0 (the contract), so l_i >= 1 and the LSE is finite.
+        lse = (m_i + ct.log2(l_i)) / INV_LOG_2                       # [TILE_M, 1], natural log
+        ct.store(Lse, index=(batch_idx, head_idx, bid_x), tile=lse.reshape((1, 1, TILE_M)))
 
 
 @ct.kernel
-def fmha_kernel(Q, K, V, Out,
+def fmha_kernel(Q, K, V, Out, Lse,
                 qk_scale: float, input_pos: int, num_heads: int, group_size: int,
                 num_m_blocks: int,
                 TILE_M: ConstInt, TILE_N: ConstInt, TILE_D: ConstInt,
@@ -203,7 +211,7 @@ def fmha_kernel(Q, K, V, Out,
                 FAST_MATH: ConstBool, SPLIT_LOOP: ConstBool, REMAP: ConstBool,
                 PAIR: ConstBool, LAZY_RESCALE: ConstBool, EXP_POLY: ConstInt,
                 UNCHECKED_KV: ConstBool, K_LAT: ConstInt, V_LAT: ConstInt,
-                PERSISTENT: ConstBool):
+                PERSISTENT: ConstBool, WRITE_LSE: ConstBool):
     """FlashAttention forward. See the module docstring for shapes and grid.
 
     qk_scale: softmax scale (1/sqrt(D) by default); input_pos: absolute position of query row 0
@@ -219,10 +227,10 @@ def fmha_kernel(Q, K, V, Out,
             tile = t % num_m_blocks
             if CAUSAL:
                 tile = num_m_blocks - 1 - tile
-            attend_query_tile(Q, K, V, Out, qk_scale, input_pos, tile, bh // num_heads,
+            attend_query_tile(Q, K, V, Out, Lse, qk_scale, input_pos, tile, bh // num_heads,
                               bh % num_heads, (bh % num_heads) // group_size, TILE_M, TILE_N,
                               TILE_D, CAUSAL, EVEN_K, FAST_MATH, SPLIT_LOOP, LAZY_RESCALE,
-                              EXP_POLY, UNCHECKED_KV, K_LAT, V_LAT)
+                              EXP_POLY, UNCHECKED_KV, K_LAT, V_LAT, WRITE_LSE)
     else:
         # --- Program id -> (query tile, batch, head); GQA maps Hq heads onto Hkv ---
         bid_y = ct.bid(1)
@@ -237,16 +245,17 @@ def fmha_kernel(Q, K, V, Out,
             second = num_m_blocks - 1 - first                        # >= first
             for t in range(1 + min(second - first, 1)):              # 1 pass if they coincide
                 bid_x = first + t * (second - first)
-                attend_query_tile(Q, K, V, Out, qk_scale, input_pos, bid_x, batch_idx,
+                attend_query_tile(Q, K, V, Out, Lse, qk_scale, input_pos, bid_x, batch_idx,
                                   head_idx, kv_head, TILE_M, TILE_N, TILE_D, CAUSAL, EVEN_K,
                                   FAST_MATH, SPLIT_LOOP, LAZY_RESCALE, EXP_POLY, UNCHECKED_KV,
-                                  K_LAT, V_LAT)
+                                  K_LAT, V_LAT, WRITE_LSE)
         else:
             if REMAP and CAUSAL:
                 # Chapter 8: launch the longest query tiles (bottom rows) first.
                 bid_x = num_m_blocks - 1 - ct.bid(0)
             else:
                 bid_x = ct.bid(0)
-            attend_query_tile(Q, K, V, Out, qk_scale, input_pos, bid_x, batch_idx, head_idx,
+            attend_query_tile(Q, K, V, Out, Lse, qk_scale, input_pos, bid_x, batch_idx, head_idx,
                               kv_head, TILE_M, TILE_N, TILE_D, CAUSAL, EVEN_K, FAST_MATH,
-                              SPLIT_LOOP, LAZY_RESCALE, EXP_POLY, UNCHECKED_KV, K_LAT, V_LAT)
+                              SPLIT_LOOP, LAZY_RESCALE, EXP_POLY, UNCHECKED_KV, K_LAT, V_LAT,
+                              WRITE_LSE)

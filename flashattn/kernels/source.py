@@ -4,6 +4,12 @@ The fused kernel is one file whose steps differ by ``ct.Constant`` flags. The co
 ``if FLAG:`` away; so does ``step_source``: it keeps the branch the step takes, drops the
 other, and writes the flag's value where it is used as an argument, so the book can print
 exactly the code a step runs and ``step_diff`` exactly the lines a step changes.
+
+Folding can leave a parameter that nothing reads any more (``Lse`` and ``WRITE_LSE``, the
+backward's output, in every step of the book): ``prune_unused`` drops such parameters from the
+signatures and from the calls of the functions that take them, so a listing shows only what the
+step uses. ``step_source`` drops the backward's by default; ``prune=True`` drops every parameter
+the step leaves unused (issue 13: a chapter's kernel without the later chapters' flags).
 """
 from __future__ import annotations
 
@@ -16,6 +22,10 @@ from ..steps import FLAGS, Config, Step, get_step, previous_step
 
 # Compile-time booleans of the kernel that do not depend on the step.
 _SHAPE_FLAGS = ("CAUSAL", "EVEN_K")
+# Parameters of fmha_kernel that no step of the book uses: the forward's LSE output for the
+# backward (issue 11). Folded away with WRITE_LSE=False, they leave the listings.
+OUTPUT_FLAGS = {"WRITE_LSE": False}
+OUTPUT_PARAMS = ("Lse", "WRITE_LSE")
 
 
 def kernel_source(kind: str = "fmha") -> str:
@@ -113,6 +123,88 @@ def specialize(src: str, flags: dict) -> str:
         src = nxt
 
 
+def _byte_to_char(line: str, col: int) -> int:
+    """ast's column offsets count UTF-8 bytes; this is the character offset in ``line``."""
+    return len(line.encode("utf-8")[:col].decode("utf-8", errors="ignore"))
+
+
+def _offset(lines: list[str], line_no: int, col: int) -> int:
+    """Character offset in the joined source of (1-based line, byte column)."""
+    return sum(len(x) + 1 for x in lines[:line_no - 1]) + _byte_to_char(lines[line_no - 1], col)
+
+
+def _removal_span(src: str, lines: list[str], items: list, k: int) -> tuple[int, int]:
+    """The characters to delete to remove ``items[k]`` from a comma-separated list.
+
+    Keeps the layout of what remains: an item first on its line takes the separator after it
+    (``Lse, qk_scale`` -> ``qk_scale``; a line holding only ``Lse,`` disappears); any other item
+    takes the separator before it (``Out, Lse,`` -> ``Out,``; ``V_LAT,\n    WRITE_LSE)`` ->
+    ``V_LAT)``).
+    """
+    def start(n):
+        return _offset(lines, n.lineno, n.col_offset)
+
+    def end(n):
+        return _offset(lines, n.end_lineno, n.end_col_offset)
+
+    item = items[k]
+    line_start = src.rfind("\n", 0, start(item)) + 1
+    first_on_line = src[line_start:start(item)].strip() == ""
+    if first_on_line and k + 1 < len(items):
+        return start(item), start(items[k + 1])
+    if k > 0:
+        return end(items[k - 1]), end(item)
+    if k + 1 < len(items):
+        return start(item), start(items[k + 1])
+    return start(item), end(item)
+
+
+def _uses(fn: ast.FunctionDef, name: str) -> bool:
+    return any(isinstance(n, ast.Name) and n.id == name
+               for stmt in fn.body for n in ast.walk(stmt))
+
+
+def _prune_once(src: str, names) -> str | None:
+    """Remove one unused parameter (and its arguments at the calls); None if there is none."""
+    tree = ast.parse(src)
+    lines = src.split("\n")
+    funcs = {f.name: f for f in tree.body if isinstance(f, ast.FunctionDef)}
+    for fn in funcs.values():
+        params = fn.args.args
+        for idx, a in enumerate(params):
+            if (names is not None and a.arg not in names) or _uses(fn, a.arg):
+                continue
+            spans = [_removal_span(src, lines, params, idx)]
+            for call in ast.walk(tree):
+                if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name)
+                        and call.func.id == fn.name):
+                    continue
+                if any(isinstance(x, ast.Starred) for x in call.args):
+                    return None                      # positions unknown: leave the source
+                items = [*call.args, *call.keywords]
+                for i, x in enumerate(items):
+                    if (i == idx and i < len(call.args)) or \
+                            (isinstance(x, ast.keyword) and x.arg == a.arg):
+                        spans.append(_removal_span(src, lines, items, i))
+            for s0, s1 in sorted(spans, reverse=True):
+                src = src[:s0] + src[s1:]
+            return src
+    return None
+
+
+def prune_unused(src: str, names=None) -> str:
+    """Drop the parameters that no statement of their function reads, from the signature and
+    from every call of that function in ``src``, until none is left; ``names`` limits it to those
+    parameter names (None: any). Run after ``specialize``: a parameter passed on only to a helper
+    that drops it becomes unused in turn (``Lse`` from ``attend_query_tile``, then from
+    ``fmha_kernel``)."""
+    while True:
+        nxt = _prune_once(src, names)
+        if nxt is None:
+            return src
+        src = nxt
+
+
 def _function_source(src: str, name: str) -> str:
     tree = ast.parse(src)
     lines = src.splitlines()
@@ -124,21 +216,27 @@ def _function_source(src: str, name: str) -> str:
 
 
 def step_source(name: str, *, causal: bool | None = None, even_k: bool | None = None,
-                functions: tuple[str, ...] | None = None) -> str:
+                functions: tuple[str, ...] | None = None, write_lse: bool = False,
+                prune: bool = False) -> str:
     """The fused kernel's source with step ``name``'s flags folded away.
 
     ``causal`` / ``even_k`` fold those shape flags too (None leaves them in). ``functions``
-    restricts the output to some functions of the kernel file, in file order.
+    restricts the output to some functions of the kernel file, in file order. ``write_lse``:
+    the kernel as the backward's forward compiles it (with the LSE output); without it the LSE
+    output and its flag leave the listing. ``prune=True`` also drops every other parameter the
+    folded source no longer reads (flags of other chapters, and their arguments at the calls).
     """
     step: Step = get_step(name)
     if step.kernel == "naive":
         return kernel_source("naive")
     env = step.flag_values()
+    env["WRITE_LSE"] = bool(write_lse)
     if causal is not None:
         env["CAUSAL"] = bool(causal)
     if even_k is not None:
         env["EVEN_K"] = bool(even_k)
     src = specialize(kernel_source("fmha"), env)
+    src = prune_unused(src, None if prune else OUTPUT_PARAMS)
     if functions:
         src = "\n\n".join(_function_source(src, f) for f in functions)
     return src

@@ -1,0 +1,154 @@
+"""Folding a step's kernel source (flashattn.kernels.source): parameters that only folded-away
+code reads leave the rendered signatures and calls (issue 13), and the forward's LSE output
+(issue 11) never shows in a step's listing. CPU only: the source is read, not imported."""
+import ast
+import difflib
+import textwrap
+
+import pytest
+
+from flashattn.kernels import FMHA
+from flashattn.kernels.source import OUTPUT_PARAMS, prune_unused, specialize, step_diff, step_source
+from flashattn.steps import EXPERIMENTS, STEPS
+
+FUSED = [n for n, s in {**STEPS, **EXPERIMENTS}.items() if s.kernel == "fmha"]
+SHAPES = [(None, None), (True, True), (False, False), (True, False)]
+
+
+def _params(src: str, fn: str) -> list[str]:
+    for node in ast.parse(src).body:
+        if isinstance(node, ast.FunctionDef) and node.name == fn:
+            return [a.arg for a in node.args.args]
+    raise KeyError(fn)
+
+
+def _unused(src: str) -> list[tuple[str, str]]:
+    """(function, parameter) pairs whose parameter no statement of the function reads."""
+    out = []
+    for node in ast.parse(src).body:
+        if isinstance(node, ast.FunctionDef):
+            names = {n.id for s in node.body for n in ast.walk(s) if isinstance(n, ast.Name)}
+            out += [(node.name, a.arg) for a in node.args.args if a.arg not in names]
+    return out
+
+
+@pytest.mark.parametrize("causal,even_k", SHAPES)
+@pytest.mark.parametrize("step", FUSED)
+def test_the_lse_output_is_not_in_any_steps_listing(step, causal, even_k):
+    src = step_source(step, causal=causal, even_k=even_k)
+    assert "Lse" not in src and "WRITE_LSE" not in src and "log2(l_i)" not in src
+    # The rendered kernel takes the spec's parameters, less the LSE output and its flag.
+    assert _params(src, "fmha_kernel") == [p for p in FMHA.params if p not in OUTPUT_PARAMS]
+    compile(src, step, "exec")
+
+
+@pytest.mark.parametrize("step", FUSED)
+def test_with_the_lse_only_the_lse_lines_change(step):
+    # The listing without the LSE is the listing with it, less exactly its lines and arguments:
+    # the pruning keeps every other line as written (layout, comments, wrapping).
+    plain = step_source(step, causal=True).splitlines()
+    lse = step_source(step, causal=True, write_lse=True).splitlines()
+    assert "Lse" in "\n".join(lse) and "WRITE_LSE" not in "\n".join(lse)   # folded to True
+    assert _params("\n".join(lse), "fmha_kernel") == [p for p in FMHA.params if p != "WRITE_LSE"]
+    # Take out the LSE block (its statements and the comment above them) and the argument.
+    i = next(n for n, ln in enumerate(lse) if "lse = (m_i + ct.log2(l_i))" in ln)
+    assert "ct.store(Lse" in lse[i + 1]
+    start = i
+    while lse[start - 1].lstrip().startswith("#"):
+        start -= 1
+    rest = lse[:start] + lse[i + 2:]
+    assert [ln.replace(", Lse", "") for ln in rest] == plain, "\n".join(
+        difflib.unified_diff(plain, [ln.replace(", Lse", "") for ln in rest], lineterm=""))
+    assert step_diff(step, step, write_lse=True) == ""
+
+
+def test_prune_true_drops_every_unused_parameter():
+    src = step_source("baseline", causal=True, even_k=True, prune=True)
+    compile(src, "baseline", "exec")
+    assert _unused(src) == []
+    kernel = _params(src, "fmha_kernel")
+    for later in ("PAIR", "PERSISTENT", "LAZY_RESCALE", "EXP_POLY", "REMAP", "FAST_MATH",
+                  "CAUSAL", "EVEN_K", "num_m_blocks", "Lse"):
+        assert later not in kernel, later
+    assert kernel[:4] == ["Q", "K", "V", "Out"] and "TILE_M" in kernel
+    # The call passes exactly the helper's parameters.
+    tree = ast.parse(src)
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call)
+             and isinstance(n.func, ast.Name) and n.func.id == "attend_query_tile"]
+    assert calls and all(len(c.args) == len(_params(src, "attend_query_tile")) for c in calls)
+    # Default: only the LSE output is pruned, the book's listings are unchanged.
+    assert "PERSISTENT: ConstBool" in step_source("baseline", causal=True, even_k=True)
+
+
+@pytest.mark.parametrize("step", FUSED)
+def test_prune_true_leaves_valid_python_for_every_step(step):
+    for causal, even_k in SHAPES:
+        src = step_source(step, causal=causal, even_k=even_k, prune=True)
+        compile(src, step, "exec")
+        assert _unused(src) == []
+
+
+CASES = {
+    # parameter last on a line with more before it; first on a line; last before ")".
+    "layouts": ('''
+def helper(a, X,
+           b, c,
+           Y):
+    return a + b + c
+
+
+def outer(a, b, c, X, Y,
+          Z):
+    helper(a, X,
+           b, c,
+           Y)
+    return Z
+''', ("X", "Y"), '''
+def helper(a,
+           b, c):
+    return a + b + c
+
+
+def outer(a, b, c,
+          Z):
+    helper(a,
+           b, c)
+    return Z
+'''),
+    # a keyword argument, a parameter alone on its line, and one used only after folding.
+    "keywords": ('''
+def f(x, FLAG, G):
+    if FLAG:
+        return x * G
+    return x
+
+
+def g(x,
+      FLAG,
+      G):
+    return f(x, FLAG=FLAG, G=G)
+''', None, '''
+def f(x):
+    return x
+
+
+def g(x):
+    return f(x)
+'''),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_prune_unused_keeps_the_layout(case):
+    src, names, want = CASES[case]
+    got = prune_unused(specialize(textwrap.dedent(src), {"FLAG": False}), names)
+    assert got == want
+
+
+def test_prune_unused_leaves_used_and_unnamed_parameters():
+    src = "def f(a, b):\n    return a\n\n\ndef g(c):\n    return f(c, c)\n"
+    assert prune_unused(src, ("a",)) == src                  # a is read
+    assert prune_unused(src, ("zzz",)) == src                # b is unused but not named
+    assert prune_unused(src) == "def f(a):\n    return a\n\n\ndef g(c):\n    return f(c)\n"
+    starred = "def f(a, b):\n    return a\n\n\ndef g(c):\n    return f(*c)\n"
+    assert prune_unused(starred) == starred                  # positions unknown: left alone
