@@ -1,0 +1,147 @@
+"""Packed variable-length prefill (FlashAttention's varlen interface): one kernel.
+
+Sequences of different lengths are packed one after the other without padding, and described by
+cumulative offsets: sequence ``b``'s queries are rows ``cu_seqlens_q[b] .. cu_seqlens_q[b+1] - 1``
+of q, its keys rows ``cu_seqlens_k[b] .. cu_seqlens_k[b+1] - 1`` of k and v. The host passes the
+packed tensors head-major (a free view, ``q.permute(1, 0, 2)``)::
+
+    Q, Out:  (Hq, total_q, D)         q, out (total_q, Hq, D) viewed head-major
+    K, V:    (Hkv, total_k, D)        k, v (total_k, Hkv, D) viewed head-major
+    CuSeqlensQ, CuSeqlensK: (B + 1,) int32, non-decreasing, starting at 0
+
+Grid: ``(cdiv(max_seqlen_q, TILE_M), B, Hq)``: one program per (query tile, sequence, head). A
+program reads its sequence's offsets from the device tensors, views the sequence's rows with
+``Array.slice`` (so a tile past the sequence's end reads zeros from the padding, never the next
+sequence's tokens, and a store past it is dropped), and exits at once when its query tile starts
+past the sequence's end: shorter sequences leave idle programs of a few instructions each.
+
+The body is the fused kernel's (``fmha.py``: the online softmax of chapter 2, the mask only on
+the tiles that need it, chapter 7) with two differences:
+
+* causal is aligned to the bottom right, as FlashAttention's varlen: with ``len_q`` queries and
+  ``len_k`` keys, query row ``i`` sits at position ``len_k - len_q + i`` and sees keys ``0 ..``
+  that position (``len_q == len_k``: the usual causal mask);
+* a row that sees no key (``len_k == 0``, or causal with ``len_q > len_k`` and
+  ``i < len_q - len_k``) gets output 0 (as FlashAttention), so the softmax guards
+  ``-inf - -inf``, as the decode kernel does.
+
+Invalid device data never causes an out-of-bounds access: offsets are clamped to the packed
+tensors for addressing, and a sequence whose offsets were out of range or decreasing, or longer
+than ``max_seqlen_q`` (the grid would miss its tail), gets NaN in the rows the grid covers,
+never a silent wrong answer (a sequence longer than ``max_seqlen_k`` too: that is how an offset
+array that decreases somewhere shows up in the sequences after the decrease). The host checks
+these values up front unless told not to.
+"""
+import math
+
+import cuda.tile as ct
+from cuda.tile import RoundingMode as RMd
+
+ConstInt = ct.Constant[int]
+ConstBool = ct.Constant[bool]
+
+INV_LOG_2 = 1.0 / math.log(2)  # exp(x) = exp2(x * log2(e))
+
+
+@ct.kernel
+def varlen_fwd_kernel(Q, K, V, Out, CuSeqlensQ, CuSeqlensK,
+                      qk_scale: float, group_size: int, max_seqlen_q: int, max_seqlen_k: int,
+                      TILE_M: ConstInt, TILE_N: ConstInt, TILE_D: ConstInt,
+                      CAUSAL: ConstBool):
+    """Attention of one query tile of one sequence and one head. See the module docstring.
+
+    qk_scale: the softmax scale (natural units); group_size: Hq // Hkv; max_seqlen_q,
+    max_seqlen_k: the longest lengths the caller declared (the grid is sized by the first; a
+    longer sequence means corrupt offsets).
+    """
+    # --- Program id -> (query tile, sequence, head); GQA maps Hq heads onto Hkv ---
+    bid_m = ct.bid(0)
+    seq = ct.bid(1)
+    head = ct.bid(2)
+    kv_head = head // group_size
+    qk_scale = qk_scale * INV_LOG_2                                  # softmax in base 2
+
+    # --- This sequence's rows, read on the device; clamped so no access leaves the tensors ---
+    total_q = Q.shape[1]
+    total_k = K.shape[1]
+    q_start_raw = ct.gather(CuSeqlensQ, (seq,), padding_value=0).item()
+    q_end_raw = ct.gather(CuSeqlensQ, (seq + 1,), padding_value=0).item()
+    k_start_raw = ct.gather(CuSeqlensK, (seq,), padding_value=0).item()
+    k_end_raw = ct.gather(CuSeqlensK, (seq + 1,), padding_value=0).item()
+    q_start = min(max(q_start_raw, 0), total_q)
+    q_end = min(max(q_end_raw, q_start), total_q)
+    k_start = min(max(k_start_raw, 0), total_k)
+    k_end = min(max(k_end_raw, k_start), total_k)
+    len_q = q_end - q_start
+    len_k = k_end - k_start
+    bad = ct.where((q_start == q_start_raw) & (q_end == q_end_raw) & (k_start == k_start_raw)
+                   & (k_end == k_end_raw) & (len_q <= max_seqlen_q) & (len_k <= max_seqlen_k),
+                   0, 1)
+
+    if bid_m * TILE_M < len_q:                                       # else: past the end, exit
+        # The sequence's rows as arrays of their own: tiles past the end read zeros.
+        q_seq = Q.slice(axis=1, start=q_start, stop=q_end)           # (Hq, len_q, D)
+        o_seq = Out.slice(axis=1, start=q_start, stop=q_end)         # (Hq, len_q, D)
+        k_first = min(k_start, total_k - 1)                          # start < size, even if empty
+        k_seq = K.slice(axis=1, start=k_first, stop=k_first + len_k)  # (Hkv, len_k, D)
+        v_seq = V.slice(axis=1, start=k_first, stop=k_first + len_k)  # (Hkv, len_k, D)
+
+        # --- Query tile and running state (fp32 statistics and output) ---
+        shift = len_k - len_q                                        # causal: bottom-right
+        offs_m = shift + bid_m * TILE_M + ct.arange(TILE_M, dtype=ct.int32)  # [TILE_M]
+        offs_m = offs_m[:, None]                                     # [TILE_M, 1] positions
+        offs_n_tile = ct.arange(TILE_N, dtype=ct.int32)[None, :]     # [1, TILE_N]
+        m_i = ct.full((TILE_M, 1), -math.inf, dtype=ct.float32)      # running max (log2 units)
+        l_i = ct.full((TILE_M, 1), 0.0, dtype=ct.float32)           # running sum of exp2
+        acc = ct.full((TILE_M, TILE_D), 0.0, dtype=ct.float32)      # unnormalised output
+        q = ct.load(q_seq, index=(head, bid_m, 0), shape=(1, TILE_M, TILE_D),
+                    padding_mode=ct.PaddingMode.ZERO).reshape((TILE_M, TILE_D))
+
+        # --- Which key tiles this query tile visits, and from which one on they need a mask ---
+        if CAUSAL:
+            last_row = min(bid_m * TILE_M + TILE_M, len_q) - 1       # last real row of the tile
+            visible = min(max(shift + last_row + 1, 0), len_k)       # keys the last row sees
+            Tc = ct.cdiv(visible, TILE_N)
+            # Keys up to the first row's position (and before len_k) are visible to every row.
+            mask_start = min(max(shift + bid_m * TILE_M + 1, 0), len_k) // TILE_N
+        else:
+            Tc = ct.cdiv(len_k, TILE_N)
+            mask_start = len_k // TILE_N                             # the ragged end of K
+
+        # --- Main loop over key/value tiles ---
+        for j in range(0, Tc):
+            # K is read transposed straight from (len_k, D) memory (as in fmha.py).
+            k = ct.load(k_seq, index=(kv_head, 0, j), shape=(1, TILE_D, TILE_N),
+                        order=(0, 2, 1), latency=2, padding_mode=ct.PaddingMode.ZERO)
+            k = k.reshape((TILE_D, TILE_N))                          # [TILE_D, TILE_N]
+            qk = ct.full((TILE_M, TILE_N), 0.0, dtype=ct.float32)   # [TILE_M, TILE_N]
+            qk = ct.mma(q, k, qk)                                    # S = Q K^T
+
+            if j >= mask_start:
+                # The ragged end of K and, if causal, the diagonal: select -inf (chapter 7).
+                offs_n = j * TILE_N + offs_n_tile                    # [1, TILE_N]
+                mask = offs_n < len_k                                # [1, TILE_N]
+                if CAUSAL:
+                    mask = mask & (offs_n <= offs_m)                 # [TILE_M, TILE_N]
+                qk = ct.where(mask, qk, -math.inf)                   # [TILE_M, TILE_N]
+
+            # --- Online softmax (chapter 2); a row with no visible key keeps m_i = -inf ---
+            m_ij = max(m_i, ct.max(qk, axis=-1, keepdims=True) * qk_scale)  # [TILE_M, 1]
+            m_use = ct.where(m_ij == -math.inf, 0.0, m_ij)           # -inf - -inf would be NaN
+            p = ct.exp2(qk * qk_scale - m_use, flush_to_zero=True)   # [TILE_M, TILE_N]
+            alpha = ct.exp2(m_i - m_use, flush_to_zero=True)         # [TILE_M, 1]
+            l_i = l_i * alpha + ct.sum(p, axis=-1, keepdims=True)    # [TILE_M, 1]
+            v = ct.load(v_seq, index=(kv_head, j, 0), shape=(1, TILE_N, TILE_D),
+                        latency=4, padding_mode=ct.PaddingMode.ZERO)
+            v = v.reshape((TILE_N, TILE_D))                          # [TILE_N, TILE_D]
+            acc = ct.mma(p.astype(Q.dtype), v, acc * alpha)          # O += P V
+            m_i = m_ij
+
+        # --- Normalise (0 for a row with no visible key) and store; rows past len_q drop ---
+        acc = ct.truediv(acc, ct.where(l_i > 0.0, l_i, 1.0), flush_to_zero=True,
+                         rounding_mode=RMd.APPROX)                   # [TILE_M, TILE_D]
+        if bad > 0:
+            # Offsets out of range or decreasing, or a sequence past max_seqlen_q/k: NaN.
+            acc = ct.full((TILE_M, TILE_D), math.nan, dtype=ct.float32)
+        acc = acc.reshape((1, TILE_M, TILE_D)).astype(Out.dtype)
+        ct.store(o_seq, index=(head, bid_m, 0), tile=acc)
