@@ -350,3 +350,150 @@ def check_decode_tensors(q, k_cache, v_cache, cache_seqlens, block_table=None, *
         raise ValueError(f"the decode kernels run on a CUDA GPU; the tensors are on "
                          f"{q.device}. On a CPU use flashattn.reference.decode_attention")
     return dims
+
+
+# --- packed variable-length prefill (flashattn.varlen, issue 12) -------------------------------
+class VarlenDims(NamedTuple):
+    """What ``check_varlen`` found: B sequences, their packed totals, heads and head dim."""
+    B: int
+    Hq: int
+    Hkv: int
+    D: int
+    total_q: int
+    total_k: int
+
+
+def check_varlen_shapes(q_shape, k_shape, v_shape, cu_q_shape, cu_k_shape, *,
+                        max_seqlen_q, max_seqlen_k, scale=None) -> VarlenDims:
+    """Raise ValueError (TypeError for a bad scalar type): q (total_q, Hq, D), k and v
+    (total_k, Hkv, D), Hq % Hkv == 0, 1 <= D <= 256, cu_seqlens_q and cu_seqlens_k (B + 1,)
+    with B >= 1, max_seqlen_q/k non-negative ints, a finite positive scale."""
+    for name, s in (("q", q_shape), ("k", k_shape), ("v", v_shape)):
+        if len(s) != 3:
+            raise ValueError(f"{name} must have 3 dimensions (total_tokens, heads, head_dim) "
+                             f"for packed sequences, got shape {tuple(s)}")
+    total_q, Hq, D = (int(x) for x in q_shape)
+    if tuple(k_shape) != tuple(v_shape):
+        raise ValueError(f"k and v must have the same shape, got {tuple(k_shape)} and "
+                         f"{tuple(v_shape)}")
+    total_k, Hkv, Dk = (int(x) for x in k_shape)
+    if Dk != D:
+        raise ValueError(f"head dim differs: q has {D}, k and v have {Dk}")
+    if D < 1 or D > MAX_HEAD_DIM:
+        raise ValueError(f"head dim must be between 1 and {MAX_HEAD_DIM}, got {D}")
+    if Hkv < 1 or Hq < 1 or Hq % Hkv:
+        raise ValueError(f"query heads ({Hq}) must be a positive multiple of key/value heads "
+                         f"({Hkv}) for grouped-query attention")
+    for name, s in (("cu_seqlens_q", cu_q_shape), ("cu_seqlens_k", cu_k_shape)):
+        if len(s) != 1 or int(s[0]) < 2:
+            raise ValueError(f"{name} must have shape (B + 1,) with B >= 1 sequences (offsets "
+                             f"0, len_0, len_0 + len_1, ...), got shape {tuple(s)}")
+    if int(cu_q_shape[0]) != int(cu_k_shape[0]):
+        raise ValueError(f"cu_seqlens_q and cu_seqlens_k must describe the same number of "
+                         f"sequences, got shapes {tuple(cu_q_shape)} and {tuple(cu_k_shape)}")
+    for name, x in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+        if isinstance(x, bool) or not _is_int(x):
+            raise TypeError(f"{name} must be an int, got {type(x).__name__}")
+        if x < 0:
+            raise ValueError(f"{name} must be >= 0, got {x}")
+    if scale is not None:
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+            raise TypeError(f"scale must be a float, got {type(scale).__name__}")
+        if not math.isfinite(scale) or scale <= 0:
+            raise ValueError(f"scale must be a finite positive number, got {scale}")
+    return VarlenDims(int(cu_q_shape[0]) - 1, Hq, Hkv, D, total_q, total_k)
+
+
+def check_varlen_values(cu_seqlens_q, cu_seqlens_k, dims: VarlenDims, *, max_seqlen_q,
+                        max_seqlen_k) -> None:
+    """Raise ValueError unless each ``cu_seqlens`` starts at 0, never decreases and ends at its
+    packed total, and no sequence is longer than ``max_seqlen_q`` / ``max_seqlen_k``.
+
+    Reads the offsets on the host: a device tensor is copied (a synchronisation).
+    """
+    import numpy as np
+    for name, cu, total, mx, t in (("cu_seqlens_q", cu_seqlens_q, dims.total_q, max_seqlen_q,
+                                    "q"),
+                                   ("cu_seqlens_k", cu_seqlens_k, dims.total_k, max_seqlen_k,
+                                    "k")):
+        c = np.asarray(cu.detach().cpu() if hasattr(cu, "detach") else cu).astype(np.int64)
+        if c[0] != 0:
+            raise ValueError(f"{name}[0] must be 0 (the first sequence starts at row 0), got "
+                             f"{int(c[0])}")
+        lens = np.diff(c)
+        if (lens < 0).any():
+            b = int(np.flatnonzero(lens < 0)[0])
+            raise ValueError(f"{name} must be non-decreasing (cumulative lengths): "
+                             f"{name}[{b + 1}] = {int(c[b + 1])} < {name}[{b}] = {int(c[b])}")
+        if c[-1] != total:
+            raise ValueError(f"{name}[-1] = {int(c[-1])} must equal the packed total of {t} "
+                             f"({t}.shape[0] = {total})")
+        if lens.size and lens.max() > mx:
+            b = int(np.argmax(lens))
+            raise ValueError(f"sequence {b} has {int(lens[b])} tokens in {t}, more than "
+                             f"max_seqlen_{t} = {mx}")
+
+
+def check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seqlen_k,
+                 causal=False, scale=None, check_values=True) -> VarlenDims:
+    """The inputs of a packed variable-length call (torch tensors or NumPy arrays).
+
+    Raises TypeError for a wrong type or dtype (q, k, v floating point of one dtype;
+    cu_seqlens int32, as FlashAttention's), ValueError for shapes (``check_varlen_shapes``),
+    tensors on different devices, and, with ``check_values``, offsets
+    (``check_varlen_values``: a synchronisation for device tensors).
+    """
+    check_causal(causal)
+    arrays = (("q", q), ("k", k), ("v", v), ("cu_seqlens_q", cu_seqlens_q),
+              ("cu_seqlens_k", cu_seqlens_k))
+    for name, t in arrays:
+        if not (hasattr(t, "shape") and hasattr(t, "dtype")):
+            raise TypeError(f"{name} must be a torch.Tensor or numpy.ndarray, got "
+                            f"{type(t).__name__}")
+    for name, t in arrays[:3]:
+        if not _dtype_str(t).startswith(("float", "bfloat")):
+            raise TypeError(f"{name} must hold floating-point numbers, got {t.dtype}")
+    if not (_dtype_str(q) == _dtype_str(k) == _dtype_str(v)):
+        raise TypeError(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    for name, t in arrays[3:]:
+        if _dtype_str(t) != "int32":
+            raise TypeError(f"{name} must be int32 (as FlashAttention's varlen interface "
+                            f"takes it), got {t.dtype}; convert with .to(torch.int32)")
+    devices = {name: str(getattr(t, "device", "cpu")) for name, t in arrays}
+    if len(set(devices.values())) > 1:
+        raise ValueError(f"q, k, v, cu_seqlens_q, cu_seqlens_k must be on one device, got "
+                         f"{devices}")
+    dims = check_varlen_shapes(tuple(q.shape), tuple(k.shape), tuple(v.shape),
+                               tuple(cu_seqlens_q.shape), tuple(cu_seqlens_k.shape),
+                               max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
+                               scale=scale)
+    if check_values:
+        if _device_type(cu_seqlens_q) != "cpu" and _capturing():
+            raise ValueError("check_values=True reads cu_seqlens on the host, which CUDA-graph "
+                             "capture does not allow; pass check_values=False (the kernel "
+                             "clamps bad offsets and writes NaN for their sequences)")
+        check_varlen_values(cu_seqlens_q, cu_seqlens_k, dims, max_seqlen_q=max_seqlen_q,
+                            max_seqlen_k=max_seqlen_k)
+    return dims
+
+
+def check_varlen_tensors(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seqlen_k,
+                         causal=False, scale=None, check_values=True) -> VarlenDims:
+    """The varlen kernel's contract: ``check_varlen`` plus torch CUDA tensors, q, k, v float16
+    or bfloat16."""
+    import torch
+    for name, t in (("q", q), ("k", k), ("v", v), ("cu_seqlens_q", cu_seqlens_q),
+                    ("cu_seqlens_k", cu_seqlens_k)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if _dtype_str(t) not in DTYPES:
+            raise TypeError(f"{name} has dtype {t.dtype}; the varlen kernel takes float16 or "
+                            "bfloat16 (for float32 use flashattn.reference.varlen_attention)")
+    dims = check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_seqlen_q,
+                        max_seqlen_k=max_seqlen_k, causal=causal, scale=scale,
+                        check_values=check_values)
+    if q.device.type != "cuda":
+        raise ValueError(f"the varlen kernel runs on a CUDA GPU; the tensors are on {q.device}. "
+                         "On a CPU use flashattn.reference.varlen_attention")
+    return dims

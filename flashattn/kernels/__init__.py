@@ -358,7 +358,8 @@ VARLEN_FWD = KernelSpec(
     "varlen_fwd", "flashattn.kernels.varlen", "varlen_fwd_kernel",
     arrays=(Array("Q", 3), Array("K", 3), Array("V", 3), Array("Out", 3),
             Array("CuSeqlensQ", 1, "int32"), Array("CuSeqlensK", 1, "int32")),
-    scalars=(("qk_scale", float), ("group_size", int), ("max_seqlen_q", int)),
+    scalars=(("qk_scale", float), ("group_size", int), ("max_seqlen_q", int),
+             ("max_seqlen_k", int)),
     constants=("TILE_M", "TILE_N", "TILE_D", "CAUSAL"))
 
 VARLEN = {"varlen_fwd": VARLEN_FWD}

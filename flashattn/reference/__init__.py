@@ -23,3 +23,4 @@ __all__ = ["attention", "causal_mask", "check_shapes", "softmax", "online_softma
            "online_softmax_attention", "Program", "schedule", "work_per_program", "tile_counts",
            "default_config", "emulate", "INV_LOG_2", "LAZY_THRESHOLD"]
 from .decode import *  # noqa: E402,F401,F403  decode attention, split-KV (decode.__all__)
+from .varlen import *  # noqa: E402,F401,F403  packed variable-length attention (varlen.__all__)
