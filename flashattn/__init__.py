@@ -16,12 +16,13 @@ The package, by layer (each imports only from the layers above it):
     chapter/                      what the notebooks share: setup, glue, figures
 """
 from .api import attention, sdpa
+from .decode import decode  # the function; the module is sys.modules["flashattn.decode"]
 from .steps import (ARCHS, EXPERIMENTS, FLAGS, SEED_STEPS, STEP_NAMES, STEPS, Config, Step,
                     get_step)
 
 __version__ = "0.1.0"
-__all__ = ["attention", "sdpa", "STEPS", "STEP_NAMES", "SEED_STEPS", "Step", "Config",
-           "get_step", "EXPERIMENTS", "ARCHS", "FLAGS", "__version__"]
+__all__ = ["attention", "sdpa", "decode", "STEPS", "STEP_NAMES", "SEED_STEPS", "Step",
+           "Config", "get_step", "EXPERIMENTS", "ARCHS", "FLAGS", "__version__"]
 
 # Submodules load on first use (flashattn.reference, flashattn.chapter, ...): importing
 # flashattn stays cheap, and `import flashattn; flashattn.reference.attention(...)` works.

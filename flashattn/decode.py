@@ -1,21 +1,33 @@
 """Decoding with a KV cache: split-KV attention for a few new tokens per sequence (issue 12).
 
-    out = decode(q, k_cache, v_cache, cache_seqlens)                      # contiguous cache
-    out = decode(q, k_cache, v_cache, cache_seqlens, block_table=table)   # paged cache
+    import flashattn
+    out = flashattn.decode(q, k_cache, v_cache, cache_seqlens)                  # contiguous
+    out = flashattn.decode(q, k_cache, v_cache, cache_seqlens, block_table=bt)  # paged cache
+
+    # q (B, Hq, Nq, D) fp16/bf16, 1 <= Nq <= 16: the new tokens, already written to the cache;
+    # cache_seqlens (B,) int32 on the GPU: each sequence's length, new tokens included.
+    # Paged: k_cache, v_cache (num_pages, Hkv, page_size, D), block_table (B, max_pages) int32.
+    # Under a CUDA graph: fix num_splits (or max_seqlen), update cache_seqlens/bt in place.
 
 Two launches: ``decode_split_kernel`` (one program per row block x split x (batch, kv head),
 partial outputs and log-sum-exps in fp32 scratch) and ``decode_combine_kernel`` (the exact LSE
 merge, the output in q's dtype). See ``flashattn/kernels/decode.py`` for the algorithm and
 ``flashattn.reference.decode`` for its CPU reference.
 
-Not exported from ``flashattn`` yet: it becomes public once its GPU tests
-(``tests/test_decode_gpu.py``) have passed on a GPU.
+Public as ``flashattn.decode`` since its GPU tests (``tests/test_decode_gpu.py``: Nq 1-16,
+ragged lengths with 0 and 1, pages of 16-256 tokens, GQA 1:1 to 32:1, fp16/bf16, D 64-256, CUDA
+graph replay) passed on an H200. ``flashattn.decode`` is this function; the module is
+``sys.modules["flashattn.decode"]`` (``importlib.import_module("flashattn.decode")``).
 
 CUDA graphs: lengths and page ids are read by the kernels from the device tensors, so a captured
 call replays correctly after ``cache_seqlens`` (or ``block_table``) change in place, as long as
 the split count was fixed at capture: pass ``num_splits`` (or let it default from the cache
 capacity, which does not change), and keep the host checks off (``check_values`` defaults to
 off for CUDA tensors).
+
+``attention()``'s decode path: ``prefer_decode`` says when a call of ``flashattn.attention`` is a
+decode step that this path should take (few query rows, a long cache), and
+``attention_via_decode`` runs ``attention``'s arguments through ``decode``.
 """
 from __future__ import annotations
 
@@ -27,7 +39,8 @@ from .kernels import (DECODE_COMBINE, DECODE_SPLIT, decode_combine_constants,
                       decode_combine_grid, decode_num_splits, decode_partial_shapes,
                       decode_split_constants, decode_split_grid)
 
-__all__ = ["decode", "decode_plan"]
+__all__ = ["decode", "decode_plan", "prefer_decode", "attention_via_decode",
+           "DECODE_PATH_MAX_NQ", "DECODE_PATH_MIN_NK"]
 
 
 @functools.lru_cache(maxsize=None)
@@ -144,3 +157,86 @@ def decode(q, k_cache, v_cache, cache_seqlens, *, block_table=None, scale=None,
               DECODE_COMBINE.args(dict(Opart=opart, Lse=lse, Out=out_rows), {},
                                   plan["combine_constants"]))
     return out
+
+
+# --- the decode path of flashattn.attention --------------------------------------------------------
+# When attention(q, k, v, ...) is a decode step, the split-KV kernels win: the square kernel's
+# grid has B x Hq x cdiv(Nq, TILE_M) programs, one per (batch, head) for Nq <= TILE_M, which
+# leaves most SMs idle and reads each K/V tile once per query head of a GQA group (issue 12:
+# 0.12x PyTorch at B=1, 128K keys). Where the two cross is NOT measured yet: the constants below
+# are provisional bounds from the launch counts, TO BE MEASURED ON THE H200 with
+# ``python -m flashattn decode-bench --part crossover`` (attention(step="best") vs decode for
+# Nq in {1, 4, 16} and Nk from 128 to 8K), then replaced by the measured crossover.
+DECODE_PATH_MAX_NQ = 16       # to be measured on the H200; the decode kernels take Nq <= 16
+DECODE_PATH_MIN_NK = 256      # to be measured on the H200; below it both paths are launch-bound
+DECODE_PATH_MAX_GRID = 65535  # B x Hkv: one grid axis of the split kernel
+
+
+def prefer_decode(q, k, causal: bool, input_pos: int = 0) -> bool:
+    """Whether ``flashattn.attention(q, k, v, causal=causal, input_pos=input_pos)`` should run
+    the split-KV decode path (``attention_via_decode``) instead of the square kernel.
+
+    True when the decode kernels compute exactly ``attention``'s answer and the shape is a
+    decode step: few query rows (``Nq <= DECODE_PATH_MAX_NQ``), a long cache
+    (``Nk >= DECODE_PATH_MIN_NK``), causal (query row ``i`` at position ``input_pos + i`` is
+    decode's row at ``cache_seqlens - Nq + i`` with ``cache_seqlens = input_pos + Nq``) or
+    non-causal with one query row (it sees every key, as decode's last row does), fp16/bf16 on
+    a GPU, and ``B x Hkv`` within a grid axis. Looks at shapes, dtypes and devices only (never
+    at values, never synchronises); inputs ``attention`` would refuse give False.
+    """
+    try:
+        B, Hq, Nq, D = (int(x) for x in q.shape)
+        Bk, Hkv, Nk, Dk = (int(x) for x in k.shape)
+    except (AttributeError, TypeError, ValueError):
+        return False
+    if str(q.dtype).replace("torch.", "") not in ("float16", "bfloat16"):
+        return False
+    if getattr(q.device, "type", None) != "cuda" or Bk != B or Dk != D or not 1 <= D <= 256:
+        return False
+    if Hkv < 1 or Hq % Hkv or B * Hkv > DECODE_PATH_MAX_GRID or B < 1:
+        return False
+    if not 1 <= Nq <= min(DECODE_PATH_MAX_NQ, 16) or Nk < max(DECODE_PATH_MIN_NK, 1):
+        return False
+    if causal:
+        return 0 <= int(input_pos) <= Nk - Nq
+    return Nq == 1 and not input_pos
+
+
+def attention_via_decode(q, k, v, *, causal: bool = False, scale: float | None = None,
+                         input_pos: int = 0, num_splits: int | None = None):
+    """``flashattn.attention(q, k, v, causal=..., scale=..., input_pos=...)`` computed by the
+    split-KV decode kernels, for the shapes ``prefer_decode`` accepts.
+
+    The contiguous cache is k and v themselves (every sequence has capacity Nk); every
+    sequence's length is ``input_pos + Nq`` when causal (so row ``i`` sees keys ``0 ..
+    input_pos + i``, ``attention``'s semantics) and ``Nk`` otherwise (one row, every key).
+
+    Args:
+        q: (B, Hq, Nq, D), 1 <= Nq <= 16; k, v: (B, Hkv, Nk, D); fp16/bf16 CUDA tensors.
+        num_splits: as ``decode`` (default from the shape and the GPU).
+
+    Returns:
+        (B, Hq, Nq, D) in q's dtype, a new tensor.
+
+    Raises:
+        ValueError: for a call ``prefer_decode`` refuses (non-causal with Nq > 1: decode's rows
+            are causal), or as ``attention`` / ``decode`` for bad inputs.
+    """
+    import torch
+    from .contract import check_causal, check_tensors
+    causal = check_causal(causal)
+    check_tensors(q, k, v, causal=causal, scale=scale, input_pos=input_pos)
+    B, Hq, Nq, D = q.shape
+    Nk = k.shape[2]
+    if not causal and Nq != 1:
+        raise ValueError(f"the decode path computes causal rows: non-causal attention with "
+                         f"Nq = {Nq} > 1 query rows needs flashattn.attention's square kernel")
+    length = int(input_pos) + Nq if causal else Nk
+    if length > Nk:
+        raise ValueError(f"the decode path needs the query rows inside the cache: causal with "
+                         f"Nq = {Nq} > Nk = {Nk} keys needs flashattn.attention's square kernel")
+    k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (k, v))
+    seqlens = torch.full((B,), length, dtype=torch.int32, device=q.device)
+    with torch.cuda.device(q.device):
+        return decode(q, k, v, seqlens, scale=scale, num_splits=num_splits, max_seqlen=length,
+                      check_values=False)

@@ -1,0 +1,200 @@
+"""Packed variable-length prefill on the GPU (``flashattn.varlen.attention_varlen``, issue 12)
+against an fp32 reference.
+
+Pass criterion, as tests/test_kernels_gpu.py: the max error against the fp32 reference is at
+most twice PyTorch's error computing the same attention in the inputs' precision, plus a small
+floor (tests/criteria.py). Outputs are poisoned with NaN before each launch (``out=``): a row
+the kernel forgets fails. The fp32 reference is computed on the GPU one sequence at a time
+(``ref_fp32``), and checked once against ``flashattn.reference.varlen_attention`` (NumPy).
+
+The matrix is sampled (every value of every axis, not every product): lengths 1..4097 mixed in
+one batch (empty sequences too), equal and different query/key lengths (a prefill onto a
+cache; more queries than keys, where causal rows see nothing), causal and not, GQA 1:1 to 8:1,
+fp16 and bf16, head dims 64, 128, 256 (and 80, padded). Seeds come from the test id.
+
+    python -m pytest -o addopts="" -m gpu tests/test_varlen_gpu.py -n 8
+"""
+import math
+import zlib
+
+import pytest
+from criteria import assert_flash_criterion
+
+torch = pytest.importorskip("torch")
+
+pytestmark = pytest.mark.gpu
+
+HEADS = ((8, 8), (8, 2), (16, 2), (4, 1))
+DTYPES = ("float16", "bfloat16")
+HEAD_DIMS = (64, 128, 256, 80)
+LENGTHS = (                                     # (lens_q, lens_k or None: the same)
+    ((1, 4097, 17, 256), None),
+    ((1000, 999, 1, 513, 0), None),
+    ((64, 128, 129, 2048), None),
+    ((3, 300, 1), (300, 301, 2)),               # prefill onto a cache: len_q < len_k
+    ((300, 20), (100, 20)),                     # more queries than keys: causal rows see none
+    ((4096, 1, 33), (4096, 5, 0)),              # an empty key sequence: zeros
+)
+CASES_N = 24
+
+
+def seed_of(case_id: str) -> int:
+    return zlib.crc32(case_id.encode()) % (1 << 31)
+
+
+def sampled_cases():
+    cases = []
+    for c in range(CASES_N):
+        hq, hkv = HEADS[c % len(HEADS)]
+        dtype = DTYPES[(c // 2) % len(DTYPES)]
+        d = HEAD_DIMS[(c // 3) % len(HEAD_DIMS)]
+        causal = bool(c % 2) ^ bool((c // 4) % 2)
+        lens_q, lens_k = LENGTHS[c % len(LENGTHS)]
+        cases.append(pytest.param(hq, hkv, dtype, d, causal, lens_q, lens_k,
+                                  id=f"h{hq}:{hkv}-{dtype[:2]}-d{d}-"
+                                     f"{'causal' if causal else 'full'}-"
+                                     f"q{'_'.join(map(str, lens_q))}"
+                                     + (f"-k{'_'.join(map(str, lens_k))}" if lens_k else "")))
+    return cases
+
+
+def make_packed(lens_q, lens_k, hq, hkv, d, dtype, *, seed, magnitude=1.0):
+    lens_k = lens_q if lens_k is None else lens_k
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    dt = getattr(torch, dtype)
+    q = (torch.randn(sum(lens_q), hq, d, generator=g, device="cuda") * magnitude).to(dt)
+    k = (torch.randn(sum(lens_k), hkv, d, generator=g, device="cuda") * magnitude).to(dt)
+    v = torch.randn(sum(lens_k), hkv, d, generator=g, device="cuda").to(dt)
+    cu = [torch.tensor([0, *torch.tensor(x).cumsum(0).tolist()], dtype=torch.int32,
+                       device="cuda") for x in (lens_q, lens_k)]
+    return q, k, v, cu[0], cu[1], max(lens_q), max(lens_k)
+
+
+def _attend(q, k, v, causal, scale, dtype):
+    """One sequence, (len, H, D) -> (len_q, Hq, D), in ``dtype`` (P rounded to it, as kernels)."""
+    lq, hq, _ = q.shape
+    lk, hkv, _ = k.shape
+    out = torch.zeros(q.shape, dtype=dtype, device=q.device)
+    if lq == 0 or lk == 0:
+        return out
+    qh = q.transpose(0, 1).to(dtype)                                    # (Hq, lq, D)
+    kh = k.transpose(0, 1).to(dtype).repeat_interleave(hq // hkv, 0)      # (Hq, lk, D)
+    vh = v.transpose(0, 1).to(dtype).repeat_interleave(hq // hkv, 0)
+    s = (qh @ kh.transpose(-1, -2)).float() * scale                      # (Hq, lq, lk)
+    if causal:
+        pos = lk - lq + torch.arange(lq, device=q.device)
+        s = s.masked_fill(torch.arange(lk, device=q.device)[None, :] > pos[:, None], -math.inf)
+    p = torch.softmax(s, -1).nan_to_num(0.0).to(dtype)
+    return (p @ vh).transpose(0, 1).to(dtype)
+
+
+def per_sequence(q, k, v, cu_q, cu_k, causal, scale, dtype):
+    out = torch.zeros(q.shape, dtype=dtype, device=q.device)
+    cq, ck = cu_q.tolist(), cu_k.tolist()
+    for b in range(len(cq) - 1):
+        out[cq[b]:cq[b + 1]] = _attend(q[cq[b]:cq[b + 1]], k[ck[b]:ck[b + 1]],
+                                       v[ck[b]:ck[b + 1]], causal, scale, dtype)
+    return out
+
+
+def ref_fp32(q, k, v, cu_q, cu_k, causal, scale):
+    return per_sequence(q, k, v, cu_q, cu_k, causal, scale, torch.float32)
+
+
+def run(q, k, v, cu_q, cu_k, mq, mk, **kw):
+    from flashattn.varlen import attention_varlen
+    out = torch.full(q.shape, math.nan, dtype=q.dtype, device=q.device)
+    attention_varlen(q, k, v, cu_q, cu_k, mq, mk, out=out, **kw)
+    torch.cuda.synchronize()
+    return out
+
+
+def floor_of(dtype):
+    return 1e-3 if dtype == "float16" else 8e-3
+
+
+@pytest.mark.parametrize("hq,hkv,dtype,d,causal,lens_q,lens_k", sampled_cases())
+def test_varlen_matches_reference(hq, hkv, dtype, d, causal, lens_q, lens_k, request,
+                                  record_property):
+    seed = seed_of(request.node.callspec.id)
+    q, k, v, cu_q, cu_k, mq, mk = make_packed(lens_q, lens_k, hq, hkv, d, dtype, seed=seed)
+    scale = 1.0 / math.sqrt(d)
+    out = run(q, k, v, cu_q, cu_k, mq, mk, causal=causal)
+    ref = ref_fp32(q, k, v, cu_q, cu_k, causal, scale)
+    pt = per_sequence(q, k, v, cu_q, cu_k, causal, scale, q.dtype)
+    err, err_pt = assert_flash_criterion(out, ref, pt, floor_of(dtype), seed=seed)
+    # Rows that see no key are exactly 0, as FlashAttention's.
+    lk = lens_q if lens_k is None else lens_k
+    cq = cu_q.tolist()
+    for b, (nq, nk) in enumerate(zip(lens_q, lk)):
+        empty = nq if nk == 0 else (max(0, nq - nk) if causal else 0)
+        assert (out[cq[b]:cq[b] + empty] == 0).all(), f"seed {seed}: sequence {b} not 0"
+    record_property("seed", seed)
+    record_property("err_ratio", err / max(err_pt, 1e-12))
+
+
+def test_gpu_reference_is_the_numpy_reference():
+    from flashattn.reference import varlen_attention
+    q, k, v, cu_q, cu_k, mq, mk = make_packed((5, 70, 0, 33), (9, 70, 4, 33), 4, 2, 64,
+                                              "float16", seed=1)
+    for causal in (False, True):
+        ref = ref_fp32(q, k, v, cu_q, cu_k, causal, 0.125)
+        np_ref = varlen_attention(q, k, v, cu_q, cu_k, mq, mk, causal=causal, scale=0.125)
+        torch.testing.assert_close(ref, np_ref.float(), atol=2e-5, rtol=1e-4)
+
+
+def test_equals_the_padded_square_kernel_on_equal_lengths():
+    # B sequences of one length: the same answer as flashattn.attention on (B, H, N, D).
+    from flashattn import attention
+    from flashattn.reference import pack
+    seed = 3
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    qp, kp, vp = (torch.randn(3, h, 1000, 128, generator=g, device="cuda").half()
+                  for h in (32, 8, 8))
+    square = attention(qp, kp, vp, causal=True)
+    (q, cu), (k, _), (v, _) = (pack(t, [1000] * 3) for t in (qp, kp, vp))
+    out = run(q, k, v, cu, cu, 1000, 1000, causal=True)
+    sq, _ = pack(square, [1000] * 3)
+    err = (out.float() - sq.float()).abs().max().item()
+    assert err < 2e-3, f"seed {seed}: varlen and the square kernel differ by {err:.3g}"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_large_logits_stay_finite(dtype):
+    seed = 7
+    q, k, v, cu_q, cu_k, mq, mk = make_packed((300, 77, 1), None, 8, 2, 64, dtype, seed=seed,
+                                              magnitude=6.0)
+    out = run(q, k, v, cu_q, cu_k, mq, mk, causal=True)
+    ref = ref_fp32(q, k, v, cu_q, cu_k, True, 0.125)
+    assert torch.isfinite(out).all(), f"seed {seed}: infinite outputs"
+    err = (out.float() - ref).abs().max().item()
+    assert err < 3e-2, f"seed {seed}: max error {err:.3g}"
+
+
+def test_bad_device_offsets_give_nan_for_their_sequences_only():
+    seed = 11
+    q, k, v, cu_q, cu_k, mq, mk = make_packed((256, 256, 256, 100), None, 8, 2, 64, "float16",
+                                              seed=seed)
+    good = run(q, k, v, cu_q, cu_k, mq, mk, causal=True)
+    bad_k = cu_k.clone()
+    bad_k[2] = 100                        # sequence 1 ends before it starts; 2 is too long
+    out = run(q, k, v, cu_q, bad_k, mq, mk, causal=True, check_values=False)
+    assert torch.isnan(out[256:768]).all(), f"seed {seed}: a bad sequence gave numbers"
+    assert torch.equal(out[:256], good[:256]) and torch.equal(out[768:], good[768:])
+    with pytest.raises(ValueError, match="non-decreasing"):
+        run(q, k, v, cu_q, bad_k, mq, mk, causal=True)
+
+
+def test_non_contiguous_packed_inputs():
+    # q, k, v as slices of one packed qkv tensor (as models produce them): strided rows.
+    seed = 13
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    lens = (100, 37)
+    qkv = torch.randn(sum(lens), 8 + 2 + 2, 64, generator=g, device="cuda").half()
+    q, k, v = qkv[:, :8], qkv[:, 8:10], qkv[:, 10:]
+    assert not q.is_contiguous()
+    cu = torch.tensor([0, 100, 137], dtype=torch.int32, device="cuda")
+    out = run(q, k, v, cu, cu, 100, 100, causal=True)
+    ref = ref_fp32(q, k, v, cu, cu, True, 0.125)
+    pt = per_sequence(q, k, v, cu, cu, True, 0.125, q.dtype)
+    assert_flash_criterion(out, ref, pt, 1e-3, seed=seed)
