@@ -26,7 +26,7 @@ __all__ = ["attention", "sdpa", "decode", "STEPS", "STEP_NAMES", "SEED_STEPS", "
 
 # Submodules load on first use (flashattn.reference, flashattn.chapter, ...): importing
 # flashattn stays cheap, and `import flashattn; flashattn.reference.attention(...)` works.
-_SUBMODULES = ("aot", "api", "autotune", "chapter", "contract", "data", "env", "impls",
+_SUBMODULES = ("aot", "api", "autograd", "autotune", "chapter", "contract", "data", "env", "impls",
                "kernels", "launch", "measure", "reference", "steps")
 
 

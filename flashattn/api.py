@@ -1,6 +1,8 @@
 """The public entry points: ``attention`` and the drop-in ``sdpa``.
 
-Validate (``contract``), choose the step's configuration and launch (``launch``).
+Validate (``contract``), choose the step's configuration and launch (``launch``). When an input
+requires grad, or under ``torch.compile``, through the differentiable operator of ``autograd``
+(the forward with its LSE, the backward kernels of issue 11).
 """
 from __future__ import annotations
 
@@ -36,13 +38,20 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None,
         step: a name from flashattn.STEPS, or "best" for the fastest known one on this GPU.
 
     Returns:
-        (B, Hq, Nq, D) tensor, dtype of q.
+        (B, Hq, Nq, D) tensor, dtype of q. Differentiable: when q, k or v requires grad (or
+        under torch.compile) the call goes through ``flashattn.autograd`` (the torch.library
+        operator ``flashattn::attention_fwd``), whose backward runs the backward kernels
+        (dq, dk, dv; dk and dv summed over each GQA group); the naive step has no backward.
 
     Raises:
         TypeError, ValueError: bad shapes, dtypes, devices, or arguments (the message says
             which). NotImplementedError never; D up to 256 and any lengths >= 1 are supported.
     """
     import torch
+    if _differentiable(q, k, v):
+        from . import autograd
+        return autograd.attention(q, k, v, causal=causal, scale=scale, input_pos=input_pos,
+                                  step=step)
     causal = check_causal(causal)
     check_tensors(q, k, v, causal=causal, scale=scale, input_pos=input_pos)
     if step != "best":
@@ -60,19 +69,31 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None,
     return out
 
 
+def _differentiable(q, k, v) -> bool:
+    """Through the autograd operator: under torch.compile, or when grad mode is on and an input
+    requires grad (checked without importing torch.library when nothing needs it)."""
+    import torch
+    if torch.compiler.is_compiling():
+        return True
+    return torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
+                                           for t in (q, k, v))
+
+
 def sdpa(query, key, value, attn_mask=None, dropout_p: float = 0.0, is_causal: bool = False,
          scale: float | None = None, enable_gqa: bool = False, *, step: str = "best"):
     """Drop-in for ``torch.nn.functional.scaled_dot_product_attention`` (4-D inputs).
 
-    Raises NotImplementedError for what the kernels do not do (an attention mask tensor,
-    dropout), and ValueError for different head counts without ``enable_gqa=True``, as PyTorch.
+    Differentiable as ``attention``. Raises NotImplementedError for what the kernels do not do
+    (an attention mask tensor, dropout), and ValueError for different head counts without
+    ``enable_gqa=True``, as PyTorch.
     """
     if attn_mask is not None:
         raise NotImplementedError("flashattn.sdpa does not support attn_mask; use is_causal=True "
                                   "for causal masking or torch's scaled_dot_product_attention")
     if dropout_p != 0.0:
         raise NotImplementedError(f"flashattn.sdpa does not support dropout (dropout_p="
-                                  f"{dropout_p}); it is an inference kernel")
+                                  f"{dropout_p}); train without attention dropout, or use torch's "
+                                  "scaled_dot_product_attention")
     if getattr(query, "ndim", 4) == 4 and getattr(key, "ndim", 4) == 4:
         if query.shape[1] != key.shape[1] and not enable_gqa:
             raise ValueError(f"query has {query.shape[1]} heads and key {key.shape[1]}: pass "

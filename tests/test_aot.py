@@ -97,3 +97,34 @@ def test_worker_warps_hint_compiles_and_is_reported():
     assert r.config == "128x128 occ=1 nww=8" and r.registers > 0
     (plain,) = compile_step("arch_tuned", "sm_90", config=Config(128, 128, occupancy=1))
     assert not plain.error and plain.config == "128x128 occ=1"
+
+
+# --- the forward's LSE output (issue 11) --------------------------------------------------------
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("step", ["baseline", "warp_groups"])
+@pytest.mark.parametrize("causal,even_k,head_dim", [(True, True, 128), (False, False, 80)])
+def test_the_forward_with_its_lse_compiles(arch, step, causal, even_k, head_dim):
+    # WRITE_LSE adds one log2 and one store per row: it must compile everywhere the step does,
+    # without new spill space, in about as many instructions (tileiras 13.4: +150..230 SASS
+    # lines of ~2000, the store's address code; sm_100's baseline, which already spills 32
+    # bytes, adds one STL).
+    from flashattn.aot import compile_spec
+    from flashattn.kernels import FMHA, constants_for
+    from flashattn.steps import get_step
+    s = get_step(step)
+    cfg = s.configs(arch)[0]
+    reps = {}
+    for write_lse in (False, True):
+        c = constants_for(FMHA, s, cfg, head_dim=head_dim, causal=causal, even_k=even_k,
+                          write_lse=write_lse)
+        assert c["WRITE_LSE"] is write_lse
+        reps[write_lse] = r = compile_spec(FMHA, arch, c, hints=cfg.hints(),
+                                           align=8 if head_dim % 8 == 0 else 1,
+                                           label=cfg.label(), step=step)
+        assert not r.error, r.error
+        assert r.registers > 0 and r.mma_ops > 0
+    off, on = reps[False], reps[True]
+    assert on.stack_bytes <= off.stack_bytes and on.sass["STL"] <= off.sass["STL"] + 2
+    assert on.sass_lines - off.sass_lines < max(300, off.sass_lines // 5), \
+        (on.sass_lines, off.sass_lines)
+    assert on.sass["MUFU.EX2"] >= off.sass["MUFU.EX2"]
