@@ -1,4 +1,5 @@
-"""Command line: ``python -m flashattn {steps,compile,bench,profile,record,info,nbrun}``."""
+"""Command line: ``python -m flashattn COMMAND``, COMMAND one of ``COMMANDS`` (steps, compile,
+bench, decode-bench, profile, record, info, nbrun)."""
 from __future__ import annotations
 
 import argparse
@@ -12,6 +13,10 @@ COMMANDS = {
                 "spills and SASS", "python -m flashattn compile --arch sm_90 --step baseline"),
     "bench": ("flashattn.measure.bench", "time steps and library baselines on this GPU",
               "python -m flashattn bench --steps baseline,best --seqlens 4096 --baselines cudnn"),
+    "decode-bench": ("flashattn.measure.bench_decode", "time decode steps (split-KV, paged) "
+                     "and packed varlen prefill against PyTorch: latency, bandwidth, host "
+                     "overhead", "python -m flashattn decode-bench --out "
+                     "results/h200/decode/decode.json"),
     "profile": ("flashattn.measure.ncu", "run Nsight Compute on one launch of a step",
                 "python -m flashattn profile --step baseline --seqlen 4096"),
     "record": ("flashattn.measure.record", "record benchmarks, profiles and compile reports "

@@ -59,7 +59,8 @@ def test_commands_are_the_subparsers():
     p = build_parser()
     sub = next(a for a in p._actions if a.dest == "command")
     assert list(sub.choices) == list(COMMANDS)
-    assert set(COMMANDS) == {"steps", "compile", "bench", "profile", "record", "info", "nbrun"}
+    assert set(COMMANDS) == {"steps", "compile", "bench", "decode-bench", "profile", "record",
+                             "info", "nbrun"}
 
 
 def test_unknown_command_exits_2():
@@ -89,3 +90,16 @@ def test_nbrun_module_still_runs_on_its_own():
     res = run("--help", module="flashattn.nbrun")
     assert res.returncode == 0, res.stderr
     assert "notebook" in res.stdout
+
+
+def test_decode_bench_plan_runs_without_a_gpu():
+    res = run("decode-bench", "--plan", "--part", "decode,host,crossover,varlen")
+    assert res.returncode == 0, res.stderr
+    for part in ("decode:", "host:", "crossover:", "varlen:", "estimated time on an H200"):
+        assert part in res.stdout, part
+
+
+def test_decode_bench_bad_option_exits_2():
+    res = run("decode-bench", "--nq", "32")
+    assert res.returncode == 2
+    assert "--nq needs integers in [1, 16]" in res.stderr

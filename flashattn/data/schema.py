@@ -155,3 +155,104 @@ def write_json(path, doc: dict) -> Path:
     return path
 
 
+
+
+# --- decode and varlen benchmarks (measure/bench_decode.py, issue 12) -----------------------------
+# A decode-bench document has the same shape, {"meta": {...}, "rows": [row, ...]}: every row has
+# the ROW_FIELDS (Nq = new tokens per sequence, Nk = cache length; tflops stays None: decoding is
+# memory-bound) plus DECODE_FIELDS. ``meta["hbm_peak_tbps"]`` is the peak that ``frac_peak``
+# divides by, ``meta["parts"]`` what was measured.
+DECODE_FIELDS = ("part", "page_size", "kv_bytes", "gbps", "frac_peak", "ratio_best_torch",
+                 "graph", "wall_ms", "overhead_ms", "total_tokens", "lens")
+DECODE_NUMERIC_FIELDS = ("page_size", "kv_bytes", "gbps", "frac_peak", "ratio_best_torch",
+                         "wall_ms", "overhead_ms", "total_tokens")
+DECODE_PARTS = ("decode", "host", "crossover", "varlen")
+
+
+def kv_bytes(B: int, Hkv: int, Nk: int, D: int, elem_bytes: int = 2) -> int:
+    """Bytes of K and V a decode step must read: every visible key and value once
+    (``B x Hkv x Nk x D`` of each, ``elem_bytes`` per element: 2 for fp16/bf16)."""
+    return 2 * int(B) * int(Hkv) * int(Nk) * int(D) * int(elem_bytes)
+
+
+def make_decode_row(impl: str, kind: str, *, part: str, B, Hq, Hkv, Nq, Nk, D, dtype,
+                    causal=True, config="", error=None, **values) -> dict:
+    """A row of a decode-bench document: ``make_row``'s fields with Nq and Nk set apart, and
+    the DECODE_FIELDS (missing ones None)."""
+    row = make_row(impl, kind, B=B, Hq=Hq, Hkv=Hkv, N=Nq, D=D, dtype=dtype, causal=causal,
+                   config=config, error=error)
+    row["Nk"] = Nk
+    row.update(dict.fromkeys(DECODE_FIELDS))
+    row["part"] = part
+    row.update(values)
+    return row
+
+
+def add_decode_derived(rows: list[dict], *, peak_tbps: float | None) -> list[dict]:
+    """Fill ``gbps`` (kv_bytes / median time), ``frac_peak`` (over ``peak_tbps``; None without
+    a known peak) and ``ratio_best_torch`` (the fastest PyTorch row's time over this row's, at
+    the same part and shape: > 1 means faster than every PyTorch path) in place."""
+    def key(r):
+        return (r.get("part"), r["B"], r["Hq"], r["Hkv"], r["Nq"], r["Nk"], r["D"], r["dtype"],
+                r.get("total_tokens"))
+    best = {}
+    for r in rows:
+        ok = not r.get("error") and r.get("median_ms")
+        if ok and r.get("kind") == "library":
+            k = key(r)
+            best[k] = min(best.get(k, math.inf), r["median_ms"])
+    for r in rows:
+        if r.get("error") or not r.get("median_ms"):
+            continue
+        if r.get("kv_bytes"):
+            r["gbps"] = r["kv_bytes"] / (r["median_ms"] * 1e-3) / 1e9
+            r["frac_peak"] = r["gbps"] / (peak_tbps * 1e3) if peak_tbps else None
+        ref = best.get(key(r))
+        r["ratio_best_torch"] = ref / r["median_ms"] if ref else None
+    return rows
+
+
+def decode_frame(doc: dict):
+    """The rows of a decode-bench document as a DataFrame (ROW_FIELDS + DECODE_FIELDS)."""
+    import pandas as pd
+    rows = doc.get("rows", []) if isinstance(doc, dict) else list(doc)
+    cols = list(ROW_FIELDS) + list(DECODE_FIELDS)
+    df = pd.DataFrame(rows, columns=cols if not rows else None)
+    for c in cols:
+        if c not in df.columns:
+            df[c] = None
+    for c in NUMERIC_FIELDS + DECODE_NUMERIC_FIELDS:
+        df[c] = pd.to_numeric(df[c], errors="coerce")
+    return df
+
+
+def format_decode_table(doc: dict) -> str:
+    """One line per row: part, shape, implementation, time, GB/s, fraction of peak, ratio to
+    the fastest PyTorch path (or the error)."""
+    head = ("part", "B", "Nq", "Nk", "impl", "ms", "GB/s", "peak", "vs torch", "config")
+    body = []
+    for r in doc.get("rows", []):
+        if r.get("error"):
+            cells = ["skip" if str(r["error"]).startswith(SKIPPED) else "err", "", "", "",
+                     str(r["error"])[:60]]
+        else:
+            def f(x, fmt):
+                return "" if x is None else format(x, fmt)
+            ms = r.get("median_ms")
+            if r.get("part") == "host":
+                cells = [f(ms, ".4f"), "", "", "",
+                         f"host {f(r.get('host_ms'), '.4f')} ms, overhead "
+                         f"{f(r.get('overhead_ms'), '.4f')} ms"]
+            else:
+                cells = [f(ms, ".4f"), f(r.get("gbps"), ".0f"), f(r.get("frac_peak"), ".0%"),
+                         f(r.get("ratio_best_torch"), ".2f") + ("x" if r.get(
+                             "ratio_best_torch") is not None else ""), r.get("config") or ""]
+        nk = r.get("Nk") if r.get("part") != "varlen" else r.get("total_tokens")
+        body.append([r.get("part") or "", r["B"], r["Nq"], nk, r["impl"], *cells])
+    w = [max(len(str(x)) for x in col) for col in zip(head, *body)] if body else \
+        [len(h) for h in head]
+    line = lambda row: "  ".join(str(x).ljust(w[j]) for j, x in enumerate(row)).rstrip()  # noqa: E731
+    meta = doc.get("meta", {})
+    title = (f"decode-bench on {meta.get('gpu')}: HBM peak {meta.get('hbm_peak_tbps')} TB/s "
+             f"({meta.get('hbm_peak_source') or 'unknown GPU: no fraction of peak'})")
+    return "\n".join([title, line(head)] + [line(b) for b in body])

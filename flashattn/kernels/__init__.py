@@ -373,8 +373,9 @@ VARLEN_CONFIGS: dict[str, dict[int, Config]] = {
     "sm_90": {128: Config(128, 128, occupancy=1, num_worker_warps=8),
               256: Config(128, 64, occupancy=1, num_worker_warps=8)},
     "sm_100": {128: Config(128, 128, occupancy=2), 256: Config(128, 64, occupancy=1)},
-    # sm_120 (HMMA, operands in registers): 64x32 tiles spill at D=256 (~210 B of stack).
-    "sm_120": {64: Config(64, 64), 128: Config(64, 64), 256: Config(32, 32)},
+    # sm_120 (HMMA, operands in registers): at D=256, 64x32 tiles spill ~210 B of stack and
+    # causal 32x32 8 B; 16x32 does not.
+    "sm_120": {64: Config(64, 64), 128: Config(64, 64), 256: Config(16, 32)},
 }
 VARLEN_CONFIGS["sm_80"] = VARLEN_CONFIGS["sm_120"]
 
