@@ -535,3 +535,215 @@ def test_a_control_copy_gets_its_twins_batch_size(cpu_fakes, monkeypatch):
     bench.run_bench(["baseline", "baseline#2"], [32], batch=1, heads=2, baselines=[],
                     rounds=4, inner=8, progress=False)
     assert seen["baseline#2"] == seen["baseline"], seen
+
+
+# --- the backward (issue 11): bench --backward ---------------------------------------------------
+from flashattn.measure import bench_bwd  # noqa: E402
+
+
+def test_backward_parse_defaults_are_the_seed_workload():
+    kw = bench_bwd.parse_args(["--backward"])
+    assert kw["seqlens"] == [1024, 2048, 4096, 8192, 16384]
+    assert (kw["batch"], kw["heads"], kw["head_dim"], kw["dtype"], kw["causal"]) == \
+        (4, 32, 128, "float16", True)
+    assert kw["baselines"] == ["flash", "cudnn", "efficient", "flex"]
+    assert kw["passes"] == ["bwd", "fwd_bwd"] and kw["fwd_step"] == "best"
+    kw = bench_bwd.parse_args(["--backward", "--no-causal", "--dtype", "bfloat16", "--seqlens",
+                               "1024,16384", "--baselines", "cudnn,flash", "--passes", "bwd",
+                               "--fwd-step", "warp_groups", "--gqa", "32:8", "--rounds", "5"])
+    assert kw["causal"] is False and kw["dtype"] == "bfloat16" and kw["seqlens"] == [1024, 16384]
+    assert kw["baselines"] == ["cudnn", "flash"] and kw["passes"] == ["bwd"]
+    assert kw["gqa"] == (32, 8) and kw["fwd_step"] == "warp_groups" and kw["rounds"] == 5
+    assert bench_bwd.parse_args(["--backward", "--baselines", "none"])["baselines"] == []
+
+
+@pytest.mark.parametrize("bad", [
+    ["--passes", "fwd"], ["--passes", ""], ["--baselines", "math"], ["--seqlens", "0"],
+    ["--seqlens", "1k"], ["--fwd-step", "naive"], ["--fwd-step", "nope"], ["--steps", "baseline"],
+    ["--method", "interleaved"], ["--gqa", "32:5"], ["--rounds", "0"], ["--dtype", "float32"],
+])
+def test_backward_parse_errors(bad, capsys):
+    with pytest.raises(SystemExit):
+        bench_bwd.parse_args(["--backward", *bad])
+    assert "error" in capsys.readouterr().err
+
+
+def test_backward_options_need_backward(capsys):
+    with pytest.raises(SystemExit):
+        parse_args(["--passes", "bwd"])             # the forward bench does not take them
+    with pytest.raises(SystemExit):
+        parse_args(["--backward"])                  # main() hands --backward to bench_bwd
+    assert bench.main(["--backward", "--seqlens", "256", "--quiet"]) == 1   # no GPU here
+    assert "needs a CUDA GPU" in capsys.readouterr().err
+
+
+def test_backward_flops_convention():
+    f = bench.attention_flops(4, 32, 4096, 4096, 128, True)
+    assert bench_bwd.backward_flops(4, 32, 4096, 128, True) == 2.5 * f
+    assert bench_bwd.backward_flops(4, 32, 4096, 128, True, "fwd_bwd") == 3.5 * f
+    assert bench_bwd.backward_flops(1, 1, 64, 64, False) == 2.5 * 4 * 64 * 64 * 64
+    with pytest.raises(ValueError, match="pass"):
+        bench_bwd.backward_flops(1, 1, 64, 64, False, "fwd")
+
+
+def test_backward_run_validates_before_the_gpu():
+    with pytest.raises(ValueError, match="baseline"):
+        bench_bwd.run_bench_backward([256], baselines=["math"])
+    with pytest.raises(ValueError, match="passes"):
+        bench_bwd.run_bench_backward([256], passes=["fwd"])
+    with pytest.raises(ValueError, match="seqlens"):
+        bench_bwd.run_bench_backward([0])
+    with pytest.raises(RuntimeError, match="CUDA GPU"):
+        bench_bwd.run_bench_backward([256])
+
+
+def test_ref_group_and_grad_errs():
+    assert bench_bwd.ref_group(32, 32, 16384) == (1, 1)
+    assert bench_bwd.ref_group(32, 8, 1024) == (4, 1)           # the whole group fits
+    assert bench_bwd.ref_group(32, 1, 16384)[0] < 32            # MQA at 16K: part of it
+    g = [torch.zeros(1, 4, 3, 2), torch.zeros(1, 1, 3, 2), torch.zeros(1, 1, 3, 2)]
+    ref = [torch.zeros(1, 4, 3, 2, dtype=torch.float64), torch.ones(1, 1, 3, 2).double(),
+           torch.zeros(1, 1, 3, 2, dtype=torch.float64)]
+    assert bench_bwd._grad_errs(g, ref, 4, False) == dict(dq=0.0, dk=1.0, dv=0.0)
+    assert bench_bwd._grad_errs(g, ref, 4, True) == dict(dq=0.0)   # dK, dV need the group
+
+
+def _math_attention(q, k, v, causal, scale):
+    """Differentiable CPU attention (GQA by repetition): the fakes' forward."""
+    rep = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+    s = (q @ k.transpose(-1, -2)) * scale
+    if causal:
+        n = q.shape[2]
+        s = s.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), -math.inf)
+    return torch.softmax(s, -1) @ v
+
+
+@pytest.fixture
+def bwd_fakes(monkeypatch):
+    """run_bench_backward's GPU parts replaced by CPU fakes: every implementation is autograd
+    through fp32 math attention (ours: its backward from the reference), timing fakes rounds."""
+    from flashattn import api, autograd, autotune, launch, launch_bwd, steps
+    from flashattn import reference as R
+    from flashattn.measure import timing
+    seen = dict(rounds=[], backward=0)
+
+    def fake_lib(impl, q, k, v, *, causal, scale):
+        if impl == "sdpa_efficient":
+            raise RuntimeError("fake: no kernel for this shape\nmore")
+        return (lambda: _math_attention(q, k, v, causal, scale)), __import__("contextlib").nullcontext
+
+    def fake_fwd(q, k, v, *, causal, scale, step="best", input_pos=0):
+        return _math_attention(q, k, v, causal, scale)
+
+    def fake_forward_lse(q, k, v, *, causal, scale, step="best", input_pos=0):
+        return (_math_attention(q, k, v, causal, scale),
+                R.attention_lse(q, k, causal=causal, scale=scale))
+
+    def fake_backward(q, k, v, out, dout, lse, *, causal, scale, grads, input_pos=0):
+        seen["backward"] += 1
+        for g, r in zip(grads, R.attention_backward(q, k, v, dout, causal=causal, scale=scale)):
+            g.copy_(r)
+        return grads
+
+    def fake_check(fn, ref, hq, partial):
+        errs = bench_bwd._grad_errs(fn(), ref, hq, partial)
+        return dict(grad_errs=errs, max_abs_err=max(errs.values()), est_ms=2.0)
+
+    def fake_rounds(fns, *, rounds=30, inner=10, **kw):
+        seen["rounds"].append((sorted(fns), dict(inner)))
+        out = {}
+        for i, (n, f) in enumerate(sorted(fns.items())):
+            for _ in range(3):
+                f()
+            samples = [1.0 + 0.1 * i + 0.01 * (r % 3) for r in range(rounds)]
+            t = timing.summarize(samples)
+            out[n] = timing.Timing(t.median_ms, t.min_ms, t.max_ms, t.q1_ms, t.q3_ms,
+                                   rounds * inner[n], samples=samples, ci_lo_ms=t.median_ms * .99,
+                                   ci_hi_ms=t.median_ms * 1.01, method="graph")
+        return out
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(bench_bwd, "_inputs", lambda B, Hq, Hkv, N, D, dt, dev, seed: (
+        torch.randn(B, Hq, N, D), torch.randn(B, Hkv, N, D), torch.randn(B, Hkv, N, D),
+        torch.randn(B, Hq, N, D)))
+    monkeypatch.setattr(bench, "library_fn", fake_lib)
+    monkeypatch.setattr(api, "attention", fake_fwd)
+    monkeypatch.setattr(autograd, "attention_forward", fake_forward_lse)
+    monkeypatch.setattr(launch_bwd, "attention_backward", fake_backward)
+    monkeypatch.setattr(bench_bwd, "_check_once", fake_check)
+    monkeypatch.setattr(timing, "time_rounds", fake_rounds)
+    monkeypatch.setattr(launch, "arch_of", lambda device: "sm_90")
+    monkeypatch.setattr(autotune, "resolve", lambda s, q, k, causal: (
+        steps.get_step("warp_groups"), Config(128, 128, occupancy=1, num_worker_warps=8)))
+    return seen
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_run_bench_backward_document_on_cpu_with_fakes(bwd_fakes, causal):
+    doc = bench_bwd.run_bench_backward([16, 32], causal=causal, batch=1, heads=4, gqa=(4, 2),
+                                       head_dim=16, baselines=["cudnn", "flash", "efficient"],
+                                       rounds=6, progress=True, name="fake-bwd")
+    wl = doc["meta"]["workload"]
+    assert wl == dict(name="fake-bwd", B=1, Hq=4, Hkv=2, D=16, dtype="float16", causal=causal,
+                      seqlens=[16, 32], passes=["bwd", "fwd_bwd"], fwd_step="best")
+    assert "2.5" in doc["meta"]["flops"] and doc["meta"]["method"]["name"] == "rounds"
+    rows = doc["rows"]
+    assert len(rows) == 2 * 4 * 2                      # N x impls x passes
+    by = {(r["impl"], r["pass"], r["Nq"]): r for r in rows}
+    for n in (16, 32):
+        for p in ("bwd", "fwd_bwd"):
+            bad = by["sdpa_efficient", p, n]
+            assert bad["error"] == "RuntimeError: fake: no kernel for this shape"
+            for impl in ("fmha_bwd", "sdpa_cudnn", "sdpa_flash"):
+                r = by[impl, p, n]
+                assert not r["error"], r["error"]
+                assert set(ROW_FIELDS) <= set(r)
+                assert r["kind"] == ("step" if impl == "fmha_bwd" else "library")
+                flops = bench_bwd.backward_flops(1, 4, n, 16, causal, p)
+                assert r["tflops"] == pytest.approx(flops / (r["median_ms"] * 1e-3) / 1e12)
+                assert set(r["grad_errs"]) == {"dq", "dk", "dv"}
+                assert r["max_abs_err"] < 1e-4           # every fake computes exact gradients
+                assert len(r["samples_ms"]) == 6
+                # Each pass's ratio to cuDNN, paired by round, within the same pass only.
+                assert r["ratio_cudnn"] is not None
+                if impl == "sdpa_cudnn":
+                    assert r["ratio_cudnn"] == pytest.approx(1.0)
+    assert by["fmha_bwd", "bwd", 16]["config"] == "dkdv 64x128 nww=8, dq 128x64 nww=8"
+    assert by["fmha_bwd", "fwd_bwd", 16]["config"].startswith("fwd warp_groups 128x128")
+    # One time_rounds per N, every (impl, pass) that did not fail, in alternation.
+    names, inner = bwd_fakes["rounds"][0]
+    assert names == sorted(f"{i}|{p}" for i in ("fmha_bwd", "sdpa_cudnn", "sdpa_flash")
+                           for p in ("bwd", "fwd_bwd"))
+    assert set(inner.values()) == {2}                  # 5 ms samples of 2 ms calls
+    assert bwd_fakes["backward"] > 0                   # ours: attention_backward, not autograd
+    # The document round-trips through the schema's reader and writer.
+    df = to_frame(doc)
+    assert set(df["pass"]) == {"bwd", "fwd_bwd"} and len(df) == len(rows)
+    json.loads(schema.dumps(doc))
+    table = bench_bwd.format_backward_table(doc)
+    assert "pass bwd (2.5 x forward FLOPs)" in table and "pass fwd_bwd (3.5" in table
+    assert "fmha_bwd" in table and "err" in table
+
+
+def test_run_bench_backward_one_pass_no_baselines(bwd_fakes):
+    doc = bench_bwd.run_bench_backward([16], batch=1, heads=2, head_dim=16, baselines="none",
+                                       passes="bwd", rounds=3, progress=False)
+    assert [(r["impl"], r["pass"]) for r in doc["rows"]] == [("fmha_bwd", "bwd")]
+    assert doc["rows"][0]["ratio_cudnn"] is None
+
+
+def test_record_backward_part_quick_with_fakes(bwd_fakes, tmp_path, monkeypatch):
+    monkeypatch.setattr(env, "metadata", env.metadata)
+    files = record.record_bench_backward(tmp_path, quick=True)
+    assert [f.name for f in files] == ["fp16-causal-d128-gqa2x2-bwd-quick.json".replace(
+        "-gqa2x2", ""), "fp16-full-d128-bwd-quick.json"]
+    for f in files:
+        doc = json.loads(f.read_text())
+        assert {r["pass"] for r in doc["rows"]} == {"bwd", "fwd_bwd"}
+        assert {r["impl"] for r in doc["rows"]} == {"fmha_bwd", "sdpa_cudnn"}
+    assert "bench-backward" in record.PARTS and "bench-backward-bf16" in record.PARTS
+    assert record.main(["--out", str(tmp_path), "--part", "bench-backward-bf16", "--quick"]) == 0
+    assert (tmp_path / "bench-backward" / "bf16-causal-d128-bwd-quick.json").exists()

@@ -5,6 +5,7 @@
     python -m flashattn bench --no-causal --json --out full.json
     python -m flashattn bench --steps arch_tuned,arch_tuned#2,arch_tuned@128x128:occ=1:nww=8
                                                 # a control copy and a pinned variant
+    python -m flashattn bench --backward        # the backward pass (measure.bench_bwd)
 
 From a notebook::
 
@@ -494,6 +495,10 @@ def build_parser():
     p.add_argument("--json", action="store_true", help="print the JSON document to stdout")
     p.add_argument("--out", help="write the JSON document to this file")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
+    p.add_argument("--backward", action="store_true",
+                   help="time the backward pass and forward + backward instead (ours vs the "
+                        "libraries' backward; backward = 2.5 x forward FLOPs; see "
+                        "flashattn.measure.bench_bwd; adds --passes and --fwd-step)")
     return p
 
 
@@ -501,6 +506,8 @@ def parse_args(argv: list[str] | None = None) -> dict:
     """The command line as run_bench keyword arguments (validated; raises SystemExit on error)."""
     p = build_parser()
     a = p.parse_args(argv)
+    if a.backward:
+        p.error("--backward is handled by flashattn.measure.bench_bwd.parse_args")
     steps = [] if a.steps.strip() == "none" else _csv(a.steps)
     for s in steps:
         try:
@@ -529,6 +536,10 @@ def parse_args(argv: list[str] | None = None) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--backward" in argv:
+        from .bench_bwd import main as main_bwd
+        return main_bwd(argv)
     kw = parse_args(argv)
     as_json, out = kw.pop("_json"), kw.pop("_out")
     t0 = time.perf_counter()

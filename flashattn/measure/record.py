@@ -2,6 +2,8 @@
 
     python -m flashattn record --out results/h200 --part bench        # ~5 min on an H200
     python -m flashattn record --out results/h200 --part bench-extra  # ~7 min (or --workload)
+    python -m flashattn record --out results/h200 --part bench-backward       # ~4 min (fp16)
+    python -m flashattn record --out results/h200 --part bench-backward-bf16  # ~4 min
     python -m flashattn record --out results/h200 --part profile      # Nsight Compute
     python -m flashattn record --out results/h200 --part compile      # any machine, no GPU
     python -m flashattn record --quick --out /tmp/r                   # tiny, to test the tools
@@ -9,6 +11,7 @@
 Writes::
 
     results/<gpu>/bench/<workload>.json     python -m flashattn bench documents
+    results/<gpu>/bench-backward/<workload>-bwd.json   bench --backward documents (issue 11)
     results/<gpu>/profiles/                 flashattn.measure.ncu.record_profiles (summary.json, ...)
     results/<gpu>/compile/<arch>.json       python -m flashattn compile --json documents
 
@@ -32,7 +35,8 @@ from ..impls import STEP_IMPLS
 from ..steps import HOPPER_LADDER, STEP_NAMES
 from .bench import DEFAULT_STEPS, run_bench
 
-PARTS = ("bench", "bench-extra", "profile", "compile")
+PARTS = ("bench", "bench-extra", "bench-backward", "bench-backward-bf16", "profile",
+         "compile")
 COMPILE_ARCHS = ("sm_90", "sm_100")
 PROFILE_N = 4096
 TAIL_STEPS = ("loop_split", "remap", "loop_split@64x128", "remap@64x128")   # profiled at N=1K
@@ -61,6 +65,15 @@ EXTRA_WORKLOADS = (
 QUICK = dict(seqlens=(256,), batch=1, heads=2, reps=5)
 QUICK_STEPS = ("baseline", "best", CONTROL)
 QUICK_BASELINES = ("cudnn", "flash")
+
+
+# The backward (issue 11): B=4, H=32, D=128, N 1K..16K, causal and not, one dtype per part.
+# FlexAttention's compile per shape (forward and backward) does not fit the parts' 10 minutes:
+# `bench --backward` has it.
+BWD_SEQLENS = (1024, 2048, 4096, 8192, 16384)
+BWD_BASELINES = ("flash", "cudnn", "efficient")
+BWD_ROUNDS = 20
+BWD_QUICK = dict(seqlens=(256,), batch=1, heads=2, rounds=3, inner=2, baselines=("cudnn",))
 
 
 def default_out(quick: bool = False) -> Path:
@@ -111,6 +124,25 @@ def record_bench_extra(out: Path, *, quick: bool = False, workloads: list[str] |
                             baselines=["flash", "cudnn", "efficient"], command=command,
                             name=name)
         written.append(write_json(out / "bench" / f"{name}.json", doc))
+        print(f"  {name}: {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
+    return written
+
+
+def record_bench_backward(out: Path, *, dtype: str = "float16", quick: bool = False,
+                          command: str | None = None) -> list[Path]:
+    """The backward alone and forward + backward, causal and not (``measure.bench_bwd``)."""
+    from .bench_bwd import run_bench_backward, workload_name_bwd
+    written = []
+    for causal in (True, False):
+        t0 = time.perf_counter()
+        if quick:
+            kw = dict(BWD_QUICK, baselines=list(BWD_QUICK["baselines"]))
+            name = workload_name_bwd(dtype, causal, 128, kw["heads"], kw["heads"]) + "-quick"
+        else:
+            kw = dict(seqlens=BWD_SEQLENS, baselines=list(BWD_BASELINES), rounds=BWD_ROUNDS)
+            name = workload_name_bwd(dtype, causal, 128, 32, 32)
+        doc = run_bench_backward(causal=causal, dtype=dtype, command=command, name=name, **kw)
+        written.append(write_json(out / "bench-backward" / f"{name}.json", doc))
         print(f"  {name}: {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
     return written
 
@@ -204,6 +236,10 @@ def main(argv: list[str] | None = None) -> int:
             elif part == "bench-extra":
                 files = record_bench_extra(out, quick=a.quick, workloads=a.workload,
                                            command=command)
+            elif part in ("bench-backward", "bench-backward-bf16"):
+                files = record_bench_backward(
+                    out, dtype="bfloat16" if part.endswith("bf16") else "float16",
+                    quick=a.quick, command=command)
             elif part == "profile":
                 files = record_profile(out, quick=a.quick, command=command)
             else:

@@ -1,0 +1,454 @@
+"""Backward benchmarks (issue 11): the backward pass alone, and forward + backward.
+
+    python -m flashattn bench --backward                            # fp16, causal, N 1K..16K
+    python -m flashattn bench --backward --no-causal --dtype bfloat16 --seqlens 4096,16384
+    python -m flashattn bench --backward --baselines cudnn,flash --passes bwd
+
+From a notebook::
+
+    doc = run_bench_backward([4096], causal=True)
+
+**FLOPs convention** (FlashAttention-2's, and the seed's): the backward does five matrix products
+(S = QK^T recomputed, dV = P^T dO, dP = dO V^T, dQ = dS K, dK = dS^T Q) to the forward's two, so
+it counts ``BWD_FLOP_FACTOR`` = 2.5 x the forward's FLOPs (``timing.attention_flops``: 4 B H N^2 D,
+halved when causal); forward + backward counts 3.5 x. Recomputation is not counted as useful
+work, as for every implementation here (they all recompute S).
+
+What is timed, per implementation, with ``timing.time_rounds`` (the book's method: each sample a
+batch of launches replayed from a CUDA graph on an idle GPU, implementations in a random order
+every round, bootstrap 95 % intervals, three input sets in rotation):
+
+    pass "bwd"       the backward alone. Ours (``fmha_bwd``): ``launch_bwd.attention_backward``
+                     from the forward's out and LSE (the three kernels, Delta included).
+                     Libraries: ``torch.autograd.grad`` of their output, the forward done once
+                     outside the timing (their backward node and whatever autograd adds).
+    pass "fwd_bwd"   a training step's attention: forward (ours: ``flashattn.attention`` through
+                     the autograd operator, with the LSE) then ``torch.autograd.grad``.
+
+Libraries: PyTorch SDPA's FLASH_ATTENTION (FlashAttention-2), CUDNN_ATTENTION and
+EFFICIENT_ATTENTION backends, and FlexAttention (``torch.compile``'d, forward and backward).
+Gradients are checked once, outside the timing, against the fp64 reference
+(``reference.attention_backward``) on the first GQA group of batch 0: ``max_abs_err`` is the
+largest error of dQ, dK and dV, ``grad_errs`` each.
+
+The document is a bench document (``data.schema``) whose rows carry ``pass`` ("bwd" or
+"fwd_bwd"); ``ratio_cudnn`` compares with cuDNN's row of the same pass, paired by round.
+"""
+from __future__ import annotations
+
+import contextlib
+import itertools
+import math
+import sys
+import time
+
+from ..contract import dtype_name, parse_gqa
+from ..data.schema import add_derived, dumps, format_table, make_row, workload_name, write_json
+from ..impls import LIBRARY_OPTIONS
+from .timing import attention_flops, tflops
+
+BWD_FLOP_FACTOR = 2.5           # backward FLOPs per forward FLOP (five matmuls to two)
+PASSES = ("bwd", "fwd_bwd")
+PASS_FACTOR = {"bwd": BWD_FLOP_FACTOR, "fwd_bwd": 1.0 + BWD_FLOP_FACTOR}
+OURS = "fmha_bwd"               # our rows: the deterministic backward kernels (kernels/fmha_bwd.py)
+BWD_BASELINES = ("flash", "cudnn", "efficient", "flex")   # libraries with a backward
+DEFAULT_SEQLENS = (1024, 2048, 4096, 8192, 16384)
+DEFAULT_BATCH, DEFAULT_HEADS, DEFAULT_HEAD_DIM = 4, 32, 128
+SAMPLE_MS = 5.0
+REF_BYTES = 16 << 30            # fp64 reference backward: (heads, N, N) temporaries within this
+
+__all__ = ["run_bench_backward", "backward_flops", "build_parser", "parse_args", "main",
+           "format_backward_table", "PASSES", "BWD_FLOP_FACTOR", "BWD_BASELINES", "OURS"]
+
+
+def backward_flops(B: int, Hq: int, N: int, D: int, causal: bool, pass_: str = "bwd") -> float:
+    """Useful FLOPs of a pass: ``PASS_FACTOR[pass_]`` x the forward's (see the module docstring)."""
+    if pass_ not in PASS_FACTOR:
+        raise ValueError(f"pass must be one of {', '.join(PASSES)}, got {pass_!r}")
+    return PASS_FACTOR[pass_] * attention_flops(B, Hq, N, N, D, causal)
+
+
+def workload_name_bwd(dtype: str, causal: bool, head_dim: int, Hq: int, Hkv: int) -> str:
+    """"fp16-causal-d128-bwd": the forward's workload name with "-bwd"."""
+    return workload_name(dtype, causal, head_dim, Hq, Hkv) + "-bwd"
+
+
+def ref_group(Hq: int, Hkv: int, N: int) -> tuple[int, int]:
+    """(query heads, key/value heads) of batch 0 the fp64 reference checks: one GQA group (or
+    one head for MHA), fewer query heads if its (heads, N, N) fp64 temporaries (about five)
+    would pass ``REF_BYTES``."""
+    group = Hq // Hkv
+    fit = max(1, REF_BYTES // max(1, 5 * 8 * N * N))
+    return min(group, fit), 1
+
+
+def _ref_grads(q, k, v, dout, hq: int, *, causal: bool, scale: float):
+    from ..reference import attention_backward
+    return attention_backward(*(t[:1, :n].double() for t, n in ((q, hq), (k, 1), (v, 1),
+                                                                 (dout, hq))),
+                              causal=causal, scale=scale)
+
+
+def _grad_errs(grads, ref, hq: int, partial_group: bool) -> dict:
+    """Max |error| of each gradient on the checked slice; dK/dV only when the slice holds the
+    whole GQA group (their sums run over every query head of it)."""
+    out = {}
+    names = ("dq",) if partial_group else ("dq", "dk", "dv")
+    for name, g, r in zip(("dq", "dk", "dv"), grads, ref):
+        if name not in names:
+            continue
+        n = hq if name == "dq" else 1
+        e = (g[:1, :n].double() - r).abs().max().item()
+        out[name] = e if math.isfinite(e) else float("nan")
+    return out
+
+
+def _inputs(B, Hq, Hkv, N, D, dtype, device, seed):
+    import torch
+    g = torch.Generator(device=device).manual_seed(seed)
+    q = torch.randn((B, Hq, N, D), generator=g, device=device, dtype=dtype)
+    k = torch.randn((B, Hkv, N, D), generator=g, device=device, dtype=dtype)
+    v = torch.randn((B, Hkv, N, D), generator=g, device=device, dtype=dtype)
+    dout = torch.randn((B, Hq, N, D), generator=g, device=device, dtype=dtype)
+    return q, k, v, dout
+
+
+def _capture_stream():
+    """The stream ``torch.cuda.graph`` captures on: a forward run there has its backward
+    launched there too (autograd replays a node's backward on its forward's stream), so the
+    libraries' backward alone can be captured."""
+    import torch
+    if getattr(torch.cuda.graph, "default_capture_stream", None) is None:
+        torch.cuda.graph.default_capture_stream = torch.cuda.Stream()
+    return torch.cuda.graph.default_capture_stream
+
+
+def forward_thunks(impl: str, sets, *, causal: bool, scale: float, fwd_step: str):
+    """(one differentiable forward per input set, the context to run them in). Ours:
+    ``flashattn.attention`` (the autograd operator, forward with the LSE); a library: its call
+    from ``bench.library_fn`` (block mask and backend chosen once, outside the timing)."""
+    if impl == OURS:
+        from ..api import attention
+        return [(lambda s=s: attention(s[0], s[1], s[2], causal=causal, scale=scale,
+                                       step=fwd_step)) for s in sets], contextlib.nullcontext
+    from .bench import library_fn
+    fns = [library_fn(impl, s[0], s[1], s[2], causal=causal, scale=scale) for s in sets]
+    return [f for f, _ in fns], fns[0][1]
+
+
+def _ours_backward_fns(sets, outs, *, causal, scale):
+    """The backward alone, ours: attention_backward from (out, lse), into fixed gradients."""
+    import torch
+
+    from ..launch_bwd import attention_backward
+    fns = []
+    for (q, k, v, dout), (out, lse) in zip(sets, outs):
+        grads = tuple(torch.empty_like(t) for t in (q, k, v))
+        fns.append(lambda q=q, k=k, v=v, dout=dout, out=out, lse=lse, grads=grads:
+                   attention_backward(q, k, v, out, dout, lse, causal=causal, scale=scale,
+                                      grads=grads))
+    return fns
+
+
+def _check_once(fn, ref, hq, partial) -> dict:
+    """Warm up (compile), check the gradients once, estimate one call's time (ms)."""
+    import torch
+    fn()
+    torch.cuda.synchronize()
+    grads = fn()
+    torch.cuda.synchronize()
+    errs = _grad_errs(grads, ref, hq, partial)
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    s.record()
+    fn()
+    e.record()
+    e.synchronize()
+    return dict(grad_errs=errs, max_abs_err=max(errs.values()) if errs else None,
+                est_ms=max(s.elapsed_time(e), 1e-3))
+
+
+def _err(e: BaseException) -> str:
+    lines = [ln for ln in str(e).strip().splitlines() if ln.strip()]
+    return f"{type(e).__name__}: {lines[0] if lines else ''}"[:300]
+
+
+def run_bench_backward(seqlens=None, *, causal: bool = True, dtype: str = "float16", gqa=None,
+                       head_dim: int = DEFAULT_HEAD_DIM, batch: int = DEFAULT_BATCH,
+                       heads: int = DEFAULT_HEADS, baselines=None, passes=PASSES,
+                       fwd_step: str = "best", rounds: int = 30, inner: int = 10,
+                       input_sets: int = 3, progress: bool = True, command: str | None = None,
+                       name: str | None = None) -> dict:
+    """Time the backward (and forward + backward) of ours and the libraries; a bench document.
+
+    Args:
+        seqlens: sequence lengths (Nq = Nk); default 1K .. 16K.
+        causal, dtype, gqa, head_dim, batch, heads: the workload (default the seed's: B=4,
+            H=32, D=128, fp16, causal).
+        baselines: names of ``BWD_BASELINES`` (flash, cudnn, efficient, flex); default all;
+            [] or "none" for none.
+        passes: a subset of ``PASSES``.
+        fwd_step: the forward step of our fwd_bwd rows (``"best"``: autotune's choice).
+        rounds, inner, input_sets: ``timing.time_rounds``'s.
+
+    Returns:
+        {"meta": ..., "rows": [...]}: one row per (implementation, pass, N), with ``pass``,
+        ``grad_errs`` and the usual timing fields; failures are rows with ``error``.
+
+    Raises:
+        ValueError: unknown baseline or pass, bad lengths; RuntimeError without a CUDA GPU.
+    """
+    import torch
+
+    from ..env import metadata
+    from . import timing
+    seqlens = [int(n) for n in (DEFAULT_SEQLENS if seqlens is None else seqlens)]
+    if not seqlens or min(seqlens) < 1:
+        raise ValueError(f"seqlens must be positive lengths, got {seqlens}")
+    if baselines is None:
+        baselines = list(BWD_BASELINES)
+    elif isinstance(baselines, str):
+        baselines = [] if baselines in ("", "none") else baselines.split(",")
+    for b in baselines:
+        if b not in BWD_BASELINES:
+            raise ValueError(f"unknown backward baseline {b!r}; choose from "
+                             f"{', '.join(BWD_BASELINES)}")
+    passes = [passes] if isinstance(passes, str) else list(passes)
+    if not passes or any(p not in PASSES for p in passes):
+        raise ValueError(f"passes must be a non-empty subset of {', '.join(PASSES)}, got "
+                         f"{passes}")
+    dtype = dtype_name(dtype)
+    Hq, Hkv = parse_gqa(gqa) or (heads, heads)
+    B, D = int(batch), int(head_dim)
+    causal = bool(causal)
+    if not torch.cuda.is_available():
+        raise RuntimeError("run_bench_backward needs a CUDA GPU (torch.cuda.is_available() is "
+                           "False)")
+    dev = torch.device("cuda", torch.cuda.current_device())
+    tdt = getattr(torch, dtype)
+    scale = 1.0 / math.sqrt(D)
+    meta = metadata(command)
+    meta["workload"] = dict(name=name or workload_name_bwd(dtype, causal, D, Hq, Hkv), B=B,
+                            Hq=Hq, Hkv=Hkv, D=D, dtype=dtype, causal=causal, seqlens=seqlens,
+                            passes=passes, fwd_step=fwd_step)
+    meta["flops"] = (f"forward 4*B*H*N^2*D (halved when causal); backward {BWD_FLOP_FACTOR} x "
+                     f"that, forward + backward {1 + BWD_FLOP_FACTOR} x")
+    meta["method"] = dict(name="rounds", rounds=rounds, inner=inner, input_sets=input_sets,
+                          order="random per round", ci="bootstrap 95 % of the median",
+                          sample_ms=SAMPLE_MS, idle_ms=timing.IDLE_MS,
+                          what="GPU time per call started on an idle GPU, batches replayed "
+                               "from CUDA graphs (method 'batch': eager, capture refused)")
+    shape = dict(B=B, Hq=Hq, Hkv=Hkv, D=D, dtype=dtype, causal=causal)
+    impls = [OURS] + [LIBRARY_OPTIONS[b] for b in baselines]
+    rows: list[dict] = []
+    t_all = time.perf_counter()
+    for N in seqlens:
+        t0 = time.perf_counter()
+        sets = [_inputs(B, Hq, Hkv, N, D, tdt, dev, seed=N + 7919 * i)
+                for i in range(input_sets)]
+        sets = [tuple(t.requires_grad_(i < 3) for i, t in enumerate(s)) for s in sets]
+        hq, _ = ref_group(Hq, Hkv, N)
+        partial = hq < Hq // Hkv
+        q0, k0, v0, do0 = sets[0]
+        ref = _ref_grads(q0.detach(), k0.detach(), v0.detach(), do0, hq, causal=causal,
+                         scale=scale)
+        flops = {p: backward_flops(B, Hq, N, D, causal, p) for p in passes}
+        entries = {}          # (impl, pass) -> (fns, context, check, config)
+        for impl in impls:
+            for p in passes:
+                try:
+                    fns, ctx, config = _make_fns(impl, p, sets, causal=causal, scale=scale,
+                                                 fwd_step=fwd_step)
+                    with ctx():
+                        chk = _check_once(fns[0], ref, hq, partial)
+                    entries[(impl, p)] = (fns, ctx, chk, config)
+                except Exception as e:    # a failing implementation is a row, not a crash
+                    rows.append(make_row(impl, "step" if impl == OURS else "library", N=N,
+                                         error=_err(e), **shape, **{"pass": p}))
+        timed, fail = {}, ""
+        if entries:
+            def in_ctx(fns, ctx):
+                it = itertools.cycle(fns)
+
+                def call():
+                    with ctx():
+                        return next(it)()
+                return call
+            per = {f"{i}|{p}": max(1, min(inner, round(SAMPLE_MS / e[2]["est_ms"])))
+                   for (i, p), e in entries.items()}
+            try:
+                timed = timing.time_rounds({f"{i}|{p}": in_ctx(e[0], e[1])
+                                            for (i, p), e in entries.items()},
+                                           rounds=rounds, inner=per, seed=N)
+            except Exception as e:
+                fail = _err(e)
+        for (impl, p), (_, _, chk, config) in entries.items():
+            kind = "step" if impl == OURS else "library"
+            key = f"{impl}|{p}"
+            if key not in timed:
+                rows.append(make_row(impl, kind, N=N, error=fail or "not timed", **shape,
+                                     **{"pass": p}))
+                continue
+            vals = timed[key].as_dict()
+            rows.append(make_row(impl, kind, N=N, config=config,
+                                 tflops=tflops(flops[p], vals["median_ms"]),
+                                 max_abs_err=chk["max_abs_err"], grad_errs=chk["grad_errs"],
+                                 **vals, **shape, **{"pass": p}))
+        if progress:
+            for r in rows[-len(impls) * len(passes):]:
+                if r["Nq"] == N:
+                    msg = r["error"] or (f"{r['tflops']:7.1f} TFLOPS {r['median_ms']:9.3f} ms "
+                                         f"err {r['max_abs_err']}")
+                    print(f"{r['impl']:<15} {r['pass']:<8} N={N:<6} {msg}", file=sys.stderr,
+                          flush=True)
+            print(f"N={N}: {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
+        del sets, ref, entries
+        torch.cuda.empty_cache()
+    for p in passes:
+        add_derived([r for r in rows if r["pass"] == p])
+    meta["elapsed_s"] = round(time.perf_counter() - t_all, 1)
+    return dict(meta=meta, rows=rows)
+
+
+def _make_fns(impl, pass_, sets, *, causal, scale, fwd_step):
+    """(fns per input set, context, config label) of one implementation and pass."""
+    import torch
+    fwds, ctx = forward_thunks(impl, sets, causal=causal, scale=scale, fwd_step=fwd_step)
+    config = (_ours_config(sets[0], causal=causal, fwd_step=fwd_step, pass_=pass_)
+              if impl == OURS else "")
+    if pass_ == "fwd_bwd":
+        return [(lambda f=f, s=s: torch.autograd.grad(f(), s[:3], s[3]))
+                for f, s in zip(fwds, sets)], ctx, config
+    if impl == OURS:
+        from ..autograd import attention_forward
+        outs = []
+        for q, k, v, _ in sets:
+            with torch.no_grad():
+                outs.append(attention_forward(q, k, v, causal=causal, scale=scale,
+                                              step=fwd_step))
+        return _ours_backward_fns([tuple(t.detach() for t in s) for s in sets], outs,
+                                  causal=causal, scale=scale), ctx, config
+    # The libraries' forward runs once, on the stream the graph capture uses.
+    outs = []
+    on_gpu = sets[0][0].device.type == "cuda"
+    with ctx(), (torch.cuda.stream(_capture_stream()) if on_gpu else contextlib.nullcontext()):
+        for f in fwds:
+            outs.append(f())
+    if on_gpu:
+        torch.cuda.current_stream().wait_stream(_capture_stream())
+    return [(lambda o=o, s=s: torch.autograd.grad(o, s[:3], s[3], retain_graph=True))
+            for o, s in zip(outs, sets)], ctx, config
+
+
+def _ours_config(s, *, causal, fwd_step, pass_) -> str:
+    """"dkdv 64x128 nww=8, dq 128x64 nww=8" (and the forward's step and tiles for fwd_bwd)."""
+    from ..kernels import bwd_configs
+    from ..launch import arch_of
+    q, k = s[0], s[1]
+    cfg = bwd_configs(arch_of(q.device), q.shape[-1])
+    label = f"dkdv {cfg['bwd_dkdv'].label()}, dq {cfg['bwd_dq'].label()}"
+    if pass_ == "fwd_bwd":
+        from ..autotune import resolve
+        st, c = resolve(fwd_step, q.detach(), k.detach(), causal)
+        label = f"fwd {st.name} {c.label()}; bwd {label}"
+    return label
+
+
+# --- files and command line -------------------------------------------------------------------
+def format_backward_table(doc: dict) -> str:
+    """One TFLOPS table per pass (``data.schema.format_table``)."""
+    parts = []
+    for p in PASSES:
+        rows = [r for r in doc["rows"] if r.get("pass") == p]
+        if rows:
+            parts.append(f"pass {p} ({PASS_FACTOR[p]} x forward FLOPs)\n" +
+                         format_table(dict(meta=doc.get("meta", {}), rows=rows)))
+    return "\n\n".join(parts)
+
+
+def _csv(s: str) -> list[str]:
+    return [x.strip() for x in s.split(",") if x.strip()]
+
+
+def build_parser(p=None):
+    """The options of ``bench --backward`` (added to ``p`` if given, else a new parser)."""
+    import argparse
+    p = p or argparse.ArgumentParser(prog="python -m flashattn bench --backward",
+                                     description="Time the backward pass and forward + "
+                                                 "backward, ours against the libraries.")
+    p.add_argument("--passes", default=",".join(PASSES),
+                   help="comma-separated of %s (default: both)" % ",".join(PASSES))
+    p.add_argument("--fwd-step", default="best",
+                   help="our forward's step in the fwd_bwd pass (default: best)")
+    return p
+
+
+def parse_args(argv: list[str] | None = None) -> dict:
+    """``bench --backward ...`` as run_bench_backward keyword arguments (SystemExit on error).
+
+    Shares the workload options of ``bench`` (--seqlens, --causal, --dtype, --gqa, --head-dim,
+    --batch, --heads, --baselines, --rounds, --inner, --json, --out, --quiet); --steps,
+    --method and --reps do not apply.
+    """
+    from .bench import build_parser as fwd_parser
+    p = build_parser(fwd_parser())
+    p.prog = "python -m flashattn bench --backward"
+    argv = list(argv or [])
+    a = p.parse_args(argv)
+    if not a.backward:
+        p.error("bench_bwd parses 'bench --backward ...'")
+    for opt in ("--steps", "--method", "--reps", "--naive-max-n"):
+        if any(x == opt or x.startswith(opt + "=") for x in argv):
+            p.error(f"{opt} does not apply to --backward")
+    try:
+        seqlens = [int(x) for x in _csv(a.seqlens)]
+    except ValueError:
+        p.error(f"--seqlens takes comma-separated integers, got {a.seqlens!r}")
+    if not seqlens or min(seqlens) < 1:
+        p.error("--seqlens needs at least one positive length")
+    default_baselines = ",".join(LIBRARY_OPTIONS)
+    if a.baselines == default_baselines:
+        baselines = list(BWD_BASELINES)          # bench's default (all): those with a backward
+    else:
+        baselines = [] if a.baselines.strip() in ("none", "") else _csv(a.baselines)
+    for b in baselines:
+        if b not in BWD_BASELINES:
+            p.error(f"unknown backward baseline {b!r}; choose from {', '.join(BWD_BASELINES)} "
+                    "or none")
+    passes = _csv(a.passes)
+    if not passes or any(x not in PASSES for x in passes):
+        p.error(f"--passes takes a comma-separated subset of {', '.join(PASSES)}, got "
+                f"{a.passes!r}")
+    if a.fwd_step != "best":
+        from ..steps import get_step
+        try:
+            if get_step(a.fwd_step).kernel != "fmha":
+                p.error(f"--fwd-step {a.fwd_step!r} does not write the LSE; use a fused step")
+        except ValueError as e:
+            p.error(str(e))
+    try:
+        gqa = parse_gqa(a.gqa)
+    except ValueError as e:
+        p.error(str(e))
+    if a.rounds < 1 or a.inner < 1:
+        p.error("--rounds and --inner must be positive")
+    return dict(seqlens=seqlens, causal=a.causal, dtype=a.dtype, gqa=gqa, head_dim=a.head_dim,
+                batch=a.batch, heads=a.heads, baselines=baselines, passes=passes,
+                fwd_step=a.fwd_step, rounds=a.rounds, inner=a.inner, progress=not a.quiet,
+                _json=a.json, _out=a.out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    kw = parse_args(argv)
+    as_json, out = kw.pop("_json"), kw.pop("_out")
+    import torch
+    if not torch.cuda.is_available():
+        print("error: python -m flashattn bench --backward needs a CUDA GPU; this machine has "
+              "none", file=sys.stderr)
+        return 1
+    doc = run_bench_backward(**kw)
+    if out:
+        write_json(out, doc)
+        print(f"wrote {out}", file=sys.stderr)
+    print(dumps(doc) if as_json else format_backward_table(doc))
+    return 0
+
