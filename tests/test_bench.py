@@ -669,7 +669,8 @@ def bwd_fakes(monkeypatch):
     monkeypatch.setattr(bench_bwd, "_inputs", lambda B, Hq, Hkv, N, D, dt, dev, seed: (
         torch.randn(B, Hq, N, D), torch.randn(B, Hkv, N, D), torch.randn(B, Hkv, N, D),
         torch.randn(B, Hq, N, D)))
-    monkeypatch.setattr(bench, "library_fn", fake_lib)
+    from flashattn.measure import libraries
+    monkeypatch.setattr(libraries, "library_fn", fake_lib)
     monkeypatch.setattr(api, "attention", fake_fwd)
     monkeypatch.setattr(autograd, "attention_forward", fake_forward_lse)
     monkeypatch.setattr(launch_bwd, "attention_backward", fake_backward)

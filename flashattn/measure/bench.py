@@ -32,6 +32,7 @@ from ..data.schema import (SKIPPED, add_derived, dumps, format_table, make_row, 
                            workload_name, write_json)
 from ..impls import IMPLS, LIBRARY_OPTIONS, STEP_IMPLS
 from ..steps import Config, get_step, resolve_name, with_config
+from .libraries import _FLEX, _causal_mod, _flex_fn, library_fn  # noqa: F401 (bench's names)
 from .timing import attention_flops, tflops
 
 # The seed's workload: B=4, H=32, D=128, fp16, causal.
@@ -157,56 +158,6 @@ def reference_output(q, k, v, *, causal: bool, scale: float):
     """fp64 attention of the checked slice (``flashattn.reference.attention``)."""
     from ..reference import attention as ref_attention
     return ref_attention(*(t.double() for t in (q, k, v)), causal=causal, scale=scale)
-
-
-_FLEX = {}
-
-
-def _flex_fn():
-    """flex_attention compiled once per process (torch.compile caches per shape)."""
-    if "fn" not in _FLEX:
-        import torch
-        from torch.nn.attention.flex_attention import flex_attention
-        # One compiled graph per shape and dtype: a record run sees a dozen, more than
-        # dynamo's default limit of 8 (past it, flex_attention would run eagerly).
-        for name in ("recompile_limit", "cache_size_limit"):
-            if hasattr(torch._dynamo.config, name):
-                setattr(torch._dynamo.config, name, max(64, getattr(torch._dynamo.config, name)))
-        if hasattr(torch._dynamo.config, "accumulated_cache_size_limit"):
-            torch._dynamo.config.accumulated_cache_size_limit = max(
-                512, torch._dynamo.config.accumulated_cache_size_limit)
-        _FLEX["fn"] = torch.compile(flex_attention, dynamic=False)
-    return _FLEX["fn"]
-
-
-def _causal_mod(b, h, q_idx, kv_idx):
-    return q_idx >= kv_idx
-
-
-def library_fn(impl: str, q, k, v, *, causal: bool, scale: float):
-    """(fn, context): ``fn()`` returns the library's output and runs inside ``context()``.
-
-    The backend is chosen by a context entered around the whole measurement, not inside the
-    timed call, so its Python overhead stays out of the numbers. Raises if unsupported.
-    """
-    import contextlib
-
-    import torch
-    backend = IMPLS[impl].backend
-    gqa = q.shape[1] != k.shape[1]
-    if backend == "flex":   # FlexAttention
-        from torch.nn.attention.flex_attention import create_block_mask
-        flex = _flex_fn()
-        N, Nk = q.shape[2], k.shape[2]
-        bm = create_block_mask(_causal_mod, None, None, N, Nk, device=q.device) if causal else None
-        return (lambda: flex(q, k, v, block_mask=bm, scale=scale, enable_gqa=gqa),
-                contextlib.nullcontext)
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    be = getattr(SDPBackend, backend)
-    sdpa = torch.nn.functional.scaled_dot_product_attention
-    kw = dict(is_causal=causal, scale=scale, enable_gqa=True) if gqa else \
-        dict(is_causal=causal, scale=scale)
-    return (lambda: sdpa(q, k, v, **kw)), (lambda: sdpa_kernel(be))
 
 
 def _check(fn, ref, hr: int, reps: int) -> dict:

@@ -131,7 +131,7 @@ def forward_thunks(impl: str, sets, *, causal: bool, scale: float, fwd_step: str
         from ..api import attention
         return [(lambda s=s: attention(s[0], s[1], s[2], causal=causal, scale=scale,
                                        step=fwd_step)) for s in sets], contextlib.nullcontext
-    from .bench import library_fn
+    from .libraries import library_fn
     fns = [library_fn(impl, s[0], s[1], s[2], causal=causal, scale=scale) for s in sets]
     return [f for f, _ in fns], fns[0][1]
 
@@ -369,12 +369,35 @@ def _csv(s: str) -> list[str]:
     return [x.strip() for x in s.split(",") if x.strip()]
 
 
-def build_parser(p=None):
-    """The options of ``bench --backward`` (added to ``p`` if given, else a new parser)."""
+def build_parser():
+    """The options of ``bench --backward``: bench's workload options, and the passes."""
     import argparse
-    p = p or argparse.ArgumentParser(prog="python -m flashattn bench --backward",
-                                     description="Time the backward pass and forward + "
-                                                 "backward, ours against the libraries.")
+
+    from ..contract import DTYPE_SHORT
+    p = argparse.ArgumentParser(prog="python -m flashattn bench --backward",
+                                description="Time the backward pass and forward + backward, "
+                                            "ours against the libraries' (backward = 2.5 x "
+                                            "the forward's FLOPs, forward + backward 3.5 x).")
+    p.add_argument("--backward", action="store_true", required=True,
+                   help="the backward benchmarks (this parser)")
+    p.add_argument("--seqlens", default=",".join(map(str, DEFAULT_SEQLENS)),
+                   help="comma-separated sequence lengths (default %(default)s)")
+    p.add_argument("--causal", action=argparse.BooleanOptionalAction, default=True,
+                   help="causal masking (default: on)")
+    p.add_argument("--dtype", choices=list(DTYPE_SHORT), default="float16")
+    p.add_argument("--gqa", default=None, metavar="HQ:HKV",
+                   help="grouped-query attention, e.g. 32:8 (overrides --heads)")
+    p.add_argument("--head-dim", type=int, default=DEFAULT_HEAD_DIM)
+    p.add_argument("--batch", type=int, default=DEFAULT_BATCH)
+    p.add_argument("--heads", type=int, default=DEFAULT_HEADS)
+    p.add_argument("--baselines", default=",".join(BWD_BASELINES),
+                   help="comma-separated of %s, or 'none' (default: all)"
+                        % ",".join(BWD_BASELINES))
+    p.add_argument("--rounds", type=int, default=30, help="rounds of time_rounds")
+    p.add_argument("--inner", type=int, default=10, help="calls per sample, at most")
+    p.add_argument("--json", action="store_true", help="print the JSON document to stdout")
+    p.add_argument("--out", help="write the JSON document to this file")
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
     p.add_argument("--passes", default=",".join(PASSES),
                    help="comma-separated of %s (default: both)" % ",".join(PASSES))
     p.add_argument("--fwd-step", default="best",
@@ -385,31 +408,23 @@ def build_parser(p=None):
 def parse_args(argv: list[str] | None = None) -> dict:
     """``bench --backward ...`` as run_bench_backward keyword arguments (SystemExit on error).
 
-    Shares the workload options of ``bench`` (--seqlens, --causal, --dtype, --gqa, --head-dim,
-    --batch, --heads, --baselines, --rounds, --inner, --json, --out, --quiet); --steps,
-    --method and --reps do not apply.
+    The workload options are ``bench``'s (--seqlens, --causal, --dtype, --gqa, --head-dim,
+    --batch, --heads, --baselines, --rounds, --inner, --json, --out, --quiet); bench's --steps,
+    --method, --reps and --naive-max-n do not apply.
     """
-    from .bench import build_parser as fwd_parser
-    p = build_parser(fwd_parser())
-    p.prog = "python -m flashattn bench --backward"
+    p = build_parser()
     argv = list(argv or [])
-    a = p.parse_args(argv)
-    if not a.backward:
-        p.error("bench_bwd parses 'bench --backward ...'")
     for opt in ("--steps", "--method", "--reps", "--naive-max-n"):
         if any(x == opt or x.startswith(opt + "=") for x in argv):
             p.error(f"{opt} does not apply to --backward")
+    a = p.parse_args(argv)
     try:
         seqlens = [int(x) for x in _csv(a.seqlens)]
     except ValueError:
         p.error(f"--seqlens takes comma-separated integers, got {a.seqlens!r}")
     if not seqlens or min(seqlens) < 1:
         p.error("--seqlens needs at least one positive length")
-    default_baselines = ",".join(LIBRARY_OPTIONS)
-    if a.baselines == default_baselines:
-        baselines = list(BWD_BASELINES)          # bench's default (all): those with a backward
-    else:
-        baselines = [] if a.baselines.strip() in ("none", "") else _csv(a.baselines)
+    baselines = [] if a.baselines.strip() in ("none", "") else _csv(a.baselines)
     for b in baselines:
         if b not in BWD_BASELINES:
             p.error(f"unknown backward baseline {b!r}; choose from {', '.join(BWD_BASELINES)} "
