@@ -113,3 +113,39 @@ def test_attention_via_decode_refuses_what_it_cannot_compute(emulated_gpu):
         emulated_gpu(q, k[:, :, :4], k[:, :, :4], causal=True)
     with pytest.raises(ValueError, match="1 to 16 new tokens"):
         emulated_gpu(torch.zeros(1, 2, 17, 16).half(), k, k, causal=True)
+
+
+# --- on the GPU ------------------------------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.parametrize("B,Hq,Hkv,Nq,Nk,D,causal,input_pos,dtype", [
+    (8, 32, 8, 1, 32768, 128, True, 32767, "float16"),
+    (8, 32, 8, 1, 4096, 128, False, 0, "bfloat16"),
+    (2, 16, 2, 4, 1000, 64, True, 996, "float16"),
+    (2, 16, 2, 4, 1000, 64, True, 300, "float16"),
+    (1, 8, 1, 16, 2048, 256, True, 0, "bfloat16"),
+])
+def test_attention_via_decode_on_the_gpu(B, Hq, Hkv, Nq, Nk, D, causal, input_pos, dtype):
+    """The decode path computes attention()'s answer (the FlashAttention criterion against
+    the fp32 reference, relative to PyTorch's own error in the inputs' precision)."""
+    import math
+
+    from criteria import assert_flash_criterion
+
+    from flashattn.reference import attention
+    seed = B * 1000 + Nq * 10 + int(causal)
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    dt = getattr(torch, dtype)
+    q = torch.randn(B, Hq, Nq, D, generator=g, device="cuda").to(dt)
+    k = torch.randn(B, Hkv, Nk, D, generator=g, device="cuda").to(dt)
+    v = torch.randn(B, Hkv, Nk, D, generator=g, device="cuda").to(dt)
+    assert host.prefer_decode(q, k, causal, input_pos)
+    out = host.attention_via_decode(q, k, v, causal=causal, input_pos=input_pos)
+    ref = attention(q, k, v, causal=causal, input_pos=input_pos)
+    kk, vv = (t.repeat_interleave(Hq // Hkv, 1) for t in (k, v))
+    s = (q @ kk.transpose(-1, -2)).float() / math.sqrt(D)
+    if causal:
+        keep = torch.arange(Nk, device="cuda")[None, :] <= \
+            input_pos + torch.arange(Nq, device="cuda")[:, None]
+        s = s.masked_fill(~keep, -math.inf)
+    pt = torch.softmax(s, -1).to(dt) @ vv
+    assert_flash_criterion(out, ref, pt, 1e-3 if dtype == "float16" else 8e-3, seed=seed)

@@ -12,8 +12,10 @@ packed tensors head-major (a free view, ``q.permute(1, 0, 2)``)::
 Grid: ``(cdiv(max_seqlen_q, TILE_M), B, Hq)``: one program per (query tile, sequence, head). A
 program reads its sequence's offsets from the device tensors, views the sequence's rows with
 ``Array.slice`` (so a tile past the sequence's end reads zeros from the padding, never the next
-sequence's tokens, and a store past it is dropped), and exits at once when its query tile starts
-past the sequence's end: shorter sequences leave idle programs of a few instructions each.
+sequence's tokens, and a store past it is dropped), and exits at once when the sequence has
+fewer query tiles than its first grid index: shorter sequences leave idle programs of a few
+instructions each. Causal programs take their sequence's tiles in reverse (the longest, bottom
+tiles first, as the REMAP step of chapter 8).
 
 The body is the fused kernel's (``fmha.py``: the online softmax of chapter 2, the mask only on
 the tiles that need it, chapter 7) with two differences:
@@ -55,7 +57,6 @@ def varlen_fwd_kernel(Q, K, V, Out, CuSeqlensQ, CuSeqlensK,
     longer sequence means corrupt offsets).
     """
     # --- Program id -> (query tile, sequence, head); GQA maps Hq heads onto Hkv ---
-    bid_m = ct.bid(0)
     seq = ct.bid(1)
     head = ct.bid(2)
     kv_head = head // group_size
@@ -78,7 +79,13 @@ def varlen_fwd_kernel(Q, K, V, Out, CuSeqlensQ, CuSeqlensK,
                    & (k_end == k_end_raw) & (len_q <= max_seqlen_q) & (len_k <= max_seqlen_k),
                    0, 1)
 
-    if bid_m * TILE_M < len_q:                                       # else: past the end, exit
+    n_m = ct.cdiv(len_q, TILE_M)                                     # this sequence's tiles
+    if CAUSAL:
+        bid_m = n_m - 1 - ct.bid(0)                  # chapter 8: the longest query tiles first
+    else:
+        bid_m = ct.bid(0)
+
+    if ct.bid(0) < n_m:                                              # else: past the end, exit
         # The sequence's rows as arrays of their own: tiles past the end read zeros.
         q_seq = Q.slice(axis=1, start=q_start, stop=q_end)           # (Hq, len_q, D)
         o_seq = Out.slice(axis=1, start=q_start, stop=q_end)         # (Hq, len_q, D)

@@ -126,14 +126,15 @@ def emulate_varlen_kernel(grid, Q, K, V, Out, CuSeqlensQ, CuSeqlensK, qk_scale, 
     first). Writes ``Out`` in place; computes in Out's dtype if it is float64, else float32.
 
     Follows the kernel line by line: offsets clamped, the sequence's rows sliced (tiles past
-    its end read 0), programs past the end exit, the key tiles a causal query tile visits, the
+    its end read 0), programs past the end exit, causal tiles in reverse order, the key tiles a
+    causal query tile visits, the
     mask only from ``mask_start`` on, the guarded online softmax, NaN for bad offsets.
     """
     dt = np.float64 if Out.dtype == np.float64 else np.float32
     total_q, total_k, D = Q.shape[1], K.shape[1], Q.shape[2]
     scale2 = float(qk_scale) / math.log(2)
     with np.errstate(invalid="ignore", over="ignore"):
-        for bid_m, seq, head in np.ndindex(*grid):
+        for bid0, seq, head in np.ndindex(*grid):
             kv_head = head // group_size
             raw = [int(CuSeqlensQ[seq]), int(CuSeqlensQ[seq + 1]), int(CuSeqlensK[seq]),
                    int(CuSeqlensK[seq + 1])]
@@ -144,8 +145,10 @@ def emulate_varlen_kernel(grid, Q, K, V, Out, CuSeqlensQ, CuSeqlensK, qk_scale, 
             len_q, len_k = q_end - q_start, k_end - k_start
             bad = ([q_start, q_end, k_start, k_end] != raw or len_q > max_seqlen_q
                    or len_k > max_seqlen_k)
-            if bid_m * TILE_M >= len_q:
+            n_m = -(-len_q // TILE_M)
+            if bid0 >= n_m:
                 continue                                                # past the end: exit
+            bid_m = n_m - 1 - bid0 if CAUSAL else bid0                  # longest tiles first
             shift = len_k - len_q
             offs_m = (shift + bid_m * TILE_M + np.arange(TILE_M))[:, None]
             q = np.zeros((TILE_M, TILE_D), dt)
