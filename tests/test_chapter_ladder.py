@@ -139,3 +139,9 @@ def test_sm_activity_from_the_recorded_n1k_report():
     assert (d["busy_avg_pct"] > 50).all()
     with pytest.raises(KeyError, match="not in the report"):
         ladder.sm_activity(report, ["baseline"])
+
+
+@pytest.mark.parametrize("ratio, text", [(1.0361, "+3.6"), (0.9802, "-2.0"), (0.99996, "+0.0"),
+                                         (1.0, "+0.0")])
+def test_pct_never_reads_minus_zero(ratio, text):
+    assert ladder.pct(ratio) == text

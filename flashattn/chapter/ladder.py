@@ -162,6 +162,12 @@ def display_table(t, spec: str = ".3f"):
     return out.set_index(["workload", "N"])
 
 
+def pct(ratio: float, spec: str = "+.1f") -> str:
+    """A speed ratio as a signed change in %: 1.0361 -> "+3.6"; never "-0.0"."""
+    s = format(100 * (ratio - 1), spec)
+    return s.replace("-", "+", 1) if s.lstrip("+-").strip("0.") == "" else s
+
+
 def _tag(label: str) -> str:
     return "c" if label == "causal" else "f" if label == "non-causal" else label
 
@@ -187,14 +193,14 @@ def glue_effects(prefix: str, t, glue=None) -> dict:
         for _, x in sub.iterrows():
             n = f"{x['N'] // 1024}k" if x["N"] % 1024 == 0 else str(x["N"])
             g(f"{prefix}_{tag}{n}", fmt_ci((x["ratio"], x["lo"], x["hi"])))
-            g(f"{prefix}_{tag}{n}_pct", f"{100 * (x['ratio'] - 1):+.1f}")
+            g(f"{prefix}_{tag}{n}_pct", pct(x["ratio"]))
             g(f"{prefix}_{tag}{n}_call", x["call"])
         g(f"{prefix}_{tag}_faster", str(int((sub["call"] == "faster").sum())))
         g(f"{prefix}_{tag}_slower", str(int((sub["call"] == "slower").sum())))
         g(f"{prefix}_{tag}_none", str(int((sub["call"] == NO_EFFECT).sum())))
         g(f"{prefix}_{tag}_n", str(len(sub)))
-        g(f"{prefix}_{tag}_min_pct", f"{100 * (sub['ratio'].min() - 1):+.1f}")
-        g(f"{prefix}_{tag}_max_pct", f"{100 * (sub['ratio'].max() - 1):+.1f}")
+        g(f"{prefix}_{tag}_min_pct", pct(sub["ratio"].min()))
+        g(f"{prefix}_{tag}_max_pct", pct(sub["ratio"].max()))
     return out
 
 
@@ -259,11 +265,6 @@ def profile_rows(profile_df, steps, metrics: dict):
     return t
 
 
-__all__ = ["RUNGS", "LABELS", "WORKLOADS", "CONTROL", "COPIES", "NO_EFFECT", "predecessor",
-           "samples", "paired", "copies", "resolution", "call_effect", "fmt_ci", "effect_table", "display_table", "glue_effects",
-           "figure", "profile_rows"]
-
-
 # The counters that show a launch's tail: how long each SM was busy, against the launch's length.
 SM_ACTIVITY = ("sm__cycles_active.avg", "sm__cycles_active.min", "sm__cycles_active.max",
                "sm__cycles_elapsed.avg", "sm__cycles_elapsed.max", "gpu__time_duration.sum")
@@ -278,7 +279,8 @@ def sm_activity(report, steps=None):
     ``sm__cycles_elapsed`` can. Returns a DataFrame indexed by step (the NVTX range of each
     profiled kernel; ``steps`` selects and orders): the counters of ``SM_ACTIVITY`` and
     ``busy_avg_pct`` / ``busy_min_pct`` / ``busy_max_pct`` (active cycles over the launch's
-    elapsed cycles, ``sm__cycles_elapsed.max``: the mean SM, the least and the most busy one). Raises RuntimeError without ``ncu_report``, KeyError
+    elapsed cycles, ``sm__cycles_elapsed.max``: the mean SM, the least and the most busy one;
+    the last can read slightly above 100). Raises RuntimeError without ``ncu_report``, KeyError
     for a step not in the report.
     """
     import lzma
@@ -325,3 +327,9 @@ def sm_activity(report, steps=None):
     for k in ("avg", "min", "max"):
         d[f"busy_{k}_pct"] = 100 * d[f"sm__cycles_active.{k}"] / el
     return d
+
+
+__all__ = ["RUNGS", "LABELS", "WORKLOADS", "CONTROL", "COPIES", "NO_EFFECT", "SM_ACTIVITY",
+           "predecessor", "samples", "paired", "copies", "resolution", "call_effect", "fmt_ci",
+           "pct", "effect_table", "display_table", "glue_effects", "figure", "profile_rows",
+           "sm_activity"]
