@@ -75,6 +75,11 @@ METRIC_PATTERNS = (
     r"^smsp__inst_executed\.(sum|avg\.per_cycle_active)$",
     r"^sm__cycles_(elapsed|active)\.avg(\.per_second)?$",
     r"^gpc__cycles_elapsed\.max$",
+    # The memory chart's busiest paths (MemoryWorkloadAnalysis): L2 to SM crossbar, sectors
+    r"^lts__lts2xbar_cycles_active\.avg\.pct_of_peak_sustained_elapsed$",
+    r"^lts__t_sectors\.sum$",
+    r"^l1tex__m_xbar2l1tex_read_sectors\.sum$",
+    r"^l1tex__data_pipe_lsu_wavefronts\.sum$",
     # Local memory = register spills and stack (MemoryWorkloadAnalysis and the extra metrics)
     r"^l1tex__t_bytes_pipe_lsu_mem_local_op_(ld|st)\.sum$",
     r"^derived__local_spilling_requests(_pct)?$",
