@@ -70,11 +70,13 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None,
 
 
 def _differentiable(q, k, v) -> bool:
-    """Through the autograd operator: under torch.compile, or when grad mode is on and an input
-    requires grad (checked without importing torch.library when nothing needs it)."""
+    """Through the autograd operator: under torch.compile, for meta tensors, or when grad mode is
+    on and an input requires grad (``autograd``, and torch.library, load only then)."""
     import torch
     if torch.compiler.is_compiling():
         return True
+    if all(isinstance(t, torch.Tensor) and t.device.type == "meta" for t in (q, k, v)):
+        return True                    # shapes only: the operator's meta implementation
     return torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
                                            for t in (q, k, v))
 

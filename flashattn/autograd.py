@@ -19,6 +19,9 @@ have fake implementations (``register_fake``: shapes and dtypes, no GPU), which 
 requires grad (and grad mode is on) or under ``torch.compile``; otherwise they launch the
 inference kernel directly, as before.
 
+Tensors on the ``meta`` device (shapes only) go through the operator too, in eager mode as well:
+a model built on ``meta`` traces forward and backward with no GPU.
+
 Eager calls check their inputs with ``contract.check_tensors`` before the operator runs; under
 ``torch.compile`` the fake implementation checks shapes and dtypes while tracing and the real
 one the device at run time, so bad input raises the same TypeError/ValueError either way.
@@ -139,7 +142,10 @@ def _checked(q, k, v, causal, scale, input_pos, step):
         if step != "best" and get_step(step).kernel != "fmha":
             raise ValueError(f"step {step!r} does not write the LSE the backward needs; use a "
                              "fused step (any but 'naive')")
-        check_tensors(q, k, v, causal=causal, scale=scale, input_pos=input_pos)
+        if all(isinstance(t, torch.Tensor) and t.device.type == "meta" for t in (q, k, v)):
+            _check_meta(q, k, v, causal, scale, input_pos)   # shapes only: nothing launches
+        else:
+            check_tensors(q, k, v, causal=causal, scale=scale, input_pos=input_pos)
     return causal, (None if scale is None else float(scale))
 
 

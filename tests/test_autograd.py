@@ -181,3 +181,15 @@ def test_opcheck_with_reference_cpu_kernels():
     r = subprocess.run([sys.executable, "-c", OPCHECK], capture_output=True, text=True,
                        timeout=300)
     assert r.returncode == 0 and "opcheck ok" in r.stdout, r.stderr[-3000:]
+
+
+def test_meta_tensors_trace_through_the_public_api():
+    # A model built on the meta device: flashattn.attention and sdpa give shapes, with or
+    # without grad, and still refuse what the kernels refuse.
+    q, k, v = _meta(grad=False)
+    assert flashattn.attention(q, k, v, causal=True).shape == q.shape
+    assert flashattn.sdpa(q, k, v, enable_gqa=True).device.type == "meta"
+    with pytest.raises(ValueError, match="multiple of key/value heads"):
+        flashattn.attention(q[:, :3], k, v)
+    with pytest.raises(TypeError, match="float16 or bfloat16"):
+        flashattn.attention(q.float(), k, v)
