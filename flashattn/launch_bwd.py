@@ -9,8 +9,10 @@
 GPU's architecture. Deterministic: no atomics, dK and dV are summed over each GQA group inside
 one program.
 
-Not yet wired into ``flashattn.attention`` or torch.autograd: that waits for the GPU tests
-(tests/test_backward_gpu.py) and the forward's LSE output.
+``flashattn.attention`` and ``flashattn.sdpa`` reach it through ``torch.autograd``: the forward
+writes the LSE (``WRITE_LSE``) and ``flashattn.autograd`` registers this as the backward of its
+operator. A row whose LSE is -inf or +inf (it sees no key) gets dQ = 0 and adds nothing to dK
+and dV (kernels/fmha_bwd.py).
 """
 from __future__ import annotations
 
@@ -102,7 +104,9 @@ def attention_backward(q, k, v, out, dout, lse, *, causal: bool = False,
             CUDA tensors (any strides: copied if not contiguous).
         out: the forward's output; dout: the gradient of the loss with respect to it. Both
             (B, Hq, Nq, D) in q's dtype.
-        lse: (B, Hq, Nq) float32, the natural-log log-sum-exp of each query row's scaled scores.
+        lse: (B, Hq, Nq) float32, the natural-log log-sum-exp of each query row's scaled scores
+            (``flashattn.autograd.attention_forward`` returns it; -inf or +inf: a row that sees
+            no key, whose gradients are 0).
         causal, scale, input_pos: the forward's.
         configs: {"bwd_dkdv": Config, "bwd_dq": Config, ...} to override ``bwd_configs``.
         grads: (dq, dk, dv) to write into: contiguous, with the shapes, dtype and device of

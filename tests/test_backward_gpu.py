@@ -285,3 +285,23 @@ def test_with_pytorchs_lse():
     grads = run_backward(q, k, v, out, dout, lse, True, 0.125, 0)
     pt = torch_same_precision(q, k, v, dout, True, 0.125, 0)
     check(grads, ref, pt, "float16", seed=seed)
+
+
+@pytest.mark.parametrize("bad_lse", [-math.inf, math.inf])
+def test_rows_that_see_no_key(bad_lse):
+    """LSE -inf (or +inf) marks a row that sees no key: its dQ is 0 and it adds nothing to dK
+    and dV, even with a NaN output row (the forward's 0 / 0)."""
+    seed = 14
+    q, k, v, dout = make_inputs(1, 4, 2, 200, 230, 64, "float16", seed=seed)
+    out, lse, _ = reference(q, k, v, dout, True, 0.125, 30)
+    out, lse = out.half(), lse.float()
+    rows = [0, 63, 64, 199]
+    lse[:, 1, rows] = bad_lse
+    out[:, 1, rows] = math.nan
+    do0 = dout.clone()
+    do0[:, 1, rows] = 0
+    _, _, ref = reference(q, k, v, do0, True, 0.125, 30)
+    pt = torch_same_precision(q, k, v, do0, True, 0.125, 30)
+    grads = run_backward(q, k, v, out, dout, lse, True, 0.125, 30)
+    check(grads, ref, pt, "float16", seed=seed)
+    assert (grads[0][:, 1, rows] == 0).all()

@@ -387,6 +387,38 @@ def test_kernel_source_masks_the_ragged_key_tile(causal):
         assert np.abs(g - x).max() <= 1e-2 * max(np.abs(x).max(), 1.0), name
 
 
+@pytest.mark.parametrize("bad_lse", [-math.inf, math.inf])
+def test_rows_that_see_no_key(bad_lse):
+    """A row with LSE -inf (the forward's log 0 for a row that sees no key; +inf, FA2's way to
+    say it) gets P = 0 and dS = 0: dQ 0, nothing added to dK or dV, even when its output is
+    NaN (the forward's 0 / 0). The kernels' source and the emulation agree."""
+    B, Hq, Hkv, Nq, Nk, D = 1, 4, 2, 40, 50, 32
+    rng = np.random.default_rng(5)
+    q, k, v, dout = (rng.standard_normal(s).astype(np.float16) for s in
+                     ((B, Hq, Nq, D), (B, Hkv, Nk, D), (B, Hkv, Nk, D), (B, Hq, Nq, D)))
+    kw = dict(causal=True, scale=0.2, input_pos=10)
+    f64 = [t.astype(np.float64) for t in (q, k, v, dout)]
+    out = R.attention(*f64[:3], **kw).astype(np.float16)
+    lse = R.attention_lse(f64[0], f64[1], **kw).astype(np.float32)
+    rows = [0, 17, 39]
+    lse[:, 1, rows] = bad_lse
+    out[:, 1, rows] = np.nan
+    # What remains: the gradients with those rows' upstream gradient taken away.
+    do0 = f64[3].copy()
+    do0[:, 1, rows] = 0.0
+    want = R.attention_backward(*f64[:3], do0, **kw)
+    cfg = {"bwd_dkdv": Config(16, 32), "bwd_dq": Config(16, 16)}
+    got_src = run_backward_source(q, k, v, out, dout, lse, configs=cfg, **kw)[:3]
+    got_emu = R.emulate_backward(q, k, v, out, dout, lse, config=cfg["bwd_dkdv"],
+                                 dq_config=cfg["bwd_dq"], round_p=True, **kw)
+    for got in (got_src, got_emu):
+        for name, g, w in zip(("dq", "dk", "dv"), got, want):
+            g = g.astype(np.float32)
+            assert np.isfinite(g).all(), name
+            assert np.abs(g - w).max() <= 1e-2 * max(np.abs(w).max(), 1.0), name
+        assert (got[0][:, 1, rows] == 0).all()
+
+
 def test_the_numpy_stand_in_catches_a_missing_padding_mode():
     """The stand-in reads undetermined padding as NaN: a load without padding_mode past the end
     of K would poison the result, as on the GPU (the forward's NaN-in-P.V lesson)."""

@@ -22,6 +22,11 @@ Kernels, in launch order:
     bwd_dq_kernel           dQ of one query tile               grid (cdiv(Nq, TILE_M), B * Hq, 1)
                             (loops over the key tiles it sees, as the forward)
 
+A query row that sees no key has LSE = -inf (the forward's log 0; +inf, FlashAttention-2's
+convention for it, means the same here): its P and dS are 0, so its dQ is 0 and it adds nothing
+to dK and dV. flashattn's contract never makes such a row (every row sees key 0), but an LSE
+from elsewhere may hold one.
+
 Every (query tile, key tile) pair is visited by the dK/dV pass and by the dQ pass exactly when
 the forward visits it, and masked exactly when the forward (with ``SPLIT_LOOP``) masks it:
 tiles that straddle the causal diagonal and the ragged last key tile.
@@ -116,6 +121,9 @@ def bwd_dkdv_kernel(Q, K, V, dO, LSE, Delta, dK, dV,
                       padding_mode=ct.PaddingMode.POS_INF).reshape((1, TILE_M))  # [1, TILE_M]
         delta = ct.load(Delta, index=(batch_idx, head_idx, i), shape=(1, 1, TILE_M),
                         padding_mode=ct.PaddingMode.ZERO).reshape((1, TILE_M))   # [1, TILE_M]
+        # A row that sees no key (LSE -inf): P = 0 and dS = 0, as for the padding.
+        lse = ct.where(lse == -math.inf, math.inf, lse)
+        delta = ct.where(lse == math.inf, 0.0, delta)
 
         st = ct.full((TILE_N, TILE_M), 0.0, dtype=ct.float32)
         st = ct.mma(k, ct.transpose(q), st)                          # S^T = K Q^T
@@ -165,9 +173,12 @@ def bwd_dq_kernel(Q, K, V, dO, LSE, Delta, dQ,
                  padding_mode=ct.PaddingMode.ZERO).reshape((TILE_M, TILE_D))  # [TILE_M, TILE_D]
     lse = ct.load(LSE, index=(batch_idx, head_idx, bid_x), shape=(1, 1, TILE_M),
                   padding_mode=ct.PaddingMode.POS_INF).reshape((TILE_M, 1))   # [TILE_M, 1]
-    lse2 = lse * INV_LOG_2                                           # log2 units, once per row
     delta = ct.load(Delta, index=(batch_idx, head_idx, bid_x), shape=(1, 1, TILE_M),
                     padding_mode=ct.PaddingMode.ZERO).reshape((TILE_M, 1))   # [TILE_M, 1]
+    # A row that sees no key (LSE -inf): P = 0 and dS = 0, so its dQ is 0.
+    lse = ct.where(lse == -math.inf, math.inf, lse)
+    delta = ct.where(lse == math.inf, 0.0, delta)
+    lse2 = lse * INV_LOG_2                                           # log2 units, once per row
     dq = ct.full((TILE_M, TILE_D), 0.0, dtype=ct.float32)           # [TILE_M, TILE_D]
     offs_m = input_pos + bid_x * TILE_M + ct.arange(TILE_M, dtype=ct.int32)[:, None]
     offs_n_tile = ct.arange(TILE_N, dtype=ct.int32)[None, :]        # [1, TILE_N]

@@ -231,7 +231,8 @@ def emulate_backward(q, k, v, out, dout, lse, *, causal: bool = False,
     Mirrors kernels/fmha_bwd.py: delta from the preprocess; one dK/dV program per key tile
     looping over the query heads of its group and ``dkdv_query_tiles``; one dQ program per
     query tile looping over ``dq_schedule``'s key tiles; zero padding of Q, dO, K, V, Delta
-    and +inf padding of the LSE past the sequences, so padded rows give P = 0.
+    and +inf padding of the LSE past the sequences, so padded rows give P = 0. A row whose LSE
+    is -inf (or +inf: it sees no key) gets P = 0 and dS = 0: dQ 0, nothing added to dK, dV.
     """
     q, k, v, dout = (_as_f32(t) for t in (q, k, v, dout))
     check_shapes(q.shape, k.shape, v.shape, causal=causal, scale=scale, input_pos=input_pos)
@@ -255,6 +256,9 @@ def emulate_backward(q, k, v, out, dout, lse, *, causal: bool = False,
     if out.shape != q.shape or lse.shape != (B, Hq, Nq):
         raise ValueError(f"out must be shaped {q.shape} and lse {(B, Hq, Nq)}, got "
                          f"{out.shape} and {lse.shape}")
+    # A row that sees no key (LSE -inf, or +inf): P = 0 and dS = 0, as the kernels make it.
+    empty = np.isinf(lse)
+    lse = np.where(empty, np.float32(np.inf), lse)
     config = config or Config(64, 64)
     dq_config = dq_config or config
     G = Hq // Hkv
@@ -264,6 +268,7 @@ def emulate_backward(q, k, v, out, dout, lse, *, causal: bool = False,
 
     # --- bwd_preprocess_kernel ---
     delta = (out * dout).sum(axis=-1, dtype=np.float32)                # (B, Hq, Nq)
+    delta = np.where(empty, np.float32(0), delta)                      # the kernels' select
 
     with np.errstate(over="ignore", invalid="ignore"):
         # --- bwd_dkdv_kernel: grid (key tiles, B * Hkv); batched here over (B, Hkv) ---
