@@ -361,3 +361,19 @@ def test_decode_reference_is_bottom_right_causal():
     exact = decode_attention(q, k, v, torch.tensor([40], dtype=torch.int32), scale=0.25)
     torch.testing.assert_close(ref, exact[0].float(), atol=1e-5, rtol=1e-5)
     assert not math.isnan(ref.sum().item())
+
+
+def test_a_shape_whose_inputs_fail_becomes_error_rows(cpu_fakes, monkeypatch):
+    monkeypatch.setattr(torch, "device", lambda *a: "cpu")
+
+    def oom(*a, **kw):
+        raise RuntimeError("CUDA out of memory. Tried to allocate 34.00 GiB")
+    monkeypatch.setattr(bd, "_decode_set", oom)
+    doc = bd.run_decode_bench(["decode"], batches=[1], cache_lens=[64], nqs=[1], gqa=(4, 2),
+                              head_dim=16, page_sizes=[], rounds=3, inner=2, progress=False)
+    assert doc["rows"] and all(r["error"].startswith("inputs: RuntimeError: CUDA out of memory")
+                               for r in doc["rows"])
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda dev=None: (1 << 10, 1 << 40))
+    doc = bd.run_decode_bench(["decode"], batches=[1], cache_lens=[64], nqs=[1], gqa=(4, 2),
+                              head_dim=16, page_sizes=[], rounds=3, inner=2, progress=False)
+    assert all("do not fit" in r["error"] for r in doc["rows"])

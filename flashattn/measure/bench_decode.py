@@ -562,9 +562,17 @@ def _run_decode_like(part, plan, *, Hq, Hkv, D, dtype, pages, rounds, inner, pro
                                      f"{MEMORY_FRACTION:.0%} of free memory", **shape_kw)
                      for n in s["impls"]]
             continue
-        sets = [_decode_set(B, Hq, Hkv, Nq, Nk, D, tdt, dev, seed=1000 * i + j, pages=my_pages)
-                for j in range(n_sets)]
-        ref = decode_reference(sets[0]["q"], sets[0]["k"], sets[0]["v"], scale)
+        try:
+            sets = [_decode_set(B, Hq, Hkv, Nq, Nk, D, tdt, dev, seed=1000 * i + j,
+                                pages=my_pages) for j in range(n_sets)]
+            ref = decode_reference(sets[0]["q"], sets[0]["k"], sets[0]["v"], scale)
+        except Exception as e:               # out of memory, say: this shape's rows say so
+            sets = None
+            rows += [make_decode_row(n, "library" if n in LIBRARIES else "flashattn",
+                                     part=part, error=f"inputs: {_err(e)}", **shape_kw)
+                     for n in s["impls"]]
+            torch.cuda.empty_cache()
+            continue
         ref_fn = lambda o: (o[0].float() - ref).abs().max().item()  # noqa: E731
         entries = decode_entries(s["impls"], sets, scale=scale, skip=s["skip"])
         res = measure(entries, ref_fn, rounds=rounds, inner=inner, max_inner=n_sets if
