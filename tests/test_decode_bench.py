@@ -147,6 +147,7 @@ def test_input_sets():
     l2 = 50 << 20
     assert bd.input_sets_for(4 << 20, inner=10, l2_bytes=l2, free_bytes=100 << 30) == 10
     assert bd.input_sets_for(200 << 20, inner=10, l2_bytes=l2, free_bytes=100 << 30) == 1
+    assert bd.input_sets_for(150 << 20, inner=10, l2_bytes=l2, free_bytes=100 << 30) == 10
     assert bd.input_sets_for(4 << 20, inner=10, l2_bytes=l2, free_bytes=20 << 20) == 3
     assert bd.input_sets_for(30 << 30, inner=10, l2_bytes=l2, free_bytes=40 << 30) == 0
 

@@ -275,11 +275,11 @@ def _l2_bytes(dev) -> int:
 
 def input_sets_for(set_bytes: int, *, inner: int, l2_bytes: int, free_bytes: int) -> int:
     """How many input sets to rotate through: enough that no call of a batch finds its K/V in
-    L2 (``inner`` sets, one per call of a batch, after the flush), one when a set is more than
-    twice the L2 (nothing of it survives), and no more than MEMORY_FRACTION of free memory.
-    0: not even one fits."""
+    L2 (``inner`` sets, one per call of a batch, after the flush), one when a set is four times
+    the L2 or more (a call streams it all: what L2 keeps of the end is evicted before the next
+    call reaches it), and no more than MEMORY_FRACTION of free memory. 0: not even one fits."""
     fit = int(MEMORY_FRACTION * free_bytes // max(1, set_bytes))
-    want = 1 if set_bytes >= 2 * l2_bytes else max(1, int(inner))
+    want = 1 if set_bytes >= 4 * l2_bytes else max(1, int(inner))
     return min(want, fit)
 
 
