@@ -335,3 +335,18 @@ def test_host_refuses_a_bad_out(emulated_gpu):
     q, k, v, cu_q, cu_k, mq, mk = packed([3, 4])
     with pytest.raises(ValueError, match="out must be"):
         emulated_gpu.run(q, k, v, cu_q, cu_k, mq, mk, out=torch.empty(7, 4, 8))
+
+
+def test_tensors_on_different_devices_are_named():
+    q, k, v, cu_q, cu_k, mq, mk = packed([3, 4])
+    with pytest.raises(ValueError, match="must be on one device"):
+        check_varlen(q, k.to("meta"), v, cu_q, cu_k, max_seqlen_q=mq, max_seqlen_k=mk)
+
+
+def test_reference_takes_numpy():
+    q, k, v, cu_q, cu_k, mq, mk = packed([3, 4], [5, 1], dtype=torch.float64)
+    ref = varlen_attention(q, k, v, cu_q, cu_k, causal=True)
+    out = varlen_attention(q.numpy(), k.numpy(), v.numpy(), cu_q.numpy(), cu_k.numpy(),
+                           causal=True)
+    assert isinstance(out, np.ndarray)
+    np.testing.assert_allclose(out, ref.numpy())
