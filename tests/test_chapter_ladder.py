@@ -122,10 +122,13 @@ def test_figure_draws_a_panel_per_workload(h200):
     import matplotlib
     matplotlib.use("Agg")
     fig = ladder.figure(h200, "loop_split@64x128")
-    assert len(fig.axes) == 2
+    assert len(fig.axes) == 4                      # TFLOPS and the effect, per workload
     labels = [line.get_label() for line in fig.axes[1].get_lines()]
     assert any(lbl.startswith("loop_split@64x128") for lbl in labels)
     assert "sdpa_cudnn (library)" in labels
+    assert fig.axes[3].get_title().startswith("resolution")
+    assert len(ladder.figure(h200, "loop_split@64x128", effect=False).axes) == 2
+    assert len(ladder.figure(h200, "baseline@64x128").axes) == 2   # no predecessor
 
 
 def test_sm_activity_from_the_recorded_n1k_report():

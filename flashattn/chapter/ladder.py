@@ -204,16 +204,25 @@ def glue_effects(prefix: str, t, glue=None) -> dict:
     return out
 
 
-def figure(r, step: str, workloads=WORKLOADS, rungs=RUNGS, reference: str = "sdpa_cudnn"):
+def figure(r, step: str, workloads=WORKLOADS, rungs=RUNGS, reference: str = "sdpa_cudnn",
+           effect: bool = True):
     """TFLOPS against N of every rung, one panel per workload; ``step`` and its predecessor
-    drawn bold, the other rungs faint, the reference library dashed. Returns the Figure."""
+    drawn bold, the other rungs faint, the reference library dashed. With ``effect`` (and a
+    predecessor), a second row shows the change of ``step`` over it in % with the 95 % interval
+    of each N, and the run's resolution (``resolution``) shaded. Returns the Figure."""
     import matplotlib.pyplot as plt
+    import numpy as np
+
     from .plots import color_of, fmt_n
     prev = predecessor(step) if step in RUNGS[1:] else None
-    fig, axes = plt.subplots(1, len(workloads), figsize=(4.2 * len(workloads) + 1.6, 3.6),
-                             sharey=True, squeeze=False)
+    rows = 2 if effect and prev is not None else 1
+    fig, axes = plt.subplots(rows, len(workloads), figsize=(4.2 * len(workloads) + 1.6,
+                                                            3.6 + 2.2 * (rows - 1)),
+                             sharey="row", squeeze=False,
+                             gridspec_kw={"height_ratios": [3, 2][:rows]})
     markers = "osD^v"
-    for ax, (label, workload) in zip(axes[0], workloads):
+    for col, (label, workload) in enumerate(workloads):
+        ax = axes[0, col]
         t = r.tflops_table(workload)
         for i, rung in enumerate(rungs):
             if rung not in t.index:
@@ -224,14 +233,33 @@ def figure(r, step: str, workloads=WORKLOADS, rungs=RUNGS, reference: str = "sdp
                     label=f"{rung} ({LABELS.get(rung, '')})")
         if reference in t.index:
             ax.plot(t.columns, t.loc[reference], "k--", lw=1.2, label=f"{reference} (library)")
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(list(t.columns), [fmt_n(int(n)) for n in t.columns])
-        ax.minorticks_off()
-        ax.set_xlabel("sequence length N")
         ax.set_title(f"{label} ({workload})", fontsize=9)
         ax.set_ylim(bottom=0)
+        if rows == 2:
+            e = effect_table(r, step, prev, workloads=((label, workload),))
+            res = 100 * float(e["res"].iloc[0]) if len(e) else 0.0
+            bx = axes[1, col]
+            y = 100 * (e["ratio"] - 1)
+            bx.axhspan(-res, res, color="#cccccc", alpha=0.5, lw=0,
+                       label="resolution (shaded; value above each panel)")
+            bx.set_title(f"resolution ±{res:.2f} %", fontsize=8)
+            bx.axhline(0, color="#888888", lw=0.8)
+            err = [100 * (e["ratio"] - e["lo"]), 100 * (e["hi"] - e["ratio"])]
+            bx.errorbar(e["N"], y, yerr=err, fmt="o", ms=4, capsize=3, color=color_of(step),
+                        label=f"{step} over {prev}, 95 % CI")
+            bx.set_xlabel("sequence length N")
+        else:
+            ax.set_xlabel("sequence length N")
+    for ax in axes.flat:
+        ax.set_xscale("log", base=2)
+        ns = sorted(int(n) for n in r.bench[r.bench["workload"] == workloads[0][1]]["Nq"].unique())
+        ax.set_xticks(ns, [fmt_n(n) for n in ns])
+        ax.minorticks_off()
     axes[0, 0].set_ylabel("TFLOPS")
     axes[0, -1].legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, fontsize=7)
+    if rows == 2:
+        axes[1, 0].set_ylabel("change, %")
+        axes[1, -1].legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, fontsize=7)
     fig.suptitle(f"The Hopper ladder at 64×128: {step}" + (f" over {prev}" if prev else ""),
                  fontsize=10)
     fig.tight_layout()
