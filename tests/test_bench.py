@@ -547,7 +547,7 @@ def test_backward_parse_defaults_are_the_seed_workload():
     assert (kw["batch"], kw["heads"], kw["head_dim"], kw["dtype"], kw["causal"]) == \
         (4, 32, 128, "float16", True)
     assert kw["baselines"] == ["flash", "cudnn", "efficient", "flex"]
-    assert kw["passes"] == ["bwd", "fwd_bwd"] and kw["fwd_step"] == "best"
+    assert kw["passes"] == ["bwd", "fwd_bwd", "fwd"] and kw["fwd_step"] == "best"
     kw = bench_bwd.parse_args(["--backward", "--no-causal", "--dtype", "bfloat16", "--seqlens",
                                "1024,16384", "--baselines", "cudnn,flash", "--passes", "bwd",
                                "--fwd-step", "warp_groups", "--gqa", "32:8", "--rounds", "5"])
@@ -558,7 +558,7 @@ def test_backward_parse_defaults_are_the_seed_workload():
 
 
 @pytest.mark.parametrize("bad", [
-    ["--passes", "fwd"], ["--passes", ""], ["--baselines", "math"], ["--seqlens", "0"],
+    ["--passes", "forward"], ["--passes", ""], ["--baselines", "math"], ["--seqlens", "0"],
     ["--seqlens", "1k"], ["--fwd-step", "naive"], ["--fwd-step", "nope"], ["--steps", "baseline"],
     ["--method", "interleaved"], ["--gqa", "32:5"], ["--rounds", "0"], ["--dtype", "float32"],
 ])
@@ -582,15 +582,16 @@ def test_backward_flops_convention():
     assert bench_bwd.backward_flops(4, 32, 4096, 128, True) == 2.5 * f
     assert bench_bwd.backward_flops(4, 32, 4096, 128, True, "fwd_bwd") == 3.5 * f
     assert bench_bwd.backward_flops(1, 1, 64, 64, False) == 2.5 * 4 * 64 * 64 * 64
+    assert bench_bwd.backward_flops(4, 32, 4096, 128, True, "fwd") == f
     with pytest.raises(ValueError, match="pass"):
-        bench_bwd.backward_flops(1, 1, 64, 64, False, "fwd")
+        bench_bwd.backward_flops(1, 1, 64, 64, False, "forward")
 
 
 def test_backward_run_validates_before_the_gpu():
     with pytest.raises(ValueError, match="baseline"):
         bench_bwd.run_bench_backward([256], baselines=["math"])
     with pytest.raises(ValueError, match="passes"):
-        bench_bwd.run_bench_backward([256], passes=["fwd"])
+        bench_bwd.run_bench_backward([256], passes=["forward"])
     with pytest.raises(ValueError, match="seqlens"):
         bench_bwd.run_bench_backward([0])
     with pytest.raises(RuntimeError, match="CUDA GPU"):
@@ -646,8 +647,10 @@ def bwd_fakes(monkeypatch):
             g.copy_(r)
         return grads
 
-    def fake_check(fn, ref, hq, partial):
-        errs = bench_bwd._grad_errs(fn(), ref, hq, partial)
+    def fake_check(fn, ref, hq, partial, ref_out=None):
+        res = fn()
+        errs = bench_bwd._out_errs(res, ref_out, hq) if ref_out is not None else \
+            bench_bwd._grad_errs(res, ref, hq, partial)
         return dict(grad_errs=errs, max_abs_err=max(errs.values()), est_ms=2.0)
 
     def fake_rounds(fns, *, rounds=30, inner=10, **kw):
@@ -689,12 +692,23 @@ def test_run_bench_backward_document_on_cpu_with_fakes(bwd_fakes, causal):
                                        rounds=6, progress=True, name="fake-bwd")
     wl = doc["meta"]["workload"]
     assert wl == dict(name="fake-bwd", B=1, Hq=4, Hkv=2, D=16, dtype="float16", causal=causal,
-                      seqlens=[16, 32], passes=["bwd", "fwd_bwd"], fwd_step="best")
+                      seqlens=[16, 32], passes=["bwd", "fwd_bwd", "fwd"], fwd_step="best")
     assert "2.5" in doc["meta"]["flops"] and doc["meta"]["method"]["name"] == "rounds"
     rows = doc["rows"]
-    assert len(rows) == 2 * 4 * 2                      # N x impls x passes
+    assert len(rows) == 2 * (4 + 4 + 5)                # N x (impls of bwd, fwd_bwd, fwd)
     by = {(r["impl"], r["pass"], r["Nq"]): r for r in rows}
     for n in (16, 32):
+        # Pass fwd: the forward alone, ours with and without the LSE, checked on its output.
+        for impl in ("fmha_fwd", "fmha_fwd_lse", "sdpa_cudnn", "sdpa_flash"):
+            r = by[impl, "fwd", n]
+            assert not r["error"] and set(r["grad_errs"]) == {"out"}
+            assert r["max_abs_err"] < 1e-4
+            assert r["tflops"] == pytest.approx(bench.attention_flops(1, 4, n, n, 16, causal)
+                                                / (r["median_ms"] * 1e-3) / 1e12)
+        lse_row = by["fmha_fwd_lse", "fwd", n]
+        assert lse_row["ratio_no_lse_lo"] <= lse_row["ratio_no_lse"] <= lse_row["ratio_no_lse_hi"]
+        assert lse_row["config"] == "warp_groups 128x128 occ=1 nww=8"
+        assert by["sdpa_efficient", "fwd", n]["error"].startswith("RuntimeError: fake")
         for p in ("bwd", "fwd_bwd"):
             bad = by["sdpa_efficient", p, n]
             assert bad["error"] == "RuntimeError: fake: no kernel for this shape"
@@ -716,17 +730,20 @@ def test_run_bench_backward_document_on_cpu_with_fakes(bwd_fakes, causal):
     assert by["fmha_bwd", "fwd_bwd", 16]["config"].startswith("fwd warp_groups 128x128")
     # One time_rounds per N, every (impl, pass) that did not fail, in alternation.
     names, inner = bwd_fakes["rounds"][0]
-    assert names == sorted(f"{i}|{p}" for i in ("fmha_bwd", "sdpa_cudnn", "sdpa_flash")
-                           for p in ("bwd", "fwd_bwd"))
+    assert names == sorted([f"{i}|{p}" for i in ("fmha_bwd", "sdpa_cudnn", "sdpa_flash")
+                            for p in ("bwd", "fwd_bwd")] +
+                           [f"{i}|fwd" for i in ("fmha_fwd", "fmha_fwd_lse", "sdpa_cudnn",
+                                                  "sdpa_flash")])
     assert set(inner.values()) == {2}                  # 5 ms samples of 2 ms calls
     assert bwd_fakes["backward"] > 0                   # ours: attention_backward, not autograd
     # The document round-trips through the schema's reader and writer.
     df = to_frame(doc)
-    assert set(df["pass"]) == {"bwd", "fwd_bwd"} and len(df) == len(rows)
+    assert set(df["pass"]) == {"bwd", "fwd_bwd", "fwd"} and len(df) == len(rows)
     json.loads(schema.dumps(doc))
     table = bench_bwd.format_backward_table(doc)
     assert "pass bwd (2.5 x forward FLOPs)" in table and "pass fwd_bwd (3.5" in table
     assert "fmha_bwd" in table and "err" in table
+    assert "pass fwd (1.0 x" in table and "writing the LSE" in table
 
 
 def test_run_bench_backward_one_pass_no_baselines(bwd_fakes):
@@ -743,8 +760,9 @@ def test_record_backward_part_quick_with_fakes(bwd_fakes, tmp_path, monkeypatch)
         "-gqa2x2", ""), "fp16-full-d128-bwd-quick.json"]
     for f in files:
         doc = json.loads(f.read_text())
-        assert {r["pass"] for r in doc["rows"]} == {"bwd", "fwd_bwd"}
-        assert {r["impl"] for r in doc["rows"]} == {"fmha_bwd", "sdpa_cudnn"}
+        assert {r["pass"] for r in doc["rows"]} == {"bwd", "fwd_bwd", "fwd"}
+        assert {r["impl"] for r in doc["rows"]} == {"fmha_bwd", "fmha_fwd", "fmha_fwd_lse",
+                                                    "sdpa_cudnn"}
     assert "bench-backward" in record.PARTS and "bench-backward-bf16" in record.PARTS
     assert record.main(["--out", str(tmp_path), "--part", "bench-backward-bf16", "--quick"]) == 0
     assert (tmp_path / "bench-backward" / "bf16-causal-d128-bwd-quick.json").exists()

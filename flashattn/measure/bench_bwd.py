@@ -24,6 +24,10 @@ every round, bootstrap 95 % intervals, three input sets in rotation):
                      outside the timing (their backward node and whatever autograd adds).
     pass "fwd_bwd"   a training step's attention: forward (ours: ``flashattn.attention`` through
                      the autograd operator, with the LSE) then ``torch.autograd.grad``.
+    pass "fwd"       the forward alone, no grad: ours without the LSE (``fmha_fwd``, the inference
+                     kernel) and with it (``fmha_fwd_lse``, what training runs), and the
+                     libraries'. The ``fmha_fwd_lse`` row's ``ratio_no_lse`` (with its interval,
+                     paired by round) is what writing the LSE costs: below 1 is slower.
 
 Libraries: PyTorch SDPA's FLASH_ATTENTION (FlashAttention-2), CUDNN_ATTENTION and
 EFFICIENT_ATTENTION backends, and FlexAttention (``torch.compile``'d, forward and backward).
@@ -48,9 +52,11 @@ from ..impls import LIBRARY_OPTIONS
 from .timing import attention_flops, tflops
 
 BWD_FLOP_FACTOR = 2.5           # backward FLOPs per forward FLOP (five matmuls to two)
-PASSES = ("bwd", "fwd_bwd")
-PASS_FACTOR = {"bwd": BWD_FLOP_FACTOR, "fwd_bwd": 1.0 + BWD_FLOP_FACTOR}
+PASSES = ("bwd", "fwd_bwd", "fwd")
+PASS_FACTOR = {"bwd": BWD_FLOP_FACTOR, "fwd_bwd": 1.0 + BWD_FLOP_FACTOR, "fwd": 1.0}
 OURS = "fmha_bwd"               # our rows: the deterministic backward kernels (kernels/fmha_bwd.py)
+OURS_FWD = "fmha_fwd"           # pass fwd: our inference forward (no LSE) ...
+OURS_FWD_LSE = "fmha_fwd_lse"   # ... and the same step writing the LSE (WRITE_LSE), paired
 BWD_BASELINES = ("flash", "cudnn", "efficient", "flex")   # libraries with a backward
 DEFAULT_SEQLENS = (1024, 2048, 4096, 8192, 16384)
 DEFAULT_BATCH, DEFAULT_HEADS, DEFAULT_HEAD_DIM = 4, 32, 128
@@ -150,14 +156,23 @@ def _ours_backward_fns(sets, outs, *, causal, scale):
     return fns
 
 
-def _check_once(fn, ref, hq, partial) -> dict:
-    """Warm up (compile), check the gradients once, estimate one call's time (ms)."""
+def _out_errs(res, ref_out, hq: int) -> dict:
+    """Max |error| of the forward's output (``res`` or ``res[0]``) on the checked slice."""
+    out = res[0] if isinstance(res, (tuple, list)) else res
+    e = (out[:1, :hq].double() - ref_out).abs().max().item()
+    return dict(out=e if math.isfinite(e) else float("nan"))
+
+
+def _check_once(fn, ref, hq, partial, ref_out=None) -> dict:
+    """Warm up (compile), check the gradients (or with ``ref_out``, the output) once, estimate
+    one call's time (ms)."""
     import torch
     fn()
     torch.cuda.synchronize()
-    grads = fn()
+    res = fn()
     torch.cuda.synchronize()
-    errs = _grad_errs(grads, ref, hq, partial)
+    errs = _out_errs(res, ref_out, hq) if ref_out is not None else \
+        _grad_errs(res, ref, hq, partial)
     s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     s.record()
     fn()
@@ -238,7 +253,8 @@ def run_bench_backward(seqlens=None, *, causal: bool = True, dtype: str = "float
                           what="GPU time per call started on an idle GPU, batches replayed "
                                "from CUDA graphs (method 'batch': eager, capture refused)")
     shape = dict(B=B, Hq=Hq, Hkv=Hkv, D=D, dtype=dtype, causal=causal)
-    impls = [OURS] + [LIBRARY_OPTIONS[b] for b in baselines]
+    libs = [LIBRARY_OPTIONS[b] for b in baselines]
+    impls_of = {p: ([OURS_FWD, OURS_FWD_LSE] if p == "fwd" else [OURS]) + libs for p in passes}
     rows: list[dict] = []
     t_all = time.perf_counter()
     for N in seqlens:
@@ -251,19 +267,22 @@ def run_bench_backward(seqlens=None, *, causal: bool = True, dtype: str = "float
         q0, k0, v0, do0 = sets[0]
         ref = _ref_grads(q0.detach(), k0.detach(), v0.detach(), do0, hq, causal=causal,
                          scale=scale)
+        ref_out = _ref_out(q0.detach(), k0.detach(), v0.detach(), hq, causal=causal,
+                           scale=scale) if "fwd" in passes else None
         flops = {p: backward_flops(B, Hq, N, D, causal, p) for p in passes}
         entries = {}          # (impl, pass) -> (fns, context, check, config)
-        for impl in impls:
-            for p in passes:
+        for p in passes:
+            for impl in impls_of[p]:
                 try:
                     fns, ctx, config = _make_fns(impl, p, sets, causal=causal, scale=scale,
                                                  fwd_step=fwd_step)
                     with ctx():
-                        chk = _check_once(fns[0], ref, hq, partial)
+                        chk = _check_once(fns[0], ref, hq, partial,
+                                          ref_out if p == "fwd" else None)
                     entries[(impl, p)] = (fns, ctx, chk, config)
                 except Exception as e:    # a failing implementation is a row, not a crash
-                    rows.append(make_row(impl, "step" if impl == OURS else "library", N=N,
-                                         error=_err(e), **shape, **{"pass": p}))
+                    rows.append(make_row(impl, _kind(impl), N=N, error=_err(e), **shape,
+                                         **{"pass": p}))
         timed, fail = {}, ""
         if entries:
             def in_ctx(fns, ctx):
@@ -282,7 +301,7 @@ def run_bench_backward(seqlens=None, *, causal: bool = True, dtype: str = "float
             except Exception as e:
                 fail = _err(e)
         for (impl, p), (_, _, chk, config) in entries.items():
-            kind = "step" if impl == OURS else "library"
+            kind = _kind(impl)
             key = f"{impl}|{p}"
             if key not in timed:
                 rows.append(make_row(impl, kind, N=N, error=fail or "not timed", **shape,
@@ -294,7 +313,7 @@ def run_bench_backward(seqlens=None, *, causal: bool = True, dtype: str = "float
                                  max_abs_err=chk["max_abs_err"], grad_errs=chk["grad_errs"],
                                  **vals, **shape, **{"pass": p}))
         if progress:
-            for r in rows[-len(impls) * len(passes):]:
+            for r in rows:
                 if r["Nq"] == N:
                     msg = r["error"] or (f"{r['tflops']:7.1f} TFLOPS {r['median_ms']:9.3f} ms "
                                          f"err {r['max_abs_err']}")
@@ -305,13 +324,61 @@ def run_bench_backward(seqlens=None, *, causal: bool = True, dtype: str = "float
         torch.cuda.empty_cache()
     for p in passes:
         add_derived([r for r in rows if r["pass"] == p])
+    _add_lse_cost(rows)
     meta["elapsed_s"] = round(time.perf_counter() - t_all, 1)
     return dict(meta=meta, rows=rows)
+
+
+def _kind(impl: str) -> str:
+    return "step" if impl in (OURS, OURS_FWD, OURS_FWD_LSE) else "library"
+
+
+def _ref_out(q, k, v, hq: int, *, causal: bool, scale: float):
+    from ..reference import attention
+    return attention(q[:1, :hq].double(), k[:1, :1].double(), v[:1, :1].double(),
+                     causal=causal, scale=scale)
+
+
+def _add_lse_cost(rows: list[dict]) -> None:
+    """``ratio_no_lse`` (and ``_lo``, ``_hi``) on each fmha_fwd_lse row: its speed over the
+    inference forward's at the same N, paired by round (below 1: the LSE costs time)."""
+    from ..data.stats import ratio_ci
+    plain = {r["Nq"]: r for r in rows if r["impl"] == OURS_FWD and not r.get("error")}
+    for r in rows:
+        p = plain.get(r["Nq"])
+        if r["impl"] != OURS_FWD_LSE or r.get("error") or p is None:
+            continue
+        if r.get("samples_ms") and p.get("samples_ms"):
+            r["ratio_no_lse"], r["ratio_no_lse_lo"], r["ratio_no_lse_hi"] = ratio_ci(
+                p["samples_ms"], r["samples_ms"])
+
+
+def _fwd_fns(impl, sets, *, causal, scale, fwd_step):
+    """Pass fwd: (fns, context, config) of the forward alone, no grad."""
+    import torch
+    det = [tuple(t.detach() for t in s) for s in sets]
+    if impl in (OURS_FWD, OURS_FWD_LSE):
+        from ..autograd import attention_forward
+        fwds, ctx = forward_thunks(OURS, det, causal=causal, scale=scale, fwd_step=fwd_step)
+        if impl == OURS_FWD_LSE:
+            fwds = [(lambda s=s: attention_forward(s[0], s[1], s[2], causal=causal, scale=scale,
+                                                   step=fwd_step)) for s in det]
+        from ..autotune import resolve
+        st, c = resolve(fwd_step, det[0][0], det[0][1], causal)
+        return fwds, ctx, f"{st.name} {c.label()}"
+    fwds, ctx = forward_thunks(impl, det, causal=causal, scale=scale, fwd_step=fwd_step)
+
+    def no_grad(f):
+        with torch.no_grad():
+            return f()
+    return [(lambda f=f: no_grad(f)) for f in fwds], ctx, ""
 
 
 def _make_fns(impl, pass_, sets, *, causal, scale, fwd_step):
     """(fns per input set, context, config label) of one implementation and pass."""
     import torch
+    if pass_ == "fwd":
+        return _fwd_fns(impl, sets, causal=causal, scale=scale, fwd_step=fwd_step)
     fwds, ctx = forward_thunks(impl, sets, causal=causal, scale=scale, fwd_step=fwd_step)
     config = (_ours_config(sets[0], causal=causal, fwd_step=fwd_step, pass_=pass_)
               if impl == OURS else "")
@@ -355,13 +422,18 @@ def _ours_config(s, *, causal, fwd_step, pass_) -> str:
 
 # --- files and command line -------------------------------------------------------------------
 def format_backward_table(doc: dict) -> str:
-    """One TFLOPS table per pass (``data.schema.format_table``)."""
+    """One TFLOPS table per pass (``data.schema.format_table``), and the LSE's cost."""
     parts = []
     for p in PASSES:
         rows = [r for r in doc["rows"] if r.get("pass") == p]
         if rows:
             parts.append(f"pass {p} ({PASS_FACTOR[p]} x forward FLOPs)\n" +
                          format_table(dict(meta=doc.get("meta", {}), rows=rows)))
+    cost = [r for r in doc["rows"] if r.get("ratio_no_lse") is not None]
+    if cost:
+        parts.append("writing the LSE: speed with / without, paired by round\n" + "\n".join(
+            f"  N={r['Nq']}: {r['ratio_no_lse']:.3f} [{r['ratio_no_lse_lo']:.3f}, "
+            f"{r['ratio_no_lse_hi']:.3f}]" for r in cost))
     return "\n\n".join(parts)
 
 
@@ -399,7 +471,7 @@ def build_parser():
     p.add_argument("--out", help="write the JSON document to this file")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     p.add_argument("--passes", default=",".join(PASSES),
-                   help="comma-separated of %s (default: both)" % ",".join(PASSES))
+                   help="comma-separated of %s (default: all)" % ",".join(PASSES))
     p.add_argument("--fwd-step", default="best",
                    help="our forward's step in the fwd_bwd pass (default: best)")
     return p
