@@ -341,7 +341,7 @@ def _sdpa_entry(impl, q, k, v, *, scale):
 def _flex_entry(q, k, v, *, scale):
     from torch.nn.attention.flex_attention import create_block_mask
 
-    from .bench import _flex_fn
+    from .libraries import _flex_fn
     Nq, Nk = q.shape[2], k.shape[2]
     offset = Nk - Nq
 
