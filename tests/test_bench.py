@@ -726,6 +726,9 @@ def test_run_bench_backward_document_on_cpu_with_fakes(bwd_fakes, causal):
                 assert r["ratio_cudnn"] is not None
                 if impl == "sdpa_cudnn":
                     assert r["ratio_cudnn"] == pytest.approx(1.0)
+                assert r["ratio_fa2_lo"] <= r["ratio_fa2"] <= r["ratio_fa2_hi"]
+                if impl == "sdpa_flash":
+                    assert r["ratio_fa2"] == pytest.approx(1.0)
     assert by["fmha_bwd", "bwd", 16]["config"] == "dkdv 64x128 nww=8, dq 128x64 nww=8"
     assert by["fmha_bwd", "fwd_bwd", 16]["config"].startswith("fwd warp_groups 128x128")
     # One time_rounds per N, every (impl, pass) that did not fail, in alternation.

@@ -35,8 +35,10 @@ Gradients are checked once, outside the timing, against the fp64 reference
 (``reference.attention_backward``) on the first GQA group of batch 0: ``max_abs_err`` is the
 largest error of dQ, dK and dV, ``grad_errs`` each.
 
-The document is a bench document (``data.schema``) whose rows carry ``pass`` ("bwd" or
-"fwd_bwd"); ``ratio_cudnn`` compares with cuDNN's row of the same pass, paired by round.
+The document is a bench document (``data.schema``) whose rows carry ``pass`` ("bwd", "fwd_bwd"
+or "fwd"); ``ratio_cudnn`` and ``ratio_fa2`` (each with ``_lo``/``_hi``, a bootstrap 95 %
+interval) compare with cuDNN's and FlashAttention-2's rows of the same pass and N, paired by
+round: above 1 is faster.
 """
 from __future__ import annotations
 
@@ -324,6 +326,7 @@ def run_bench_backward(seqlens=None, *, causal: bool = True, dtype: str = "float
         torch.cuda.empty_cache()
     for p in passes:
         add_derived([r for r in rows if r["pass"] == p])
+    _add_ratio_fa2(rows)
     _add_lse_cost(rows)
     meta["elapsed_s"] = round(time.perf_counter() - t_all, 1)
     return dict(meta=meta, rows=rows)
@@ -337,6 +340,21 @@ def _ref_out(q, k, v, hq: int, *, causal: bool, scale: float):
     from ..reference import attention
     return attention(q[:1, :hq].double(), k[:1, :1].double(), v[:1, :1].double(),
                      causal=causal, scale=scale)
+
+
+def _add_ratio_fa2(rows: list[dict]) -> None:
+    """``ratio_fa2`` (and ``_lo``, ``_hi``): speed over FlashAttention-2's (SDPA's flash
+    backend) in the same pass and N, paired by round (issue 11's second target)."""
+    from ..data.stats import ratio_ci
+    fa2 = {(r["pass"], r["Nq"]): r for r in rows
+           if r["impl"] == LIBRARY_OPTIONS["flash"] and not r.get("error")}
+    for r in rows:
+        ref = fa2.get((r["pass"], r["Nq"]))
+        r["ratio_fa2"] = r["ratio_fa2_lo"] = r["ratio_fa2_hi"] = None
+        if ref is not None and not r.get("error") and r.get("samples_ms") \
+                and ref.get("samples_ms"):
+            r["ratio_fa2"], r["ratio_fa2_lo"], r["ratio_fa2_hi"] = ratio_ci(ref["samples_ms"],
+                                                                           r["samples_ms"])
 
 
 def _add_lse_cost(rows: list[dict]) -> None:
