@@ -73,7 +73,7 @@ METRIC_PATTERNS = (
     r"^sm__pipe_\w+_cycles_active\.avg\.pct_of_peak_sustained_(active|elapsed)$",
     r"^sm__instruction_throughput\.avg\.pct_of_peak_sustained_active$",
     r"^smsp__inst_executed\.(sum|avg\.per_cycle_active)$",
-    r"^sm__cycles_(elapsed|active)\.avg(\.per_second)?$",
+    r"^sm__cycles_(elapsed|active)\.(avg|min|max)(\.per_second)?$",
     r"^gpc__cycles_elapsed\.max$",
     # The memory chart's busiest paths (MemoryWorkloadAnalysis): L2 to SM crossbar, sectors
     r"^lts__lts2xbar_cycles_active\.avg\.pct_of_peak_sustained_elapsed$",
