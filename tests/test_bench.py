@@ -769,3 +769,15 @@ def test_record_backward_part_quick_with_fakes(bwd_fakes, tmp_path, monkeypatch)
     assert "bench-backward" in record.PARTS and "bench-backward-bf16" in record.PARTS
     assert record.main(["--out", str(tmp_path), "--part", "bench-backward-bf16", "--quick"]) == 0
     assert (tmp_path / "bench-backward" / "bf16-causal-d128-bwd-quick.json").exists()
+
+
+def test_batch_sizes_share_one_batch_near_the_fastest():
+    from flashattn.measure.bench import SAMPLE_MS, batch_sizes
+    est = {"best": 1.0, "best#2": 1.05, "arch_tuned": 1.2, "sdpa_cudnn": 0.95, "slow": 40.0}
+    per = batch_sizes(est, inner=10)
+    common = round(SAMPLE_MS / 0.95)
+    assert per["best"] == per["arch_tuned"] == per["sdpa_cudnn"] == common
+    assert per["best#2"] == per["best"]                  # a control copy gets its twin's
+    assert per["slow"] == 1                              # a slow row: about SAMPLE_MS of its own
+    assert batch_sizes({}, inner=10) == {}
+    assert batch_sizes({"a": 1e-9}, inner=10) == {"a": 10}   # capped at inner

@@ -97,6 +97,25 @@ class _Progress:
             self.bar.close()
 
 
+def batch_sizes(est_ms: dict, inner: int) -> dict:
+    """Launches per sample for each implementation of one shape (method rounds).
+
+    Every implementation within 4 × ``SAMPLE_MS`` at the common size gets the same batch: the
+    fastest one's (a batch of about ``SAMPLE_MS``, at most ``inner`` launches). Time per launch
+    depends a little on the batch length after an idle GPU (the first launch starts at full
+    clock), and two rows of one kernel with batches of 4 and 5 read 0.3 % apart (LOG E12).
+    Slower implementations get a batch of about ``SAMPLE_MS`` of their own (>= 1 launch). A
+    control copy ("X#2") always gets its twin's batch.
+    """
+    if not est_ms:
+        return {}
+    common = max(1, min(inner, round(SAMPLE_MS / max(min(est_ms.values()), 1e-6))))
+    per = {n: (common if e * common <= 4 * SAMPLE_MS
+               else max(1, min(inner, round(SAMPLE_MS / max(e, 1e-6)))))
+           for n, e in est_ms.items()}
+    return {n: per.get(n.split("#")[0], v) for n, v in per.items()}
+
+
 def check_impl_name(name: str) -> None:
     """ValueError unless ``name`` is a step, an experiment, "best", a variant
     ("STEP@128x128 occ=1 nww=8": the step pinned to one configuration) or a control copy
@@ -367,13 +386,7 @@ def run_bench(steps=None, seqlens=None, *, causal: bool = True, dtype: str = "fl
             fail = ""
             try:
                 if method == "rounds":
-                    # Slow implementations get fewer launches per sample (>= 1): a sample
-                    # lasts about SAMPLE_MS, at most ``inner`` launches.
-                    per = {n: max(1, min(inner, round(SAMPLE_MS / e[4]["est_ms"])))
-                           for n, e in entries.items()}
-                    # A control copy ("X#2") gets its twin's batch size: each batch starts
-                    # after an L2 flush, so a different batch size alone would bias the pair.
-                    per = {n: per.get(n.split("#")[0], v) for n, v in per.items()}
+                    per = batch_sizes({n: e[4]["est_ms"] for n, e in entries.items()}, inner)
                     timed = time_rounds({n: in_ctx(e[2], e[3]) for n, e in entries.items()},
                                         rounds=rounds, inner=per, seed=N)
                 else:
