@@ -121,7 +121,7 @@ def online_rescale() -> Figure:
     blocks = [x[0:4], x[4:8], x[8:12]]
     colors = ["#9ecae1", "#4292c6", "#08519c"]
     with plt.rc_context(STYLE):
-        fig, (a0, a1) = plt.subplots(1, 2, figsize=(8.6, 3.2),
+        fig, (a0, a1) = plt.subplots(1, 2, figsize=(7.2, 3.0),
                                      gridspec_kw={"width_ratios": [1.35, 1]})
     # Left: scores and the running max.
     m_prev, ms = -np.inf, []
@@ -134,8 +134,8 @@ def online_rescale() -> Figure:
         if b > 0 and m > m_prev:
             a0.annotate("", xy=(4 * b - 0.45, m), xytext=(4 * b - 0.45, m_prev),
                         arrowprops=dict(arrowstyle="-|>", color=ACCENT, lw=1.2))
-            a0.text(4 * b - 0.3, (m + m_prev) / 2, "max grows", fontsize=7.5, color=ACCENT,
-                    va="center")
+            a0.text(4 * b - 0.6, (m + m_prev) / 2, "max grows", fontsize=7.5, color=ACCENT,
+                    va="center", ha="right")
         m_prev = m
     a0.plot([], [], color=ACCENT, lw=2, label="running max $m_j$")
     a0.set_xticks([1.5, 5.5, 9.5], ["block 1", "block 2", "block 3"])
@@ -176,7 +176,7 @@ def dataflow() -> Figure:
     keeps the scores, the running max m_i, the running sum l_i and the accumulator in registers,
     and writes its output tile O_i once.
     """
-    fig, ax = _canvas(9.4, 5.6, 100, 62)
+    fig, ax = _canvas(7.4, 4.4, 100, 62)
     _band(ax, 41, 20.5, "HBM (global memory)", HBM, "one (batch, head): N rows × D")
     _band(ax, 22, 18, "Shared memory", SMEM, "per program (CTA)")
     _band(ax, 0.5, 20.5, "Registers", REG, "the consumer warp group")
@@ -197,8 +197,8 @@ def dataflow() -> Figure:
             color=K_C)
     ax.text(mx["V"] + 6, 43 + 15.5 - 3.5 * 15.5 / n, "$V_j$", va="center", fontsize=8.5,
             color=V_C)
-    ax.text(mx["O"] + 6, 43 + 15.5 - 3.5 * 15.5 / n, "$O_i$", va="center", fontsize=8.5,
-            color=O_C)
+    ax.text(mx["O"] - 1, 43 + 15.5 - 3.5 * 15.5 / n, "$O_i$", ha="right", va="center",
+            fontsize=8.5, color=O_C)
 
     # Shared memory: Q_i once, K_j and V_j double-buffered.
     _box(ax, 22, 26, 12, 7, "$Q_i$", fc="white", ec=Q_C, lw=1.6)
@@ -206,8 +206,8 @@ def dataflow() -> Figure:
     _box(ax, 49, 26, 9, 7, "$K_{j+1}$", fc="white", ec=K_C, lw=0.9, ls="--")
     _box(ax, 60, 26, 9, 7, "$V_j$", fc="white", ec=V_C, lw=1.6)
     _box(ax, 70, 26, 9, 7, "$V_{j+1}$", fc="white", ec=V_C, lw=0.9, ls="--")
-    ax.text(59, 23.3, "two buffers: the next tile loads while this one is used",
-            ha="center", fontsize=7.2, color="#555555")
+    ax.text(1.5, 30, "K, V: two buffers, the\nnext tile loads while\nthis one is used",
+            va="top", fontsize=7.2, color="#555555")
 
     # HBM -> SMEM
     _arrow(ax, (mx["Q"] + 2.5, 43), (28, 33.2), "once", color=Q_C, loff=(-3.5, 0))
@@ -233,7 +233,7 @@ def dataflow() -> Figure:
            color=O_C, rad=-0.15)
     ax.text(84, 30, "once, at the end:\n$O_i$ = acc / $l_i$", fontsize=7.5, color=O_C,
             va="center")
-    ax.text(98, 50, "nothing of size\nN × N is stored", ha="right", fontsize=8, color=ACCENT)
+    ax.text(99, 46, "nothing of size\nN × N is stored", ha="right", fontsize=8, color=ACCENT)
     return fig
 
 
@@ -248,7 +248,7 @@ def accumulator_home() -> Figure:
     tcgen05 MMA (``UTCHMMA``) accumulates in tensor memory (TMEM), and the threads load only the
     rows of S they are exponentiating.
     """
-    fig, ax = _canvas(9.4, 4.6, 100, 50)
+    fig, ax = _canvas(7.4, 3.7, 100, 50)
     for x0, title in ((1, "Hopper (sm_90): warpgroup MMA, HGMMA"),
                       (51, "Blackwell (sm_100): tcgen05 MMA, UTCHMMA")):
         _box(ax, x0, 1, 48, 46, "", fc="#fafafa", ec="#999999")
@@ -264,7 +264,7 @@ def accumulator_home() -> Figure:
     _box(ax, 21, 6, 25, 7, "P, $m_i$, $l_i$, addresses,\nloop counters, masks", fc="white",
          fs=7.5)
     _arrow(ax, (10, 32), (10, 28.2), "operands", loff=(-5, 0), fs=7)
-    _arrow(ax, (16.2, 24), (20.8, 20), "accumulate", loff=(-2, 3.5), fs=7)
+    _arrow(ax, (16.2, 24), (20.8, 20), "accumulate", loff=(0, 7.5), fs=7)
     _box(ax, 3, 4, 13, 9, "local memory\n(DRAM, via\nL1 / L2)", fc=HBM, fs=7, ls="--")
     _arrow(ax, (19, 8.5), (16.2, 8.5), "", color=ACCENT)
     ax.text(17.5, 14.5, "spill", fontsize=7, color=ACCENT, ha="center")
@@ -278,7 +278,7 @@ def accumulator_home() -> Figure:
     ax.text(83.5, 11.2, "registers", ha="center", va="top", fontsize=8)
     _box(ax, 71, 4, 25, 5.5, "rows of S → P, $m_i$, $l_i$", fc="white", fs=7.5)
     _arrow(ax, (60, 32), (60, 28.2), "operands", loff=(-5, 0), fs=7)
-    _arrow(ax, (66.2, 24), (70.8, 21.5), "accumulate", loff=(-1, 3.5), fs=7)
+    _arrow(ax, (66.2, 24), (70.8, 21.5), "accumulate", loff=(0, 8), fs=7)
     _arrow(ax, (77, 15.5), (77, 9.7), "load", fs=7, loff=(-3, 0), style="<|-|>")
     ax.text(53, 8, "the register file\nkeeps only the\nsoftmax's rows", fontsize=7.5,
             color="#555555", va="center")
@@ -312,7 +312,7 @@ def waves_tail(slots: int = 4, heads: int = 3, tiles: int = 6) -> Figure:
     orders = {"launch order without remap": list(range(tiles)),
               "with remap: each head's tiles in reverse": list(range(tiles))[::-1]}
     with plt.rc_context(STYLE):
-        fig, axes = plt.subplots(2, 1, figsize=(8.6, 4.2), sharex=True)
+        fig, axes = plt.subplots(2, 1, figsize=(7.2, 3.9), sharex=True)
     total = heads * sum(t + 2 for t in range(tiles))
     spans = []
     for ax, (title, order) in zip(axes, orders.items()):
@@ -348,7 +348,7 @@ def waves_tail(slots: int = 4, heads: int = 3, tiles: int = 6) -> Figure:
 
 # --- Chapter 10: a warp-specialised timeline ----------------------------------------------------
 
-def warp_specialised(iters: int = 4) -> Figure:
+def warp_specialised(iters: int = 3) -> Figure:
     """One producer and two consumer warp groups of a program, over a few loop iterations.
 
     The producer warp group only issues TMA loads of K_j and V_j into shared memory, one tile
@@ -363,9 +363,9 @@ def warp_specialised(iters: int = 4) -> Figure:
     t0 = 2.0                                    # the first K tile arrives
     wg_colors = ("#e06666", "#f4a6a6")
     with plt.rc_context(STYLE):
-        fig, ax = plt.subplots(figsize=(9.0, 3.0))
-    labels = ["tensor cores", "consumer 2 (rows 64–127)", "consumer 1 (rows 0–63)",
-              "producer (TMA loads)"]
+        fig, ax = plt.subplots(figsize=(7.4, 2.9))
+    labels = ["tensor cores", "consumer 2\n(rows 64–127)", "consumer 1\n(rows 0–63)",
+              "producer\n(TMA loads)"]
     for j in range(iters + 1):                  # producer: K_j, then V_j, back to back
         for k, (name, c) in enumerate(((f"K{j}", K_C), (f"V{j}", V_C))):
             a = t0 + period * j - 2.0 + 2.0 * k
@@ -380,7 +380,7 @@ def warp_specialised(iters: int = 4) -> Figure:
                 ax.broken_barh([(t, d - 0.04)], (y - 0.35, 0.7), facecolors=c,
                                edgecolors=EDGE, lw=0.6)
                 ax.text(t + d / 2, y, f"softmax {j}" if name == "softmax" else name,
-                        ha="center", va="center", fontsize=7)
+                        ha="center", va="center", fontsize=6.8)
                 if c != REG:
                     busy[g].append((t, d - 0.04))
                 t += d
