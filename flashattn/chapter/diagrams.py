@@ -11,6 +11,7 @@ and ``tests/test_diagrams.py`` checks that each renders and that the committed f
 ==========================  ========  =========================================================
 function                    chapter   idea
 ==========================  ========  =========================================================
+``naive_vs_fused``          1         the N × N intermediate through HBM, or kept on chip
 ``online_rescale``          2         the running sum is rescaled when the running max grows
 ``dataflow``                3         Q, K, V tiles from HBM through shared memory to registers
 ``accumulator_home``        5         the accumulator in registers (Hopper) or TMEM (Blackwell)
@@ -106,6 +107,62 @@ def _matrix(ax, x, y, w, h, rows, fc, hi=(), hi_fc=None, label="", edge=EDGE):
     if label:
         ax.text(x + w / 2, y + h + 1.0, label, ha="center", va="bottom", fontsize=9,
                 weight="bold")
+
+
+# --- Chapter 1: standard attention against fused ----------------------------------------------
+
+def naive_vs_fused() -> Figure:
+    """Where the N × N intermediate goes: standard attention against a fused kernel.
+
+    Top: the book's ``naive`` step, three kernels that each make a round trip through HBM: S is
+    written in fp32 and read back twice by the softmax, P is written in fp16 and read by the last
+    product. Bottom: one fused kernel keeps S and P on chip, and only Q, K, V and O cross HBM.
+    """
+    fig, ax = _canvas(7.4, 3.9, 100, 54)
+    ax.text(1, 52.5, "Standard attention: three kernels (the naive step)", fontsize=9,
+            weight="bold", va="top")
+    ax.text(1, 22.5, "Fused attention: one kernel", fontsize=9, weight="bold", va="top")
+    for y0, h in ((28, 20), (1, 18)):
+        ax.add_patch(Rectangle((0.5, y0), 99, 5.5, fc=HBM, ec="none"))
+        ax.text(98.5, y0 + 2.75, "HBM", ha="right", va="center", fontsize=8, weight="bold",
+                color="#335")
+
+    def tensor(x, y, w, label, c, big=False):
+        _box(ax, x, y, w, 4.3, label, fc="white", ec=c, lw=1.8 if big else 1.3, fs=8,
+             round_=0.3)
+
+    # Standard: Q, K | S | P, V | O along the HBM strip, kernels above it.
+    y = 28.6
+    tensor(2, y, 8, "Q, K", K_C)
+    tensor(27, y, 16, "S  (N × N, fp32)", ACCENT, big=True)
+    tensor(52, y, 16, "P  (N × N, fp16)", ACCENT, big=True)
+    tensor(73, y, 6, "V", V_C)
+    tensor(84, y, 6, "O", O_C)
+    ky = 39
+    for x, w, name in ((8, 15, "scores_kernel"), (37, 15, "softmax_kernel"),
+                       (67, 15, "pv_kernel")):
+        _box(ax, x, ky, w, 6, name, fc=TC, fs=7.5)
+    _arrow(ax, (6, 33), (10, 39), "read", fs=6.8, loff=(-3, 0))
+    _arrow(ax, (19, 39), (33, 33), "write", fs=6.8, loff=(1, 2), color=ACCENT)
+    _arrow(ax, (37, 33), (41, 39), "read ×2", fs=6.8, loff=(-4.5, 0), color=ACCENT)
+    _arrow(ax, (49, 39), (58, 33), "write", fs=6.8, loff=(2, 2), color=ACCENT)
+    _arrow(ax, (64, 33), (70, 39), "read", fs=6.8, loff=(-3, 0), color=ACCENT)
+    _arrow(ax, (76, 33), (75, 39), "", fs=6.8)
+    _arrow(ax, (79, 39), (86, 33), "write", fs=6.8, loff=(3, 1))
+
+    # Fused: Q, K, V in, O out; S and P never leave the chip.
+    y = 1.6
+    tensor(2, y, 14, "Q, K, V", K_C)
+    tensor(84, y, 6, "O", O_C)
+    _box(ax, 25, 9.5, 50, 9, "", fc=TC)
+    ax.text(50, 17, "fmha_kernel", ha="center", va="top", fontsize=7.5)
+    for x, label in ((31, "S tile"), (44, "P tile"), (57, "acc")):
+        _box(ax, x, 10.5, 11, 4, label, fc=REG, fs=7.2, round_=0.3)
+    ax.text(50, 7.9, "S and P stay in registers, one tile at a time", ha="center",
+            fontsize=7.2, color="#555555")
+    _arrow(ax, (12, 6.1), (25, 12), "read once", fs=6.8, loff=(-3, 2))
+    _arrow(ax, (75, 12), (86, 6.1), "write once", fs=6.8, loff=(3, 2))
+    return fig
 
 
 # --- Chapter 2: the online-softmax rescale -----------------------------------------------------
@@ -404,6 +461,7 @@ def warp_specialised(iters: int = 3) -> Figure:
 # --- Writing the SVGs ----------------------------------------------------------------------------
 
 DIAGRAMS = {
+    "naive_vs_fused": naive_vs_fused,
     "online_rescale": online_rescale,
     "dataflow": dataflow,
     "accumulator_home": accumulator_home,
