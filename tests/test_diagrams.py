@@ -15,6 +15,7 @@ import pytest
 pytest.importorskip("matplotlib")
 
 import matplotlib  # noqa: E402
+import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
 from flashattn.chapter import diagrams  # noqa: E402
@@ -25,14 +26,24 @@ NAMES = sorted(diagrams.DIAGRAMS)
 MAX_BYTES = 100_000
 
 
+def _svg(name: str) -> str:
+    """Draw diagram ``name`` and return its SVG, closing the figure."""
+    fig = diagrams.DIAGRAMS[name]()
+    try:
+        return diagrams.svg_text(fig)
+    finally:
+        plt.close(fig)
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_renders(name):
     fig = diagrams.DIAGRAMS[name]()
     assert isinstance(fig, Figure)
-    svg = diagrams.svg_text(fig)
+    plt.close(fig)
+    svg = _svg(name)
     ET.fromstring(svg.encode("utf-8"))                         # well-formed
     assert len(svg.encode("utf-8")) < MAX_BYTES
-    assert svg == diagrams.svg_text(diagrams.DIAGRAMS[name]()), "not deterministic"
+    assert svg == _svg(name), "not deterministic"
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -48,7 +59,7 @@ def test_committed_svg(name):
     if made_by and made_by.group(1) != matplotlib.__version__:
         pytest.skip(f"{path.name} written by matplotlib {made_by.group(1)}, "
                     f"this is {matplotlib.__version__}")
-    assert text == diagrams.svg_text(diagrams.DIAGRAMS[name]()), (
+    assert text == _svg(name), (
         f"{path} is stale: run python -m flashattn.chapter.diagrams")
 
 
