@@ -305,6 +305,29 @@ def _metric(r, step, metric):
     return _profile_row(r, step)[metric]
 
 
+JOURNEY_WORKLOAD = "fp16-causal-d128"       # the first page's workload: B=4 H=32 D=128 causal
+
+
+def _journey_ns(r) -> list[int]:
+    return sorted(int(n) for n in r.bench.loc[r.bench["workload"] == JOURNEY_WORKLOAD, "Nq"])
+
+
+def _journey_row(r, step):
+    """The recorded row of ``step`` at the longest N of the first page's workload."""
+    row = r.row(step, max(_journey_ns(r)), JOURNEY_WORKLOAD)
+    assert row is not None, f"no row for {step!r} at the longest N of {JOURNEY_WORKLOAD}"
+    return row
+
+
+def _fmt_n(n: int) -> str:
+    return f"{n // 1024}K" if n % 1024 == 0 else str(n)
+
+
+def _source_line(r) -> str:
+    from flashattn.data.results import source_line
+    return source_line(r.meta)
+
+
 # Glue keys whose value is arithmetic on the data: key -> value from the dataset. Each must be
 # what the page's hidden cell computes.
 DERIVED: dict[str, Callable] = {
@@ -321,6 +344,20 @@ DERIVED: dict[str, Callable] = {
                                            "l1tex__t_bytes_pipe_lsu_mem_local_op_st.sum")) / 1e9,
     "nc_lt_dram_write_gb": lambda r: _metric(r, "large_tiles", "dram__bytes_write.sum") / 1e9,
     "nc_bl_dram_write_gb": lambda r: _metric(r, "baseline", "dram__bytes_write.sum") / 1e9,
+    # The first page (intro.ipynb): the default workload's benchmark at its shortest and longest
+    # N, read from the recorded rows (tflops, ratio_cudnn[_lo|_hi]) and the recording's meta.
+    "intro_n_short": lambda r: _fmt_n(min(_journey_ns(r))),
+    "intro_n_long": lambda r: _fmt_n(max(_journey_ns(r))),
+    "intro_base_tflops": lambda r: _journey_row(r, "baseline")["tflops"],
+    "intro_trap_tflops": lambda r: _journey_row(r, "large_tiles")["tflops"],
+    "intro_final_tflops": lambda r: _journey_row(r, "warp_groups")["tflops"],
+    "intro_final_gain": lambda r: (_journey_row(r, "warp_groups")["tflops"]
+                                   / _journey_row(r, "baseline")["tflops"]),
+    "intro_final_ratio": lambda r: _journey_row(r, "warp_groups")["ratio_cudnn"],
+    "intro_final_lo": lambda r: _journey_row(r, "warp_groups")["ratio_cudnn_lo"],
+    "intro_final_hi": lambda r: _journey_row(r, "warp_groups")["ratio_cudnn_hi"],
+    "intro_source": lambda r: _source_line(r),
+    "intro_rounds": lambda r: r.bench_meta[JOURNEY_WORKLOAD]["method"]["rounds"],
 }
 
 

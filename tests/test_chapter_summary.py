@@ -80,3 +80,66 @@ def test_readme_quotes_the_data(r, probe):
     missing = {k: v for k, v in nums.items() if v not in readme}
     assert not missing, (f"README.md does not quote these as the data give them (run "
                          f"python experiments/readme_figure.py): {missing}")
+
+
+def test_journey_seqlens(r):
+    short, long = summary.journey_seqlens(r)
+    ns = r.bench[r.bench["workload"] == summary.WORKLOAD]["Nq"]
+    assert (short, long) == (ns.min(), ns.max()) and short < long
+    with pytest.raises(KeyError):
+        summary.journey_seqlens(r, "no-such-workload")
+
+
+def test_journey_points(r):
+    short, long = summary.journey_seqlens(r)
+    pts = summary.journey_points(r)
+    assert list(dict.fromkeys(pts["step"])) == list(summary.CHAPTER_OF)
+    assert set(pts["N"]) == {short, long} and len(pts) == 2 * len(summary.CHAPTER_OF)
+    naive = pts[(pts["step"] == "naive") & (pts["N"] == long)].iloc[0]
+    assert math.isnan(naive["tflops"]) and math.isnan(naive["ratio"])     # not run at 16K
+    p = pts[(pts["step"] == "warp_groups") & (pts["N"] == long)].iloc[0]
+    row = r.row("warp_groups", long, summary.WORKLOAD)
+    assert p["tflops"] == row["tflops"]
+    assert (p["ratio"], p["lo"], p["hi"]) == summary.ratio(r, "warp_groups", long)
+    assert p["lo"] <= p["ratio"] <= p["hi"]
+
+
+def test_journey_figure(r):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from flashattn.impls import IMPLS
+    fig = summary.journey_figure(r)
+    try:
+        axes = fig.axes
+        assert [ax.get_title(loc="left") for ax in axes] == [
+            f"N = {summary.fmt_n(n)}" for n in summary.journey_seqlens(r)]
+        for ax, N in zip(axes, summary.journey_seqlens(r)):
+            bars = [p.get_width() for p in ax.patches]
+            want = [r.row(s, N, summary.WORKLOAD) for s in summary.CHAPTER_OF]
+            assert bars == [w["tflops"] for w in want
+                            if w is not None and not math.isnan(w["tflops"])]
+            lines = {l.get_color(): l.get_xdata()[0] for l in ax.get_lines()}
+            for lib in summary.JOURNEY_LIBRARIES:          # libraries as reference lines
+                assert lines[IMPLS[lib].color] == r.row(lib, N, summary.WORKLOAD)["tflops"]
+            texts = " ".join(t.get_text() for t in ax.texts)
+            ci = summary.fmt_ci(summary.ratio(r, "warp_groups", N))
+            assert ci in texts                              # the ratio with its interval
+        legend = [t.get_text() for t in fig.legends[0].get_texts()]
+        assert legend == [IMPLS[lib].label for lib in summary.JOURNEY_LIBRARIES]
+        fig.canvas.draw()
+    finally:
+        plt.close(fig)
+
+
+def test_intro_numbers(r):
+    nums = summary.intro_numbers(r)
+    short, long = summary.journey_seqlens(r)
+    assert (nums["n_short"], nums["n_long"]) == (summary.fmt_n(short), summary.fmt_n(long))
+    assert nums["trap_tflops"] < nums["base_tflops"] < nums["final_tflops"]
+    assert nums["final_gain"] == pytest.approx(nums["final_tflops"] / nums["base_tflops"])
+    assert nums["final_lo"] <= nums["final_ratio"] <= nums["final_hi"]
+    assert str(r.meta["driver"]) in nums["source"] and str(r.meta["date"])[:10] in nums["source"]
+    assert nums["rounds"] == r.bench_meta[summary.WORKLOAD]["method"]["rounds"]
+    for k, v in nums.items():                          # plain Python values: glue writes repr()
+        assert type(v) in (int, float, str), (k, type(v))

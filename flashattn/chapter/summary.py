@@ -8,6 +8,8 @@ other workloads, and the two power regimes of the H200.
     doc = results.load_experiment_file(*summary.PROBE)
     summary.power_regimes(doc)                       # ours over cuDNN: idle start vs back to back
     summary.readme_numbers(r, doc)                   # the numbers README.md quotes
+    summary.journey_figure(r)                        # the first page: each step at two N
+    summary.intro_numbers(r)                         # the numbers the first page quotes
 
 Ratios are speeds over cuDNN's (or over the previous step's), paired by round with a bootstrap
 95 % interval (``flashattn.chapter.ladder.paired``). Everything here reads recorded data and runs
@@ -167,6 +169,126 @@ def readme_numbers(r, doc=None) -> dict[str, str]:
     return out
 
 
+# ---------------------------------------------------------------------------------------------
+# The first page (book/intro.ipynb): the journey at a glance
+# ---------------------------------------------------------------------------------------------
+# The libraries drawn as reference lines beside the steps.
+JOURNEY_LIBRARIES = ("sdpa_cudnn", "sdpa_flash", "flex")
+
+
+def journey_seqlens(r, workload: str = WORKLOAD) -> tuple[int, int]:
+    """The shortest and the longest sequence length recorded for ``workload``."""
+    ns = r.bench.loc[r.bench["workload"] == workload, "Nq"]
+    if ns.empty:
+        raise KeyError(f"no benchmark rows for {workload!r}")
+    return int(ns.min()), int(ns.max())
+
+
+def journey_points(r, seqlens=None, workload: str = WORKLOAD, steps=None):
+    """One row per (step, N) in book order: chapter, step, N, TFLOPS and the speed over cuDNN's
+    paired by round with its 95 % interval (ratio, lo, hi). A step not run at an N (``naive``
+    at the longest lengths) has NaN."""
+    import pandas as pd
+    seqlens = tuple(seqlens or journey_seqlens(r, workload))
+    nan = float("nan")
+    rows = []
+    for s in list(steps or CHAPTER_OF):
+        for N in seqlens:
+            row = r.row(s, N, workload)
+            tf = nan if row is None else float(row.get("tflops", nan))
+            x, lo, hi = (nan, nan, nan) if tf != tf else ratio(r, s, N, workload)
+            rows.append({"chapter": CHAPTER_OF.get(s), "step": s, "N": int(N), "tflops": tf,
+                         "ratio": x, "lo": lo, "hi": hi})
+    return pd.DataFrame(rows)
+
+
+def journey_figure(r, seqlens=None, workload: str = WORKLOAD, steps=None,
+                   libraries=JOURNEY_LIBRARIES):
+    """The book's journey in one figure: a panel per sequence length (default: the shortest and
+    the longest recorded), one above the other on a shared TFLOPS axis; in each, one bar per step
+    in book order with its TFLOPS, and beside each bar the step's TFLOPS and speed over cuDNN's
+    with its 95 % interval. The ``libraries`` timed in the same rounds are vertical reference
+    lines (colours and dashes from ``flashattn.impls``). Returns the Figure."""
+    import matplotlib.pyplot as plt
+
+    from ..impls import get
+    from .plots import color_of
+    seqlens = tuple(seqlens or journey_seqlens(r, workload))
+    pts = journey_points(r, seqlens, workload, steps)
+    order = list(dict.fromkeys(pts["step"]))
+    ys = {s: len(order) - 1 - i for i, s in enumerate(order)}       # first step on top
+    xmax = max([pts["tflops"].max()] + [(r.row(lib, N, workload) or {}).get("tflops", 0)
+                                        for lib in libraries for N in seqlens]) * 1.04
+    style = {"axes.spines.top": False, "axes.spines.right": False, "font.size": 8.5}
+    col = dict(va="center", fontsize=8, family="monospace")          # the column of numbers
+    with plt.rc_context(style):
+        size = (8.0, 0.25 * len(order) * len(seqlens) + 1.5)
+        fig, axes = plt.subplots(len(seqlens), 1, figsize=size, sharex=True, dpi=90,
+                                 squeeze=False)
+        axes = axes[:, 0]
+        handles = {}
+        for ax, N in zip(axes, seqlens):
+            d = pts[pts["N"] == N].set_index("step")
+            tr = ax.get_yaxis_transform()
+            for s in order:
+                y, p = ys[s], d.loc[s]
+                if p["tflops"] != p["tflops"]:
+                    ax.text(xmax * 0.01, y, "not run at this length", va="center", fontsize=7.5,
+                            color="#777777", style="italic")
+                    ax.text(1.02, y, f"{'–':>6}", transform=tr, color="#777777", **col)
+                    continue
+                ax.barh(y, p["tflops"], height=0.7, color=color_of(s))
+                ax.text(1.02, y, f"{p['tflops']:>6.0f} {fmt_ci((p['ratio'], p['lo'], p['hi']))}",
+                        transform=tr, **col)
+            for lib in libraries:
+                row = r.row(lib, N, workload)
+                if row is None:
+                    continue
+                impl = get(lib)
+                h = ax.axvline(row["tflops"], color=impl.color, ls=impl.linestyle, lw=1.4,
+                               zorder=3)
+                handles.setdefault(impl.label, h)
+            ax.text(1.02, len(order) - 0.45, "TFLOPS × cuDNN [95 % CI]", transform=tr,
+                    va="bottom", fontsize=8, family="monospace", color="#444444")
+            ax.set_xlim(0, xmax)
+            ax.set_ylim(-0.6, len(order) - 0.4)
+            ax.set_yticks([ys[s] for s in order],
+                          [f"ch. {CHAPTER_OF.get(s, '?')}  {s}" for s in order])
+            ax.tick_params(axis="y", length=0)
+            ax.set_title(f"N = {fmt_n(N)}", fontsize=9, loc="left", fontweight="bold")
+            ax.grid(True, axis="x", alpha=0.3)
+        axes[-1].set_xlabel("TFLOPS")
+        fig.legend(list(handles.values()), list(handles), loc="lower center",
+                   ncol=len(handles), frameon=False, fontsize=8,
+                   title="libraries, timed in the same rounds", title_fontsize=8)
+        gpu = str(r.meta.get("gpu") or "").removeprefix("NVIDIA ")
+        shape = pts.dropna(subset=["tflops"]).iloc[0]
+        shape = r.row(shape["step"], int(shape["N"]), workload)
+        fig.suptitle(f"Each chapter's step: {WORKLOAD_LABELS.get(workload, workload)}, "
+                     f"B={shape['B']}, H={shape['Hq']} — {gpu}".rstrip(" —"), fontsize=10,
+                     x=0.02, ha="left")
+        fig.tight_layout(rect=(0, 0.075, 1, 1), h_pad=1.2)
+    return fig
+
+
+def intro_numbers(r, workload: str = WORKLOAD) -> dict:
+    """The numbers the first page quotes beside the journey figure: the two lengths, and at the
+    longest the TFLOPS of the first fused kernel (``baseline``), of the large tiles, and of the
+    last step (``warp_groups``) with its speed over cuDNN's [95 % interval] and over the
+    baseline; where the data come from and how many rounds."""
+    from ..data.results import source_line
+    short, long = journey_seqlens(r, workload)
+    tf = {s: float(r.row(s, long, workload)["tflops"])
+          for s in ("baseline", "large_tiles", "warp_groups")}
+    x, lo, hi = ratio(r, "warp_groups", long, workload)
+    return {"n_short": fmt_n(short), "n_long": fmt_n(long),
+            "base_tflops": tf["baseline"], "trap_tflops": tf["large_tiles"],
+            "final_tflops": tf["warp_groups"], "final_gain": tf["warp_groups"] / tf["baseline"],
+            "final_ratio": float(x), "final_lo": float(lo), "final_hi": float(hi),
+            "source": source_line(r.meta),
+            "rounds": int(r.bench_meta[workload]["method"]["rounds"])}
+
+
 def _ns(r, workload):
     d = r.bench[(r.bench["workload"] == workload) & (r.bench["impl"] == "best")]
     return sorted(int(n) for n in d["Nq"].unique())
@@ -174,4 +296,5 @@ def _ns(r, workload):
 
 __all__ = ["CHAPTER_OF", "WORKLOAD_LABELS", "LADDER_PAIRS", "PROBE", "PROBE_MODES", "ratio",
            "control_gap", "journey_table", "ladder_vs_seed", "other_workloads", "power_regimes",
-           "readme_numbers", "fmt_n"]
+           "readme_numbers", "fmt_n", "JOURNEY_LIBRARIES", "journey_seqlens",
+           "journey_points", "journey_figure", "intro_numbers"]
