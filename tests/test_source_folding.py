@@ -152,3 +152,64 @@ def test_prune_unused_leaves_used_and_unnamed_parameters():
     assert prune_unused(src) == "def f(a):\n    return a\n\n\ndef g(c):\n    return f(c)\n"
     starred = "def f(a, b):\n    return a\n\n\ndef g(c):\n    return f(*c)\n"
     assert prune_unused(starred) == starred                  # positions unknown: left alone
+
+
+def _top_level_unread(src: str) -> list[str]:
+    """Top-level helpers and constants (not @ct.kernel entries) that nothing else reads."""
+    tree = ast.parse(src)
+    out = []
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and not node.decorator_list:
+            name = node.name
+        elif isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name):
+            name = node.targets[0].id
+        else:
+            continue
+        read = {n.id for other in tree.body if other is not node for n in ast.walk(other)
+                if isinstance(n, ast.Name)}
+        if name not in read:
+            out.append(name)
+    return out
+
+
+def test_prune_true_baseline_is_the_seed_and_nothing_more():
+    src = step_source("baseline", causal=True, even_k=True, prune=True)
+    src = src[src.index('"""', 3) + 3:]            # the module docstring describes every step
+    for later in ("EXP_POLY", "PAIR", "PERSISTENT", "LAZY_RESCALE", "WRITE_LSE", "FAST_MATH",
+                  "SPLIT_LOOP", "REMAP", "UNCHECKED_KV", "K_LAT", "V_LAT", "num_m_blocks",
+                  "exp2_fma", "exp2_split", "EXP2_POLY", "ROUND_MAGIC", "RMd"):
+        assert later not in src, later
+    # The docstring no longer describes the pruned num_m_blocks; the rest of it stays.
+    assert "group_size = Hq // Hkv." in src
+    assert len(_params(src, "fmha_kernel")) == 11
+
+
+@pytest.mark.parametrize("step", FUSED)
+def test_prune_true_leaves_no_unread_helper(step):
+    for causal, even_k in SHAPES:
+        src = step_source(step, causal=causal, even_k=even_k, prune=True)
+        assert _top_level_unread(src) == [], step
+        assert "fmha_kernel" in src                          # the entry point always stays
+
+
+def test_pruned_diffs_show_only_their_step():
+    # The polynomial exp2 enters with its step, helpers and constants included.
+    d = step_diff("exp_poly", prune=True)
+    added = [ln[1:] for ln in d.splitlines() if ln.startswith("+") and not ln.startswith("+++")]
+    assert any(ln.startswith("def exp2_fma") for ln in added)
+    assert any(ln.startswith("EXP2_POLY") for ln in added)
+    # Chapter 6's diff shows no flag of a later chapter.
+    fm = step_diff("fast_math", prune=True)
+    for later in ("EXP_POLY", "PAIR", "PERSISTENT", "LAZY_RESCALE", "SPLIT_LOOP", "REMAP"):
+        assert later not in fm, later
+    assert "flush_to_zero=True" in fm
+
+
+def test_prune_definitions_keeps_spacing_and_comments():
+    from flashattn.kernels.source import prune_definitions
+    src = ("import math\nimport os\n\nA = 1\n# about B\nB = 2\n\n\ndef helper(x):\n"
+           "    return x + B\n\n\ndef used():\n    return A + math.pi\n\n\n@ct.kernel\n"
+           "def k():\n    used()\n")
+    want = ("import math\n\nA = 1\n\n\ndef used():\n    return A + math.pi\n\n\n@ct.kernel\n"
+            "def k():\n    used()\n")
+    assert prune_definitions(src) == want

@@ -16,6 +16,7 @@ from __future__ import annotations
 import ast
 import difflib
 import importlib.util
+import re
 import textwrap
 
 from ..steps import FLAGS, Config, Step, get_step, previous_step
@@ -166,6 +167,12 @@ def _uses(fn: ast.FunctionDef, name: str) -> bool:
 
 def _prune_once(src: str, names) -> str | None:
     """Remove one unused parameter (and its arguments at the calls); None if there is none."""
+    out = _prune_param(src, names)
+    return None if out is None else out[0]
+
+
+def _prune_param(src: str, names):
+    """``_prune_once``, also naming what it removed: (source, function, parameter) or None."""
     tree = ast.parse(src)
     lines = src.split("\n")
     funcs = {f.name: f for f in tree.body if isinstance(f, ast.FunctionDef)}
@@ -188,7 +195,7 @@ def _prune_once(src: str, names) -> str | None:
                         spans.append(_removal_span(src, lines, items, i))
             for s0, s1 in sorted(spans, reverse=True):
                 src = src[:s0] + src[s1:]
-            return src
+            return src, fn.name, a.arg
     return None
 
 
@@ -200,6 +207,85 @@ def prune_unused(src: str, names=None) -> str:
     ``fmha_kernel``)."""
     while True:
         nxt = _prune_once(src, names)
+        if nxt is None:
+            return src
+        src = nxt
+
+
+def _drop_docstring_mentions(src: str, fn_name: str, param: str) -> str:
+    """Drop a ``; param = ...`` or ``; param: ...`` clause from ``fn_name``'s docstring, so a
+    pruned parameter is not described (``num_m_blocks = cdiv(Nq, TILE_M)`` in the baseline)."""
+    tree = ast.parse(src)
+    for fn in tree.body:
+        if not (isinstance(fn, ast.FunctionDef) and fn.name == fn_name and fn.body
+                and isinstance(fn.body[0], ast.Expr)
+                and isinstance(fn.body[0].value, ast.Constant)
+                and isinstance(fn.body[0].value.value, str)):
+            continue
+        doc = fn.body[0]
+        lines = src.split("\n")
+        clause = re.compile(rf";\s*{re.escape(param)}\s*[=:][^;]*?(?=;|\.?$)")
+        for i in range(doc.lineno - 1, doc.end_lineno):
+            lines[i] = clause.sub("", lines[i])
+        return "\n".join(lines)
+    return src
+
+
+def _names_read(nodes) -> set:
+    return {n.id for node in nodes for n in ast.walk(node) if isinstance(n, ast.Name)}
+
+
+def _defined_name(node: ast.stmt) -> str | None:
+    """The one name a top-level function, assignment or single import defines; else None."""
+    if isinstance(node, ast.FunctionDef):
+        if any("kernel" in ast.unparse(d) for d in node.decorator_list):
+            return None                                   # entry points stay
+        return node.name
+    if isinstance(node, ast.Assign) and len(node.targets) == 1 \
+            and isinstance(node.targets[0], ast.Name):
+        return node.targets[0].id
+    if isinstance(node, (ast.Import, ast.ImportFrom)) and len(node.names) == 1:
+        alias = node.names[0]
+        return alias.asname or alias.name.split(".")[0]
+    return None
+
+
+def _drop_unused_definition(src: str) -> str | None:
+    """Remove one top-level helper, constant or import nothing else reads; None if none is.
+
+    The definition takes the comment lines directly above it; the blank lines around it
+    shrink to the longer of the two runs, so the file keeps its spacing."""
+    tree = ast.parse(src)
+    lines = src.split("\n")
+    for node in tree.body:
+        name = _defined_name(node)
+        if name is None:
+            continue
+        others = [n for n in tree.body if n is not node]
+        if name in _names_read(others):
+            continue
+        first = min([d.lineno for d in getattr(node, "decorator_list", [])] + [node.lineno]) - 1
+        while first > 0 and lines[first - 1].startswith("#"):
+            first -= 1
+        end = node.end_lineno
+        before = 0
+        while first - before > 0 and lines[first - before - 1].strip() == "":
+            before += 1
+        after = 0
+        while end + after < len(lines) and lines[end + after].strip() == "":
+            after += 1
+        keep = max(before, after)
+        new = lines[:first - before] + [""] * keep + lines[end + after:]
+        return "\n".join(new)
+    return None
+
+
+def prune_definitions(src: str) -> str:
+    """Drop the top-level helpers, constants and imports that nothing left in ``src`` reads
+    (``exp2_fma`` and its constants in every step without ``EXP_POLY``), until none is left.
+    Entry points (``@ct.kernel``) stay."""
+    while True:
+        nxt = _drop_unused_definition(src)
         if nxt is None:
             return src
         src = nxt
@@ -224,7 +310,9 @@ def step_source(name: str, *, causal: bool | None = None, even_k: bool | None = 
     restricts the output to some functions of the kernel file, in file order. ``write_lse``:
     the kernel as the backward's forward compiles it (with the LSE output); without it the LSE
     output and its flag leave the listing. ``prune=True`` also drops every other parameter the
-    folded source no longer reads (flags of other chapters, and their arguments at the calls).
+    folded source no longer reads (flags of other chapters, their arguments at the calls and
+    their mention in the docstring), then the helpers, constants and imports nothing reads any
+    more: the kernel exactly as the step compiles it, as the chapters show it.
     """
     step: Step = get_step(name)
     if step.kernel == "naive":
@@ -236,7 +324,12 @@ def step_source(name: str, *, causal: bool | None = None, even_k: bool | None = 
     if even_k is not None:
         env["EVEN_K"] = bool(even_k)
     src = specialize(kernel_source("fmha"), env)
-    src = prune_unused(src, None if prune else OUTPUT_PARAMS)
+    if prune:
+        while (out := _prune_param(src, None)) is not None:
+            src = _drop_docstring_mentions(*out)
+        src = prune_definitions(src)
+    else:
+        src = prune_unused(src, OUTPUT_PARAMS)
     if functions:
         src = "\n\n".join(_function_source(src, f) for f in functions)
     return src
