@@ -213,3 +213,23 @@ def test_prune_definitions_keeps_spacing_and_comments():
     want = ("import math\n\nA = 1\n\n\ndef used():\n    return A + math.pi\n\n\n@ct.kernel\n"
             "def k():\n    used()\n")
     assert prune_definitions(src) == want
+
+
+def test_prune_true_drops_later_chapters_locals():
+    # chapter 7's mask_start is computed only from loop_split on.
+    for causal in (None, True):
+        base = step_source("baseline", causal=causal, even_k=causal, prune=True)
+        assert "mask_start" not in base and "chapter 7" not in base
+        assert "mask_start" in step_source("loop_split", causal=causal, even_k=causal, prune=True)
+    d = step_diff("loop_split", prune=True)
+    assert "+        mask_start = k_seqlen // TILE_N" in d
+
+
+def test_dead_assignments_keep_bodies_and_stores():
+    from flashattn.kernels.source import prune_definitions
+    src = ("@ct.kernel\ndef k(X, F):\n    if F:\n        a = 1\n    else:\n        a = 2\n"
+           "    # why b\n    b = 3\n    ct.store(X, tile=b)\n    s = ct.store(X, tile=b)\n")
+    # a is unread but each branch holds only it: the whole if goes; the store stays.
+    got = prune_definitions(src)
+    assert "a = " not in got and "if F" not in got
+    assert "b = 3" in got and got.count("ct.store") == 2 and "# why b" in got

@@ -280,10 +280,50 @@ def _drop_unused_definition(src: str) -> str | None:
     return None
 
 
+def _is_dead(stmt: ast.stmt, read: set) -> bool:
+    """A ``name = expr`` nothing reads (and that calls no ``store``), or an ``if`` made only of
+    such assignments."""
+    if isinstance(stmt, ast.If):
+        return all(_is_dead(s, read) for s in stmt.body + stmt.orelse)
+    return (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1
+            and isinstance(stmt.targets[0], ast.Name) and stmt.targets[0].id not in read
+            and not any(isinstance(c, ast.Call) and "store" in ast.unparse(c.func)
+                        for c in ast.walk(stmt.value)))
+
+
+def _drop_dead_assignment(src: str) -> str | None:
+    """Remove one ``name = expr`` statement (of a function, loop or branch body) whose name nothing in the
+    function reads (``mask_start``, chapter 7's, in the baseline), with the comment lines
+    directly above it; None if there is none. Calls that may write (``store``) are kept."""
+    tree = ast.parse(src)
+    lines = src.split("\n")
+    for fn in tree.body:
+        if not isinstance(fn, ast.FunctionDef):
+            continue
+        read = {n.id for n in ast.walk(fn) if isinstance(n, ast.Name)
+                and isinstance(n.ctx, ast.Load)}
+        # Statements of the function's body or of a loop's, never a body's only statement.
+        blocks = [fn.body]
+        for n in ast.walk(fn):
+            if isinstance(n, (ast.For, ast.While, ast.If)):
+                blocks += [n.body, n.orelse]
+        dead = [st for body in blocks if len(body) > 1 for st in body if _is_dead(st, read)]
+        for node in dead[:1]:
+            first = node.lineno - 1
+            indent = len(lines[first]) - len(lines[first].lstrip())
+            while first > 0 and lines[first - 1].strip().startswith("#") and \
+                    len(lines[first - 1]) - len(lines[first - 1].lstrip()) == indent:
+                first -= 1
+            return "\n".join(lines[:first] + lines[node.end_lineno:])
+    return None
+
+
 def prune_definitions(src: str) -> str:
     """Drop the top-level helpers, constants and imports that nothing left in ``src`` reads
     (``exp2_fma`` and its constants in every step without ``EXP_POLY``), until none is left.
-    Entry points (``@ct.kernel``) stay."""
+    Entry points (``@ct.kernel``) stay. Local assignments nothing reads go first."""
+    while (nxt := _drop_dead_assignment(src)) is not None:
+        src = nxt
     while True:
         nxt = _drop_unused_definition(src)
         if nxt is None:
