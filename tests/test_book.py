@@ -90,13 +90,47 @@ def _run_chromium(*args: str) -> subprocess.CompletedProcess:
                               capture_output=True, text=True, timeout=180)
 
 
+# Headless Chromium captures the window, not the page: the full-page shot sizes the window to the
+# page's height (measured first), at half scale so a long chapter stays under the compositor's
+# 16384-pixel limit. MathJax runs inside the virtual-time budget, so the shot shows rendered math.
+WIDTH, MAX_PX, BUDGET_MS = 1280, 16000, "8000"
+
+
+def _page_height(page: Path) -> int:
+    """The rendered page's height in CSS pixels, read back through its title by a copy of the
+    page (same folder, so its scripts and styles load) with a one-line script added."""
+    probe = page.with_name(f".height-probe-{page.name}")
+    script = ("<script>window.addEventListener('load', () => setTimeout(() => {"
+              "document.title = 'H=' + document.documentElement.scrollHeight; }, 1500));"
+              "</script>")
+    html = page.read_text(encoding="utf-8")
+    probe.write_text(html.replace("</body>", script + "</body>", 1), encoding="utf-8")
+    try:
+        proc = _run_chromium(f"--virtual-time-budget={BUDGET_MS}", f"--window-size={WIDTH},1600",
+                             "--dump-dom", probe.as_uri())
+    finally:
+        probe.unlink(missing_ok=True)
+    m = re.search(r"<title>H=(\d+)</title>", proc.stdout)
+    return int(m.group(1)) if m else 1600
+
+
 def _screenshot(page: Path, name: str) -> Path:
+    """Two captures: ``name.png``, the top 1600 px at full scale (what a reader sees first), and
+    ``name.full.png``, the whole page at half scale (math, figures and diagrams included)."""
     SHOTS.mkdir(parents=True, exist_ok=True)
     png = SHOTS / f"{name}.png"
-    png.unlink(missing_ok=True)
-    proc = _run_chromium(f"--screenshot={png}", "--window-size=1280,1600",
-                         "--hide-scrollbars", page.as_uri())
+    full = SHOTS / f"{name}.full.png"
+    for p in (png, full):
+        p.unlink(missing_ok=True)
+    proc = _run_chromium(f"--screenshot={png}", f"--window-size={WIDTH},1600",
+                         f"--virtual-time-budget={BUDGET_MS}", "--hide-scrollbars", page.as_uri())
     assert png.exists(), f"no screenshot written for {page}:\n{proc.stderr[-3000:]}"
+    height = _page_height(page)
+    scale = min(0.5, MAX_PX / max(height, 1))
+    proc = _run_chromium(f"--screenshot={full}", f"--window-size={WIDTH},{height}",
+                         f"--force-device-scale-factor={scale:.3f}",
+                         f"--virtual-time-budget={BUDGET_MS}", "--hide-scrollbars", page.as_uri())
+    assert full.exists(), f"no full-page screenshot written for {page}:\n{proc.stderr[-3000:]}"
     return png
 
 

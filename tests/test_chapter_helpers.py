@@ -89,3 +89,12 @@ def test_chapter_exports_the_helpers():
         assert getattr(chapter, name) is getattr(helpers, name)
         assert name in chapter.__all__
         assert getattr(helpers, name).__doc__
+
+
+def test_tile_registers():
+    s, p, acc = helpers.tile_registers(256, 128)
+    assert (s, p, acc) == (256.0, 128.0, 256.0)          # 640 > 255: chapter 5's cliff
+    assert sum(helpers.tile_registers(64, 64)) == 32.0 + 16.0 + 64.0
+    assert helpers.tile_registers(128, 128, consumers=256)[0] == 64.0
+    with pytest.raises(ValueError):
+        helpers.tile_registers(0, 64)

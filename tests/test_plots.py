@@ -192,3 +192,35 @@ def test_palette_comes_from_the_registry():
                                     (3072, "3K"), (1536, "1536")])
 def test_fmt_n(n, text):
     assert plots.fmt_n(n) == text
+
+
+def test_online_softmax_state_and_states(tmp_path):
+    rng = np.random.default_rng(0)
+    xs = rng.normal(0.0, 1.5, size=300) + np.linspace(0.0, 4.0, 300)
+    fig = plots.online_softmax_state(xs, 64, 2)
+    assert "after block 2 of 5" in fig.axes[0].get_title()
+    _save(fig, tmp_path, "os_state")
+    with pytest.raises(ValueError):
+        plots.online_softmax_state(xs, 64, 6)
+    fig = plots.online_softmax_states(xs, 64)
+    assert len(fig.axes) == 3                      # blocks 1, 5 // 3 = 1, 3, 5: three panels
+    _save(fig, tmp_path, "os_states")
+    fig = plots.online_softmax_states(xs, 64, blocks=(1, 5))
+    assert [a.get_title().split(":")[0] for a in fig.axes] == ["after block 1 of 5",
+                                                               "after block 5 of 5"]
+    _save(fig, tmp_path, "os_states2")
+
+
+def test_tile_explorer(tmp_path):
+    rows = []
+    for arch, reg in (("sm_90", 255), ("sm_100", 168)):
+        for tm, tn in ((64, 64), (128, 128), (256, 128)):
+            rows.append(dict(step="baseline", arch=arch, TILE_M=tm, TILE_N=tn, registers=reg,
+                             stack_bytes=(tm * tn // 10) if arch == "sm_90" else 0))
+    grid = pd.DataFrame(rows)
+    fig = plots.tile_explorer(grid)
+    ticks = [t.get_text() for t in fig.axes[0].get_xticklabels()]
+    assert ticks == ["64×64", "128×128", "256×128"]
+    _save(fig, tmp_path, "tile_explorer")
+    with pytest.raises(ValueError):
+        plots.tile_explorer(grid, step="fast_math")

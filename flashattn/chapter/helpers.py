@@ -79,3 +79,19 @@ def time_steps(names, config, N: int, B: int = 4, H: int = 32, D: int = 128, rep
 
 
 __all__ = ["below", "tile_kinds", "time_steps", "SKIPPED", "FULL", "MASKED"]
+
+
+def tile_registers(tm: int, tn: int, consumers: int = 128, tile_d: int = 128):
+    """32-bit registers per consumer thread for S (fp32), P (fp16) and acc (fp32) of a
+    ``tm x tn`` tile with head dimension ``tile_d``, if they sat in the registers of
+    ``consumers`` threads (Hopper: one warp group, 128 threads). Chapter 5's estimate.
+
+    Returns (s, p, acc), floats.
+    """
+    if tm < 1 or tn < 1 or consumers < 1 or tile_d < 1:
+        raise ValueError(f"tile sizes and consumers must be >= 1, got {tm}, {tn}, "
+                         f"{consumers}, {tile_d}")
+    s = tm * tn * 4 / 4 / consumers            # S, fp32
+    p = tm * tn * 2 / 4 / consumers            # P, fp16 (two per register)
+    acc = tm * tile_d * 4 / 4 / consumers      # O accumulator, fp32
+    return s, p, acc
