@@ -233,3 +233,13 @@ def test_dead_assignments_keep_bodies_and_stores():
     got = prune_definitions(src)
     assert "a = " not in got and "if F" not in got
     assert "b = 3" in got and got.count("ct.store") == 2 and "# why b" in got
+
+
+def test_kernel_params_counts_the_listing():
+    from flashattn.kernels.source import kernel_params
+    src = step_source("baseline", causal=True, even_k=True, prune=True)
+    assert kernel_params(src) == ["Q", "K", "V", "Out", "qk_scale", "input_pos", "num_heads",
+                                  "group_size", "TILE_M", "TILE_N", "TILE_D"]
+    assert len(kernel_params(step_source("baseline", causal=True, even_k=True))) > 20
+    with pytest.raises(KeyError):
+        kernel_params(src, "nope")

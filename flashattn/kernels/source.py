@@ -375,6 +375,15 @@ def step_source(name: str, *, causal: bool | None = None, even_k: bool | None = 
     return src
 
 
+def kernel_params(src: str, function: str = "fmha_kernel") -> list[str]:
+    """The parameter names of ``function`` in a kernel source (``step_source``'s output), in
+    order: what a chapter counts when it says how many arguments its kernel takes."""
+    for node in ast.parse(src).body:
+        if isinstance(node, ast.FunctionDef) and node.name == function:
+            return [a.arg for a in node.args.args]
+    raise KeyError(f"no function {function!r} in the source")
+
+
 def step_diff(name: str, base: str | None = None, *, context: int = 3, **kw) -> str:
     """Unified diff of the kernel source from ``base`` (default: the previous step) to ``name``.
 
