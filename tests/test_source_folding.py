@@ -243,3 +243,5 @@ def test_kernel_params_counts_the_listing():
     assert len(kernel_params(step_source("baseline", causal=True, even_k=True))) > 20
     with pytest.raises(KeyError):
         kernel_params(src, "nope")
+    from flashattn.kernels.source import step_params
+    assert step_params("baseline", causal=True, even_k=True, prune=True) == kernel_params(src)

@@ -384,6 +384,12 @@ def kernel_params(src: str, function: str = "fmha_kernel") -> list[str]:
     raise KeyError(f"no function {function!r} in the source")
 
 
+def step_params(name: str, function: str = "fmha_kernel", **kw) -> list[str]:
+    """The parameters of ``function`` as step ``name`` compiles it (``step_source(name, **kw)``):
+    ``step_params("baseline", causal=True, even_k=True, prune=True)`` is chapter 3's list."""
+    return kernel_params(step_source(name, **kw), function)
+
+
 def step_diff(name: str, base: str | None = None, *, context: int = 3, **kw) -> str:
     """Unified diff of the kernel source from ``base`` (default: the previous step) to ``name``.
 
