@@ -32,26 +32,14 @@ import math
 
 import torch
 
-from .contract import DTYPES, check_causal, check_shapes, check_tensors
+from .contract import check_causal, check_tensor_meta, check_tensors
 
 __all__ = ["attention", "attention_forward", "attention_fwd", "attention_bwd"]
 
 
 def _check_meta(q, k, v, causal, scale, input_pos) -> None:
     """The contract without the device: what a fake tensor can be checked for."""
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if t.dim() != 4:
-            raise ValueError(f"{name} must have 4 dimensions (B, H, N, D), got shape "
-                             f"{tuple(t.shape)}")
-        if str(t.dtype).replace("torch.", "") not in DTYPES:
-            raise TypeError(f"{name} has dtype {t.dtype}; flashattn kernels take float16 or "
-                            "bfloat16")
-    if not (q.dtype == k.dtype == v.dtype):
-        raise TypeError(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
-    check_shapes(tuple(q.shape), tuple(k.shape), tuple(v.shape), causal=causal, scale=scale,
-                 input_pos=input_pos)
-    if scale is not None and scale <= 0:
-        raise ValueError(f"scale must be a finite positive number, got {scale}")
+    check_tensor_meta(q, k, v, causal=causal, scale=scale, input_pos=input_pos)
 
 
 # --- the forward ----------------------------------------------------------------------------

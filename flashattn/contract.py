@@ -115,6 +115,17 @@ def check_tensors(q, k, v, *, causal: bool, scale, input_pos) -> None:
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    check_tensor_meta(q, k, v, causal=causal, scale=scale, input_pos=input_pos)
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
+    if q.device.type != "cuda":
+        raise ValueError(f"flashattn kernels run on a CUDA GPU; the tensors are on {q.device}. "
+                         "On a CPU use flashattn.reference.attention(q, k, v, causal=...)")
+
+
+def check_tensor_meta(q, k, v, *, causal: bool, scale, input_pos) -> None:
+    """The part of ``check_tensors`` that needs no device: ranks, one float16/bfloat16 dtype,
+    ``check_shapes``, a positive scale (what a fake or meta tensor can be checked for)."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.ndim != 4:
             raise ValueError(f"{name} must have 4 dimensions (B, H, N, D), got shape "
@@ -132,11 +143,6 @@ def check_tensors(q, k, v, *, causal: bool, scale, input_pos) -> None:
         # The kernels scale after the row max (one multiply per row, chapter 3): that is
         # only the max of the scaled scores for a positive scale.
         raise ValueError(f"scale must be a finite positive number, got {scale}")
-    if not (q.device == k.device == v.device):
-        raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
-    if q.device.type != "cuda":
-        raise ValueError(f"flashattn kernels run on a CUDA GPU; the tensors are on {q.device}. "
-                         "On a CPU use flashattn.reference.attention(q, k, v, causal=...)")
 
 
 # --- decoding with a KV cache (flashattn.decode, issue 12) ---------------------------------------
