@@ -26,35 +26,10 @@ import math
 import numpy as np
 
 from ..contract import check_varlen
+from .decode import _compute_dtype, _float, _np, _wrap   # the same array plumbing as decode
 
 __all__ = ["varlen_attention", "varlen_visible", "emulate_varlen_kernel", "emulate_varlen",
            "pack", "unpack"]
-
-
-def _np(x):
-    if hasattr(x, "detach"):
-        return x.detach().cpu().numpy()
-    return np.asarray(x)
-
-
-def _float(x, dtype):
-    if hasattr(x, "detach"):
-        import torch
-        return x.detach().to("cpu", torch.float64 if dtype == np.float64 else
-                             torch.float32).numpy()
-    return np.asarray(x, dtype=dtype)
-
-
-def _compute_dtype(*ts):
-    names = {str(t.dtype).replace("torch.", "") for t in ts}
-    return np.float64 if "float64" in names else np.float32
-
-
-def _wrap(out, like):
-    if hasattr(like, "detach"):
-        import torch
-        return torch.from_numpy(out).to(like.device)
-    return out
 
 
 def varlen_visible(len_q: int, len_k: int, causal: bool) -> np.ndarray:
