@@ -14,11 +14,6 @@ CPU only: everything reads recorded samples and Nsight Compute metrics.
 """
 from __future__ import annotations
 
-import lzma
-import math
-import tempfile
-from pathlib import Path
-
 PEAK_TFLOPS = 989.0     # H200 (SXM) datasheet: dense fp16/bf16 tensor-core peak
 
 DEFAULT_WORKLOAD = "fp16-causal-d128"
@@ -181,19 +176,6 @@ def stall_cycles(profile, steps):
 
 
 # --- the memory units (from the Nsight Compute report itself) -----------------------------------
-def _open_report(path):
-    """(ncu_report context, temp file) of a ``.ncu-rep`` or ``.ncu-rep.xz``."""
-    import ncu_report
-    path = Path(path)
-    if path.suffix == ".xz":
-        tmp = tempfile.NamedTemporaryFile(suffix=".ncu-rep")
-        with lzma.open(path) as f:
-            tmp.write(f.read())
-        tmp.flush()
-        return ncu_report.load_report(tmp.name), tmp
-    return ncu_report.load_report(str(path)), None
-
-
 def memory_units(report, steps, metrics=None):
     """The memory units of Nsight Compute's memory chart for ``steps`` (columns), read from the
     recorded report (``.ncu-rep`` or ``.ncu-rep.xz``; needs the ``ncu-report`` package): % of
@@ -201,36 +183,14 @@ def memory_units(report, steps, metrics=None):
     The profile summary keeps only the busiest unit; the report has all of them. Raises
     KeyError if a step was not profiled in the report."""
     import pandas as pd
-    from ..measure.ncu import step_of_action
+    from ..measure.ncu import report_metrics
     metrics = MEMORY_UNITS if metrics is None else metrics
-    ctx, tmp = _open_report(report)
-    try:
-        found = {}
-        for i in range(ctx.num_ranges()):
-            rng = ctx.range_by_idx(i)
-            for j in range(rng.num_actions()):
-                a = rng.action_by_idx(j)
-                s = step_of_action(a)
-                if s in steps and s not in found:
-                    found[s] = {label: _metric(a, m) * _SCALE.get(m, 1.0)
-                                for label, m in metrics.items()}
-    finally:
-        if tmp is not None:
-            tmp.close()
-    missing = [s for s in steps if s not in found]
+    rows = report_metrics(report, list(metrics.values()))
+    missing = [s for s in steps if s not in rows]
     if missing:
         raise KeyError(f"not in the report {report}: {', '.join(missing)}")
-    return pd.DataFrame({s: found[s] for s in steps})
-
-
-def _metric(action, name):
-    m = action.metric_by_name(name) if name in set(action.metric_names()) else None
-    if m is None:
-        return math.nan
-    try:
-        return float(m.value())
-    except (TypeError, ValueError):
-        return math.nan
+    return pd.DataFrame({s: {label: rows[s][m] * _SCALE.get(m, 1.0)
+                             for label, m in metrics.items()} for s in steps})
 
 
 # --- the targets -------------------------------------------------------------------------------

@@ -211,7 +211,6 @@ def figure(r, step: str, workloads=WORKLOADS, rungs=RUNGS, reference: str = "sdp
     predecessor), a second row shows the change of ``step`` over it in % with the 95 % interval
     of each N, and the run's resolution (``resolution``) shaded. Returns the Figure."""
     import matplotlib.pyplot as plt
-    import numpy as np
 
     from .plots import color_of, fmt_n
     prev = predecessor(step) if step in RUNGS[1:] else None
@@ -311,38 +310,10 @@ def sm_activity(report, steps=None):
     the last can read slightly above 100). Raises RuntimeError without ``ncu_report``, KeyError
     for a step not in the report.
     """
-    import lzma
-    import shutil
-    import tempfile
-    from pathlib import Path
-
     import pandas as pd
 
-    from ..measure.ncu import import_ncu_report, step_of_action
-    mod = import_ncu_report()
-    if mod is None:
-        raise RuntimeError("reading a report needs the ncu_report module (pip install ncu-report)")
-    report = Path(report)
-    with tempfile.TemporaryDirectory() as tmp:
-        path = report
-        if report.suffix == ".xz":
-            path = Path(tmp) / report.stem
-            with lzma.open(report) as src, open(path, "wb") as dst:
-                shutil.copyfileobj(src, dst)
-        ctx = mod.load_report(str(path))
-        rows = {}
-        for ri in range(ctx.num_ranges()):
-            rng = ctx.range_by_idx(ri)
-            for ai in range(rng.num_actions()):
-                a = rng.action_by_idx(ai)
-                step = step_of_action(a)
-                if step is None or step in rows:
-                    continue
-                vals = {}
-                for m in SM_ACTIVITY:
-                    x = a.metric_by_name(m)
-                    vals[m] = float(x.as_double()) if x is not None else float("nan")
-                rows[step] = vals
+    from ..measure.ncu import report_metrics
+    rows = report_metrics(report, SM_ACTIVITY)
     d = pd.DataFrame.from_dict(rows, orient="index")
     d.index.name = "step"
     if steps is not None:

@@ -368,6 +368,46 @@ def import_ncu_report(ncu="ncu"):
     return None
 
 
+def report_metrics(report_path, metrics, *, ncu="ncu") -> dict:
+    """{step: {metric: value}} read from a recorded report (``.ncu-rep`` or ``.ncu-rep.xz``):
+    the first profiled kernel of each ``step:NAME`` NVTX range, NaN for a metric the report
+    lacks (for counters the summary does not keep: the memory chart's units, per-SM cycles).
+    RuntimeError without the ``ncu_report`` module."""
+    import lzma
+    import math
+    import tempfile
+    mod = import_ncu_report(ncu)
+    if mod is None:
+        raise RuntimeError("reading a report needs the ncu_report module (pip install ncu-report)")
+    report = Path(report_path)
+
+    def value(action, name):
+        m = action.metric_by_name(name) if name in set(action.metric_names()) else None
+        if m is None:
+            return math.nan
+        try:
+            return float(m.value())
+        except (TypeError, ValueError):
+            return math.nan
+
+    rows = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        path = report
+        if report.suffix == ".xz":
+            path = Path(tmp) / report.stem
+            with lzma.open(report) as src, open(path, "wb") as dst:
+                shutil.copyfileobj(src, dst)
+        ctx = mod.load_report(str(path))
+        for ri in range(ctx.num_ranges()):
+            rng = ctx.range_by_idx(ri)
+            for ai in range(rng.num_actions()):
+                a = rng.action_by_idx(ai)
+                step = step_of_action(a)
+                if step is not None and step not in rows:
+                    rows[step] = {m: value(a, m) for m in metrics}
+    return rows
+
+
 def read_manifest(report_path) -> dict | None:
     p = Path(report_path)
     stem = p.name[:-len(".ncu-rep")] if p.name.endswith(".ncu-rep") else p.stem
