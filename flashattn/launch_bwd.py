@@ -20,7 +20,7 @@ import math
 from dataclasses import dataclass
 
 from .contract import check_causal, check_tensors
-from .kernels import BWD, KernelSpec, bwd_configs, bwd_constants, bwd_grid, hinted
+from .kernels import BWD, BWD_ATOMIC, KernelSpec, bwd_configs, bwd_constants, bwd_grid, hinted
 from .steps import Config
 
 
@@ -66,25 +66,31 @@ def check_backward_tensors(q, out, dout, lse) -> None:
 
 def backward_launches(q, k, v, out, dout, lse, delta, dq, dk, dv, *, causal: bool,
                       scale: float, input_pos: int, arch: str | None,
-                      configs: dict | None = None) -> list[Launch]:
-    """The three launches, in order, on validated contiguous tensors (any objects with
-    ``.shape`` work: the arguments are passed through, so this runs on a CPU)."""
+                      configs: dict | None = None, deterministic: bool = True) -> list[Launch]:
+    """The launches, in order, on validated contiguous tensors (any objects with ``.shape``
+    work: the arguments are passed through, so this runs on a CPU). Deterministic: three
+    (``BWD``); otherwise two (``BWD_ATOMIC``), and ``dq`` must be a zeroed fp32 buffer."""
     B, Hq, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     configs = {**bwd_configs(arch, D), **(configs or {})}
+    configs.setdefault("bwd_dkdv_dq_atomic", configs["bwd_dkdv"])
+    dkdv_arrays = dict(Q=q, K=k, V=v, dO=dout, LSE=lse, Delta=delta, dK=dk, dV=dv)
+    dkdv_scalars = dict(qk_scale=scale, input_pos=input_pos, num_kv_heads=Hkv,
+                        group_size=Hq // Hkv)
     arrays = {
         "bwd_preprocess": dict(Out=out, dO=dout, Delta=delta),
-        "bwd_dkdv": dict(Q=q, K=k, V=v, dO=dout, LSE=lse, Delta=delta, dK=dk, dV=dv),
+        "bwd_dkdv": dkdv_arrays,
         "bwd_dq": dict(Q=q, K=k, V=v, dO=dout, LSE=lse, Delta=delta, dQ=dq),
+        "bwd_dkdv_dq_atomic": dict(dkdv_arrays, dQacc=dq),
     }
     scalars = {
         "bwd_preprocess": dict(num_heads=Hq),
-        "bwd_dkdv": dict(qk_scale=scale, input_pos=input_pos, num_kv_heads=Hkv,
-                         group_size=Hq // Hkv),
+        "bwd_dkdv": dkdv_scalars,
         "bwd_dq": dict(qk_scale=scale, input_pos=input_pos, num_heads=Hq, group_size=Hq // Hkv),
+        "bwd_dkdv_dq_atomic": dkdv_scalars,
     }
     launches = []
-    for name, spec in BWD.items():
+    for name, spec in (BWD if deterministic else BWD_ATOMIC).items():
         cfg: Config = configs[name]
         constants = bwd_constants(name, cfg, head_dim=D, causal=causal,
                                   even_k=Nk % cfg.TILE_N == 0)
@@ -96,7 +102,8 @@ def backward_launches(q, k, v, out, dout, lse, delta, dq, dk, dv, *, causal: boo
 
 def attention_backward(q, k, v, out, dout, lse, *, causal: bool = False,
                        scale: float | None = None, input_pos: int = 0,
-                       configs: dict | None = None, grads: tuple | None = None):
+                       configs: dict | None = None, grads: tuple | None = None,
+                       deterministic: bool = True):
     """dQ, dK, dV of ``flashattn.attention(q, k, v, causal=, scale=, input_pos=)``.
 
     Args:
@@ -111,6 +118,10 @@ def attention_backward(q, k, v, out, dout, lse, *, causal: bool = False,
         configs: {"bwd_dkdv": Config, "bwd_dq": Config, ...} to override ``bwd_configs``.
         grads: (dq, dk, dv) to write into: contiguous, with the shapes, dtype and device of
             q, k, v (the GPU tests pass NaN-filled ones). Default: new tensors.
+        deterministic: True (default): dQ in its own pass, bit-identical from run to run.
+            False: the opt-in atomics variant (``bwd_dkdv_dq_atomic_kernel``): dQ accumulated
+            in an fp32 buffer by atomic adds during the dK/dV pass, then cast; its last bits
+            vary from run to run.
 
     Returns:
         (dq, dk, dv) shaped as q, k, v, in their dtype; dk and dv summed over each GQA group.
@@ -120,6 +131,8 @@ def attention_backward(q, k, v, out, dout, lse, *, causal: bool = False,
     """
     import torch
     causal = check_causal(causal)
+    if not isinstance(deterministic, bool):
+        raise TypeError(f"deterministic must be True or False, got {deterministic!r}")
     check_backward(q, k, v, out, dout, lse, causal=causal, scale=scale, input_pos=input_pos)
     B, Hq, Nq, D = q.shape
     if grads is None:
@@ -146,10 +159,14 @@ def attention_backward(q, k, v, out, dout, lse, *, causal: bool = False,
     from .launch import arch_of
     with torch.cuda.device(q.device):
         stream = torch.cuda.current_stream()
-        for launch in backward_launches(q, k, v, out, dout, lse, delta, dq, dk, dv,
+        dq_buf = dq if deterministic else torch.zeros(dq.shape, dtype=torch.float32,
+                                                      device=dq.device)
+        for launch in backward_launches(q, k, v, out, dout, lse, delta, dq_buf, dk, dv,
                                         causal=causal, scale=float(scale),
                                         input_pos=input_pos, arch=arch_of(q.device),
-                                        configs=configs):
+                                        configs=configs, deterministic=deterministic):
             ct.launch(stream, launch.grid, hinted(launch.spec.kernel(), launch.hints),
                       launch.args)
+        if not deterministic:
+            dq.copy_(dq_buf)
     return dq, dk, dv

@@ -170,6 +170,36 @@ def test_backward_matches_reference(b, hq, hkv, nq, nk, d, dtype, causal, pos, r
         record_property(f"err_ratio_{name}", r)
 
 
+def atomic_matrix():
+    """The opt-in atomics variant: every Hq:Hkv, both dtypes, D 64/80/128/256, causal and not,
+    at ragged lengths and one Nq != Nk shape."""
+    cases = []
+    for c, (hq, hkv) in enumerate(HEADS):
+        for dtype in DTYPES:
+            d = HEAD_DIMS[(c + len(dtype)) % len(HEAD_DIMS)]
+            for causal in CAUSAL:
+                cases.append(_case(2, hq, hkv, 113 + 900 * c % 1000, 113 + 900 * c % 1000, d,
+                                   dtype, causal, 0))
+    cases.append(_case(1, 8, 2, 200, 333, 128, "float16", True, 133))
+    cases.append(_case(1, 8, 8, 4097, 4097, 128, "bfloat16", True, 0))
+    return cases
+
+
+@pytest.mark.parametrize("b,hq,hkv,nq,nk,d,dtype,causal,pos", atomic_matrix())
+def test_atomic_dq_variant_matches_reference(b, hq, hkv, nq, nk, d, dtype, causal, pos,
+                                             request, record_property):
+    seed = seed_of(request.node.callspec.id)
+    q, k, v, dout = make_inputs(b, hq, hkv, nq, nk, d, dtype, seed=seed)
+    scale = 1.0 / math.sqrt(d)
+    out, lse, ref = reference(q, k, v, dout, causal, scale, pos)
+    grads = run_backward(q, k, v, out.to(q.dtype), dout, lse.float(), causal, scale, pos,
+                         deterministic=False)
+    pt = torch_same_precision(q, k, v, dout, causal, scale, pos)
+    ratios = check(grads, ref, pt, dtype, seed=seed)
+    for name, r in ratios.items():
+        record_property(f"err_ratio_{name}", r)
+
+
 @pytest.mark.parametrize("causal", [False, True])
 def test_large_logits_stay_finite(causal):
     # Logits of several hundred: P is recomputed from the LSE, so it stays in [0, 1].

@@ -295,14 +295,34 @@ class NumpyTile:
     def sum(x, axis):
         return x.sum(axis=axis, dtype=np.float32)
 
+    class MemoryOrder:
+        RELAXED = "relaxed"
+
+    @staticmethod
+    def atomic_add(array, indices, update, memory_order=None):
+        """Elementwise add at broadcast ``indices``; indices past the array are dropped (the
+        default bounds check)."""
+        idx = np.broadcast_arrays(*(np.asarray(i) for i in indices),
+                                  np.asarray(update, np.float32))
+        *idx, upd = idx
+        ok = np.ones(upd.shape, bool)
+        for i, n in zip(idx, array.shape):
+            ok &= (i >= 0) & (i < n)
+        np.add.at(array, tuple(i[ok] for i in idx), upd[ok])
+
 
 def run_source(kernel, grid, args):
     """Run a ``@ct.kernel``'s source on every program of ``grid`` with NumPy arrays."""
     import types
     f = kernel._pyfunc
     tile = NumpyTile()
-    fn = types.FunctionType(f.__code__, {**f.__globals__, "ct": tile}, f.__name__,
-                            f.__defaults__, f.__closure__)
+    # Rebind ``ct`` for the kernel and for the module's helper functions it calls.
+    glb = {**f.__globals__, "ct": tile}
+    for name, obj in f.__globals__.items():
+        if isinstance(obj, types.FunctionType) and obj.__module__ == f.__module__:
+            glb[name] = types.FunctionType(obj.__code__, glb, obj.__name__, obj.__defaults__,
+                                           obj.__closure__)
+    fn = types.FunctionType(f.__code__, glb, f.__name__, f.__defaults__, f.__closure__)
     for z in range(grid[2]):
         for y in range(grid[1]):
             for x in range(grid[0]):
@@ -311,13 +331,18 @@ def run_source(kernel, grid, args):
                     fn(*args)
 
 
-def run_backward_source(q, k, v, out, dout, lse, *, causal, scale, input_pos, configs):
-    """The three kernels' source through ``backward_launches``, into NaN-poisoned outputs."""
+def run_backward_source(q, k, v, out, dout, lse, *, causal, scale, input_pos, configs,
+                        deterministic=True):
+    """The kernels' source through ``backward_launches``, into NaN-poisoned outputs (the
+    atomics variant: dQ into a zeroed fp32 buffer, as ``attention_backward`` gives it)."""
     pytest.importorskip("cuda.tile")
     nan = lambda t, dt=np.float16: np.full(t.shape, np.nan, dt)          # noqa: E731
     dq, dk, dv, delta = nan(q), nan(k), nan(v), nan(lse, np.float32)
+    if not deterministic:
+        dq = np.zeros(q.shape, np.float32)
     for x in backward_launches(q, k, v, out, dout, lse, delta, dq, dk, dv, causal=causal,
-                               scale=scale, input_pos=input_pos, arch=None, configs=configs):
+                               scale=scale, input_pos=input_pos, arch=None, configs=configs,
+                               deterministic=deterministic):
         run_source(x.spec.kernel(), x.grid, x.args)
     return dq, dk, dv, delta
 
@@ -362,6 +387,15 @@ def test_kernel_source_on_numpy(case, configs):
         assert np.abs(g - x).max() <= 1e-2 * top, (name, np.abs(g - x).max())
     if pos + Nq < Nk:                                      # keys no query sees
         assert (dk[:, :, pos + Nq:] == 0).all() and (dv[:, :, pos + Nq:] == 0).all()
+    # The atomics variant: the same dK and dV, and dQ (fp32, summed by atomic adds) within
+    # fp16 rounding of the separate pass's.
+    dqa, dka, dva, _ = run_backward_source(q, k, v, out, dout, lse, configs=cfg,
+                                           deterministic=False, **kw)
+    assert dqa.dtype == np.float32 and not np.isnan(dqa).any()
+    assert np.array_equal(dka, dk) and np.array_equal(dva, dv)
+    top = max(np.abs(exact[0]).max(), 1.0)
+    assert np.abs(dqa - dq.astype(np.float32)).max() <= 2e-3 * top
+    assert np.abs(dqa - exact[0]).max() <= 1e-2 * top
 
 
 @pytest.mark.parametrize("causal", [False, True])

@@ -286,6 +286,16 @@ BWD_DQ = KernelSpec(
     constants=("TILE_M", "TILE_N", "TILE_D", "CAUSAL", "EVEN_K"))
 
 BWD = {"bwd_preprocess": BWD_PREPROCESS, "bwd_dkdv": BWD_DKDV, "bwd_dq": BWD_DQ}  # launch order
+
+# The opt-in, non-deterministic variant (attention_backward(..., deterministic=False)): one
+# dK/dV pass that also adds dQ to an fp32 buffer with atomics; launched after bwd_preprocess
+# with bwd_dkdv's configuration, in place of bwd_dkdv and bwd_dq.
+BWD_DKDV_DQ_ATOMIC = KernelSpec(
+    "bwd_dkdv_dq_atomic", "flashattn.kernels.fmha_bwd", "bwd_dkdv_dq_atomic_kernel",
+    arrays=(*BWD_DKDV.arrays, Array("dQacc", 4, "float32")),
+    scalars=BWD_DKDV.scalars,
+    constants=BWD_DKDV.constants)
+BWD_ATOMIC = {"bwd_preprocess": BWD_PREPROCESS, "bwd_dkdv_dq_atomic": BWD_DKDV_DQ_ATOMIC}
 BWD_PREPROCESS_CONFIG = Config(64, 64)     # 64 rows of Delta per program (TILE_N unused)
 
 # (bwd_dkdv, bwd_dq) configurations per architecture and padded head dim (TILE_D up to the key).
@@ -327,8 +337,9 @@ def bwd_constants(kernel: str, config: Config, *, head_dim: int, causal: bool,
     td = tile_d_for(head_dim)
     if kernel == "bwd_preprocess":
         return dict(TILE_M=config.TILE_M, TILE_D=td)
-    if kernel not in ("bwd_dkdv", "bwd_dq"):
-        raise ValueError(f"unknown backward kernel {kernel!r}; choose from {', '.join(BWD)}")
+    if kernel not in ("bwd_dkdv", "bwd_dq", "bwd_dkdv_dq_atomic"):
+        raise ValueError(f"unknown backward kernel {kernel!r}; choose from "
+                         f"{', '.join([*BWD, *BWD_ATOMIC])}")
     return dict(TILE_M=config.TILE_M, TILE_N=config.TILE_N, TILE_D=td, CAUSAL=bool(causal),
                 EVEN_K=bool(even_k))
 
@@ -337,7 +348,7 @@ def bwd_grid(kernel: str, config: Config, *, B: int, Hq: int, Hkv: int, Nq: int,
              Nk: int) -> tuple[int, int, int]:
     """The launch grid: bwd_preprocess and bwd_dq one program per query tile per (batch, query
     head), bwd_dkdv one per key/value tile per (batch, key/value head)."""
-    if kernel == "bwd_dkdv":
+    if kernel in ("bwd_dkdv", "bwd_dkdv_dq_atomic"):
         return (-(-Nk // config.TILE_N), B * Hkv, 1)
     if kernel not in ("bwd_preprocess", "bwd_dq"):
         raise ValueError(f"unknown backward kernel {kernel!r}; choose from {', '.join(BWD)}")
@@ -345,7 +356,9 @@ def bwd_grid(kernel: str, config: Config, *, B: int, Hq: int, Hkv: int, Nq: int,
 
 
 SPECS.update(BWD)
-__all__ += ["BWD", "BWD_PREPROCESS", "BWD_DKDV", "BWD_DQ", "BWD_CONFIGS",
+SPECS.update(BWD_ATOMIC)
+__all__ += ["BWD", "BWD_PREPROCESS", "BWD_DKDV", "BWD_DQ", "BWD_CONFIGS", "BWD_ATOMIC",
+            "BWD_DKDV_DQ_ATOMIC",
             "BWD_PREPROCESS_CONFIG", "bwd_configs", "bwd_constants", "bwd_grid"]
 # === end of the backward pass ===================================================================
 

@@ -13,7 +13,7 @@ Layout is the forward's::
 
     Q, Out, dO, dQ: (B, Hq, Nq, D)    K, V, dK, dV: (B, Hkv, Nk, D)    LSE, Delta: (B, Hq, Nq) fp32
 
-Kernels, in launch order:
+Kernels, in launch order (the deterministic default):
 
     bwd_preprocess_kernel   Delta = rowsum(dO o O)             grid (cdiv(Nq, TILE_M), B * Hq, 1)
     bwd_dkdv_kernel         dK, dV of one K/V tile             grid (cdiv(Nk, TILE_N), B * Hkv, 1)
@@ -21,6 +21,10 @@ Kernels, in launch order:
                             that can see it: dK, dV are summed in registers, in fp32)
     bwd_dq_kernel           dQ of one query tile               grid (cdiv(Nq, TILE_M), B * Hq, 1)
                             (loops over the key tiles it sees, as the forward)
+
+The opt-in variant ``bwd_dkdv_dq_atomic_kernel`` (``attention_backward(...,
+deterministic=False)``) replaces the last two: one dK/dV pass that also adds each pair's share
+of dQ to an fp32 buffer with atomic adds. Both are measured (``bench --backward``).
 
 A query row that sees no key has LSE = -inf (the forward's log 0; +inf, FlashAttention-2's
 convention for it, means the same here): its P and dS are 0, so its dQ is 0 and it adds nothing
@@ -68,12 +72,38 @@ def bwd_dkdv_kernel(Q, K, V, dO, LSE, Delta, dK, dV,
                     qk_scale: float, input_pos: int, num_kv_heads: int, group_size: int,
                     TILE_M: ConstInt, TILE_N: ConstInt, TILE_D: ConstInt,
                     CAUSAL: ConstBool, EVEN_K: ConstBool):
-    """dK, dV of key/value tile ``ct.bid(0)`` of one (batch, key/value head).
+    """dK, dV of key/value tile ``ct.bid(0)`` of one (batch, key/value head); dQ is left to
+    ``bwd_dq_kernel``. Grid ``(cdiv(Nk, TILE_N), B * Hkv, 1)``. The loop is ``dkdv_program``'s.
+    """
+    dkdv_program(Q, K, V, dO, LSE, Delta, dK, dV, dK, qk_scale, input_pos, num_kv_heads,
+                 group_size, TILE_M, TILE_N, TILE_D, CAUSAL, EVEN_K, False)
+
+
+@ct.kernel
+def bwd_dkdv_dq_atomic_kernel(Q, K, V, dO, LSE, Delta, dK, dV, dQacc,
+                              qk_scale: float, input_pos: int, num_kv_heads: int,
+                              group_size: int,
+                              TILE_M: ConstInt, TILE_N: ConstInt, TILE_D: ConstInt,
+                              CAUSAL: ConstBool, EVEN_K: ConstBool):
+    """The opt-in, non-deterministic variant: dK, dV as ``bwd_dkdv_kernel``, and each query
+    tile's share of dQ, scale * dS K, added to the fp32 ``dQacc`` (B, Hq, Nq, D; zeroed by the
+    host) with atomic adds, so no separate dQ pass runs. The order of the adds varies from run
+    to run: dQ's last bits do too."""
+    dkdv_program(Q, K, V, dO, LSE, Delta, dK, dV, dQacc, qk_scale, input_pos, num_kv_heads,
+                 group_size, TILE_M, TILE_N, TILE_D, CAUSAL, EVEN_K, True)
+
+
+def dkdv_program(Q, K, V, dO, LSE, Delta, dK, dV, dQacc,
+                 qk_scale, input_pos, num_kv_heads, group_size,
+                 TILE_M: ConstInt, TILE_N: ConstInt, TILE_D: ConstInt,
+                 CAUSAL: ConstBool, EVEN_K: ConstBool, DQ_ATOMIC: ConstBool):
+    """One program of the dK/dV pass: key/value tile ``ct.bid(0)`` of one (batch, kv head).
 
     Works on transposed score tiles, [TILE_N, TILE_M] (keys down, queries across), so that
     P^T and dS^T come out of the matrix products in the orientation dV += P^T dO and
     dK += dS^T Q take them. qk_scale: softmax scale; input_pos: position of query row 0
-    (causal); group_size = Hq // Hkv. Grid ``(cdiv(Nk, TILE_N), B * Hkv, 1)``.
+    (causal); group_size = Hq // Hkv. With ``DQ_ATOMIC`` each (query tile, key tile) pair
+    also adds scale * dS K to ``dQacc`` (otherwise ``dQacc`` is not touched).
     """
     bid_n = ct.bid(0)                                                # key tile j
     batch_idx = ct.bid(1) // num_kv_heads
@@ -142,8 +172,17 @@ def bwd_dkdv_kernel(Q, K, V, dO, LSE, Delta, dK, dV,
         dv = ct.mma(pt.astype(Q.dtype), do, dv)                      # dV += P^T dO
         dpt = ct.full((TILE_N, TILE_M), 0.0, dtype=ct.float32)
         dpt = ct.mma(v, ct.transpose(do), dpt)                       # dP^T = V dO^T
-        dst = pt * (dpt - delta)                                     # dS^T, [TILE_N, TILE_M]
-        dk = ct.mma(dst.astype(Q.dtype), q, dk)                      # dK += dS^T Q (unscaled)
+        dst = (pt * (dpt - delta)).astype(Q.dtype)                   # dS^T, [TILE_N, TILE_M]
+        dk = ct.mma(dst, q, dk)                                      # dK += dS^T Q (unscaled)
+        if DQ_ATOMIC:
+            # This pair's share of dQ for query tile i: scale * dS K, added element by element
+            # (rows past Nq and columns past D fall outside dQacc: the bounds check drops them).
+            dq = ct.full((TILE_M, TILE_D), 0.0, dtype=ct.float32)
+            dq = ct.mma(ct.transpose(dst), k, dq)                    # dS K, [TILE_M, TILE_D]
+            rows = i * TILE_M + ct.arange(TILE_M, dtype=ct.int32)[:, None]   # [TILE_M, 1]
+            cols = ct.arange(TILE_D, dtype=ct.int32)[None, :]               # [1, TILE_D]
+            ct.atomic_add(dQacc, (batch_idx, head_idx, rows, cols), dq * qk_scale,
+                          memory_order=ct.MemoryOrder.RELAXED)
 
     # --- The scale, once; store (rows past Nk are dropped) ---
     dk = (dk * qk_scale).reshape((1, 1, TILE_N, TILE_D)).astype(dK.dtype)

@@ -57,6 +57,7 @@ BWD_FLOP_FACTOR = 2.5           # backward FLOPs per forward FLOP (five matmuls 
 PASSES = ("bwd", "fwd_bwd", "fwd")
 PASS_FACTOR = {"bwd": BWD_FLOP_FACTOR, "fwd_bwd": 1.0 + BWD_FLOP_FACTOR, "fwd": 1.0}
 OURS = "fmha_bwd"               # our rows: the deterministic backward kernels (kernels/fmha_bwd.py)
+OURS_ATOMIC = "fmha_bwd_atomic"  # pass bwd: the opt-in variant, dQ by atomic adds (one pass)
 OURS_FWD = "fmha_fwd"           # pass fwd: our inference forward (no LSE) ...
 OURS_FWD_LSE = "fmha_fwd_lse"   # ... and the same step writing the LSE (WRITE_LSE), paired
 BWD_BASELINES = ("flash", "cudnn", "efficient", "flex")   # libraries with a backward
@@ -66,7 +67,8 @@ SAMPLE_MS = 5.0
 REF_BYTES = 16 << 30            # fp64 reference backward: (heads, N, N) temporaries within this
 
 __all__ = ["run_bench_backward", "backward_flops", "build_parser", "parse_args", "main",
-           "format_backward_table", "PASSES", "BWD_FLOP_FACTOR", "BWD_BASELINES", "OURS"]
+           "format_backward_table", "PASSES", "BWD_FLOP_FACTOR", "BWD_BASELINES", "OURS",
+           "OURS_ATOMIC"]
 
 
 def backward_flops(B: int, Hq: int, N: int, D: int, causal: bool, pass_: str = "bwd") -> float:
@@ -144,8 +146,9 @@ def forward_thunks(impl: str, sets, *, causal: bool, scale: float, fwd_step: str
     return [f for f, _ in fns], fns[0][1]
 
 
-def _ours_backward_fns(sets, outs, *, causal, scale):
-    """The backward alone, ours: attention_backward from (out, lse), into fixed gradients."""
+def _ours_backward_fns(sets, outs, *, causal, scale, deterministic=True):
+    """The backward alone, ours: attention_backward from (out, lse), into fixed gradients
+    (``deterministic=False``: the atomics variant)."""
     import torch
 
     from ..launch_bwd import attention_backward
@@ -154,7 +157,7 @@ def _ours_backward_fns(sets, outs, *, causal, scale):
         grads = tuple(torch.empty_like(t) for t in (q, k, v))
         fns.append(lambda q=q, k=k, v=v, dout=dout, out=out, lse=lse, grads=grads:
                    attention_backward(q, k, v, out, dout, lse, causal=causal, scale=scale,
-                                      grads=grads))
+                                      grads=grads, deterministic=deterministic))
     return fns
 
 
@@ -256,7 +259,8 @@ def run_bench_backward(seqlens=None, *, causal: bool = True, dtype: str = "float
                                "from CUDA graphs (method 'batch': eager, capture refused)")
     shape = dict(B=B, Hq=Hq, Hkv=Hkv, D=D, dtype=dtype, causal=causal)
     libs = [LIBRARY_OPTIONS[b] for b in baselines]
-    impls_of = {p: ([OURS_FWD, OURS_FWD_LSE] if p == "fwd" else [OURS]) + libs for p in passes}
+    ours_of = {"fwd": [OURS_FWD, OURS_FWD_LSE], "bwd": [OURS, OURS_ATOMIC], "fwd_bwd": [OURS]}
+    impls_of = {p: ours_of[p] + libs for p in passes}
     rows: list[dict] = []
     t_all = time.perf_counter()
     for N in seqlens:
@@ -333,7 +337,7 @@ def run_bench_backward(seqlens=None, *, causal: bool = True, dtype: str = "float
 
 
 def _kind(impl: str) -> str:
-    return "step" if impl in (OURS, OURS_FWD, OURS_FWD_LSE) else "library"
+    return "step" if impl in (OURS, OURS_ATOMIC, OURS_FWD, OURS_FWD_LSE) else "library"
 
 
 def _ref_out(q, k, v, hq: int, *, causal: bool, scale: float):
@@ -398,12 +402,13 @@ def _make_fns(impl, pass_, sets, *, causal, scale, fwd_step):
     if pass_ == "fwd":
         return _fwd_fns(impl, sets, causal=causal, scale=scale, fwd_step=fwd_step)
     fwds, ctx = forward_thunks(impl, sets, causal=causal, scale=scale, fwd_step=fwd_step)
-    config = (_ours_config(sets[0], causal=causal, fwd_step=fwd_step, pass_=pass_)
-              if impl == OURS else "")
+    config = (_ours_config(sets[0], causal=causal, fwd_step=fwd_step, pass_=pass_,
+                           atomic=impl == OURS_ATOMIC)
+              if impl in (OURS, OURS_ATOMIC) else "")
     if pass_ == "fwd_bwd":
         return [(lambda f=f, s=s: torch.autograd.grad(f(), s[:3], s[3]))
                 for f, s in zip(fwds, sets)], ctx, config
-    if impl == OURS:
+    if impl in (OURS, OURS_ATOMIC):
         from ..autograd import attention_forward
         outs = []
         for q, k, v, _ in sets:
@@ -411,7 +416,8 @@ def _make_fns(impl, pass_, sets, *, causal, scale, fwd_step):
                 outs.append(attention_forward(q, k, v, causal=causal, scale=scale,
                                               step=fwd_step))
         return _ours_backward_fns([tuple(t.detach() for t in s) for s in sets], outs,
-                                  causal=causal, scale=scale), ctx, config
+                                  causal=causal, scale=scale,
+                                  deterministic=impl == OURS), ctx, config
     # The libraries' forward runs once, on the stream the graph capture uses.
     outs = []
     on_gpu = sets[0][0].device.type == "cuda"
@@ -424,12 +430,15 @@ def _make_fns(impl, pass_, sets, *, causal, scale, fwd_step):
             for o, s in zip(outs, sets)], ctx, config
 
 
-def _ours_config(s, *, causal, fwd_step, pass_) -> str:
-    """"dkdv 64x128 nww=8, dq 128x64 nww=8" (and the forward's step and tiles for fwd_bwd)."""
+def _ours_config(s, *, causal, fwd_step, pass_, atomic=False) -> str:
+    """"dkdv 64x128 nww=8, dq 128x64 nww=8" (and the forward's step and tiles for fwd_bwd;
+    "dkdv+dq atomic 64x128 nww=8" for the atomics variant)."""
     from ..kernels import bwd_configs
     from ..launch import arch_of
     q, k = s[0], s[1]
     cfg = bwd_configs(arch_of(q.device), q.shape[-1])
+    if atomic:
+        return f"dkdv+dq atomic {cfg['bwd_dkdv'].label()}"
     label = f"dkdv {cfg['bwd_dkdv'].label()}, dq {cfg['bwd_dq'].label()}"
     if pass_ == "fwd_bwd":
         from ..autotune import resolve

@@ -5,6 +5,8 @@
     python -m flashattn record --out results/h200 --part bench-backward       # ~4 min (fp16)
     python -m flashattn record --out results/h200 --part bench-backward-bf16  # ~4 min
     python -m flashattn record --out results/h200 --part profile      # Nsight Compute
+    python -m flashattn record --out results/h200 --part profile-backward  # issue 11's kernels
+    python -m flashattn record --out results/h200 --part profile-decode    # issue 12's
     python -m flashattn record --out results/h200 --part compile      # any machine, no GPU
     python -m flashattn record --quick --out /tmp/r                   # tiny, to test the tools
 
@@ -36,7 +38,7 @@ from ..steps import HOPPER_LADDER, STEP_NAMES
 from .bench import DEFAULT_STEPS, run_bench
 
 PARTS = ("bench", "bench-extra", "bench-backward", "bench-backward-bf16", "profile",
-         "compile")
+         "profile-backward", "profile-decode", "compile")
 COMPILE_ARCHS = ("sm_90", "sm_100")
 PROFILE_N = 4096
 TAIL_STEPS = ("loop_split", "remap", "loop_split@64x128", "remap@64x128")   # profiled at N=1K
@@ -163,6 +165,37 @@ def record_profile(out: Path, *, quick: bool = False, command: str | None = None
     return [Path(res) if res else out / "profiles"]
 
 
+def record_profile_backward(out: Path, *, quick: bool = False,
+                            command: str | None = None) -> list[Path]:
+    """Nsight Compute on one backward of ours (both variants) and of cuDNN and FA2, causal and
+    non-causal, B=4 H=32 D=128 fp16 at N=4K (``profiles/backward``, ``profiles/backward-full``):
+    the backward chapter's cards."""
+    from .ncu import record_profiles
+    from .target import BACKWARD_TARGETS
+    kw = dict(batch=QUICK["batch"], heads=QUICK["heads"]) if quick else {}
+    n = 512 if quick else PROFILE_N
+    return [record_profiles(out / "profiles" / "backward", BACKWARD_TARGETS, N=n, causal=True,
+                            **kw),
+            record_profiles(out / "profiles" / "backward-full", BACKWARD_TARGETS, N=n,
+                            causal=False, **kw)]
+
+
+DECODE_PROFILE = dict(batch=8, heads=32, kv_heads=8, N=32768)   # the decoding chapter's shape
+
+
+def record_profile_decode(out: Path, *, quick: bool = False,
+                          command: str | None = None) -> list[Path]:
+    """Nsight Compute on one decode step (one new token per sequence, B=8, GQA 32:8, D=128,
+    cache 32K) of the split-KV decode (contiguous and paged), the square kernel and FA2
+    (``profiles/decode``): the decoding chapter's occupancy and DRAM evidence."""
+    from .ncu import record_profiles
+    from .target import DECODE_TARGETS
+    d = dict(DECODE_PROFILE, N=1024, batch=2) if quick else DECODE_PROFILE
+    return [record_profiles(out / "profiles" / "decode", DECODE_TARGETS, N=d["N"],
+                            causal=True, batch=d["batch"], heads=d["heads"],
+                            kv_heads=d["kv_heads"])]
+
+
 def record_compile(out: Path, *, quick: bool = False, archs=COMPILE_ARCHS,
                    command: str | None = None) -> list[Path]:
     """``python -m flashattn compile --arch A --json`` for each arch (no GPU needed)."""
@@ -242,6 +275,10 @@ def main(argv: list[str] | None = None) -> int:
                     quick=a.quick, command=command)
             elif part == "profile":
                 files = record_profile(out, quick=a.quick, command=command)
+            elif part == "profile-backward":
+                files = record_profile_backward(out, quick=a.quick, command=command)
+            elif part == "profile-decode":
+                files = record_profile_decode(out, quick=a.quick, command=command)
             else:
                 files = record_compile(out, quick=a.quick, command=command)
             for f in files:

@@ -70,6 +70,70 @@ def nvtx_decode(name: str) -> str:
     return name.replace("~", ":")
 
 
+# Targets beside the forward's steps: the backward (issue 11; ``seqlen`` is Nq = Nk) and the
+# decode step (issue 12; ``seqlen`` is the cache length, one new token per sequence).
+BACKWARD_TARGETS = ("backward", "backward_atomic", "sdpa_cudnn_backward", "sdpa_flash_backward")
+DECODE_TARGETS = ("decode", "decode_paged64", "square_decode", "sdpa_flash_decode")
+EXTRA_TARGETS = BACKWARD_TARGETS + DECODE_TARGETS
+
+
+def _backward_go(name, q, k, v, *, causal, scale):
+    """The backward of ``name`` alone, from a forward run here (not profiled)."""
+    import torch
+    dout = torch.randn_like(q)
+    if name.startswith("sdpa_"):
+        import torch.nn.functional as F
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        backend = SDPBackend.CUDNN_ATTENTION if "cudnn" in name else SDPBackend.FLASH_ATTENTION
+        qq, kk, vv = (t.detach().requires_grad_() for t in (q, k, v))
+        with sdpa_kernel(backend):
+            o = F.scaled_dot_product_attention(qq, kk, vv, is_causal=causal, scale=scale,
+                                               enable_gqa=q.shape[1] != k.shape[1])
+        return lambda: torch.autograd.grad(o, (qq, kk, vv), dout, retain_graph=True)
+    from ..autograd import attention_forward
+    from ..launch_bwd import attention_backward
+    with torch.no_grad():
+        out, lse = attention_forward(q, k, v, causal=causal, scale=scale)
+    det = name == "backward"
+    return lambda: attention_backward(q, k, v, out, dout, lse, causal=causal, scale=scale,
+                                      deterministic=det)
+
+
+def _decode_go(name, *, cache_len, batch, heads, kv_heads, head_dim, dt):
+    """One decode step of ``name``: one new token per sequence over a full cache."""
+    import torch
+    dev = torch.device("cuda")
+    q = torch.randn(batch, heads, 1, head_dim, device=dev, dtype=dt)
+    k = torch.randn(batch, kv_heads, cache_len, head_dim, device=dev, dtype=dt)
+    v = torch.randn_like(k)
+    lens = torch.full((batch,), cache_len, dtype=torch.int32, device=dev)
+    if name == "decode":
+        from ..decode import decode
+        return lambda: decode(q, k, v, lens)
+    if name == "decode_paged64":
+        from ..decode import decode
+        page = 64
+        per = -(-cache_len // page)
+        table = torch.randperm(batch * per, device=dev).to(torch.int32).view(batch, per)
+        kp = torch.empty(batch * per, kv_heads, page, head_dim, device=dev, dtype=dt)
+        vp = torch.empty_like(kp)
+        for t, c in ((kp, k), (vp, v)):      # page j of sequence b holds its keys j*64 ...
+            src = torch.nn.functional.pad(c, (0, 0, 0, per * page - cache_len))
+            t[table.long().flatten()] = src.view(batch, kv_heads, per, page, head_dim) \
+                .permute(0, 2, 1, 3, 4).reshape(batch * per, kv_heads, page, head_dim)
+        return lambda: decode(q, kp, vp, lens, block_table=table)
+    if name == "square_decode":
+        from ..api import attention
+        return lambda: attention(q, k, v, causal=True, input_pos=cache_len - 1, step="best")
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    def go():
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            F.scaled_dot_product_attention(q, k, v, enable_gqa=kv_heads != heads)
+    return go
+
+
 def run_step(name: str, *, seqlen: int, batch: int, heads: int, kv_heads: int, head_dim: int,
              dtype: str, causal: bool, seed: int = 0) -> dict:
     """Warm up then launch step ``name`` once inside NVTX range ``step:NAME``; what ran."""
@@ -80,12 +144,20 @@ def run_step(name: str, *, seqlen: int, batch: int, heads: int, kv_heads: int, h
     torch.manual_seed(seed)
     dt = getattr(torch, dtype)
     dev = torch.device("cuda")
+    scale = 1.0 / math.sqrt(head_dim)
+    if name in DECODE_TARGETS:
+        step, config = None, None
+        go = _decode_go(name, cache_len=seqlen, batch=batch, heads=heads, kv_heads=kv_heads,
+                        head_dim=head_dim, dt=dt)
+        return _measure(name, go, None, "library" if name.startswith("sdpa") else "")
     q = torch.randn(batch, heads, seqlen, head_dim, device=dev, dtype=dt)       # (B, Hq, N, D)
     k = torch.randn(batch, kv_heads, seqlen, head_dim, device=dev, dtype=dt)    # (B, Hkv, N, D)
     v = torch.randn(batch, kv_heads, seqlen, head_dim, device=dev, dtype=dt)    # (B, Hkv, N, D)
     out = torch.empty_like(q)
-    scale = 1.0 / math.sqrt(head_dim)
     check_tensors(q, k, v, causal=causal, scale=scale, input_pos=0)
+    if name in BACKWARD_TARGETS:
+        return _measure(name, _backward_go(name, q, k, v, causal=causal, scale=scale), None,
+                        "library" if name.startswith("sdpa") else "")
     if name in IMPLS and IMPLS[name].kind == "library" and IMPLS[name].backend != "flex":
         # A library baseline (chapter 10 compares our kernel's profile with cuDNN's).
         import torch.nn.functional as F
@@ -103,6 +175,12 @@ def run_step(name: str, *, seqlen: int, batch: int, heads: int, kv_heads: int, h
         def go():
             launch(q, k, v, out, step, config, causal=causal, scale=scale)
 
+    return _measure(name, go, step, config.label() if config else "library")
+
+
+def _measure(name, go, step, label: str) -> dict:
+    """One warm-up call of ``go`` outside NVTX, then one inside ``step:NAME``; what ran."""
+    import torch
     with _LaunchCounter() as warm:          # outside any NVTX range: not profiled
         go()
     torch.cuda.synchronize()
@@ -111,7 +189,7 @@ def run_step(name: str, *, seqlen: int, batch: int, heads: int, kv_heads: int, h
             go()
         torch.cuda.synchronize()
     return dict(step=name, resolved_step=step.name if step else name,
-                config=config.label() if config else "library",
+                config=label,
                 warmup_launches=warm.n, launches=measured.n)
 
 
