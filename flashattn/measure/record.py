@@ -131,8 +131,9 @@ def record_bench_extra(out: Path, *, quick: bool = False, workloads: list[str] |
 
 
 def record_bench_backward(out: Path, *, dtype: str = "float16", quick: bool = False,
-                          command: str | None = None) -> list[Path]:
-    """The backward alone and forward + backward, causal and not (``measure.bench_bwd``)."""
+                          command: str | None = None, rounds: int | None = None) -> list[Path]:
+    """The backward alone and forward + backward, causal and not (``measure.bench_bwd``);
+    ``rounds`` overrides ``BWD_ROUNDS``."""
     from .bench_bwd import run_bench_backward, workload_name_bwd
     written = []
     for causal in (True, False):
@@ -141,7 +142,8 @@ def record_bench_backward(out: Path, *, dtype: str = "float16", quick: bool = Fa
             kw = dict(BWD_QUICK, baselines=list(BWD_QUICK["baselines"]))
             name = workload_name_bwd(dtype, causal, 128, kw["heads"], kw["heads"]) + "-quick"
         else:
-            kw = dict(seqlens=BWD_SEQLENS, baselines=list(BWD_BASELINES), rounds=BWD_ROUNDS)
+            kw = dict(seqlens=BWD_SEQLENS, baselines=list(BWD_BASELINES),
+                      rounds=rounds or BWD_ROUNDS)
             name = workload_name_bwd(dtype, causal, 128, 32, 32)
         doc = run_bench_backward(causal=causal, dtype=dtype, command=command, name=name, **kw)
         written.append(write_json(out / "bench-backward" / f"{name}.json", doc))
@@ -238,6 +240,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--part", choices=[*PARTS, "all"], default="all",
                    help="what to record (default: all; each part fits a 10-minute command)")
     p.add_argument("--quick", action="store_true", help="a tiny workload, to test the tools")
+    p.add_argument("--rounds", type=int, default=None,
+                   help=f"rounds of the backward benchmarks (default {BWD_ROUNDS})")
     p.add_argument("--workload", action="append",
                    help="bench-extra: only this workload (repeatable), e.g. fp16-full-d128")
     a = p.parse_args(argv)
@@ -272,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
             elif part in ("bench-backward", "bench-backward-bf16"):
                 files = record_bench_backward(
                     out, dtype="bfloat16" if part.endswith("bf16") else "float16",
-                    quick=a.quick, command=command)
+                    quick=a.quick, command=command, rounds=a.rounds)
             elif part == "profile":
                 files = record_profile(out, quick=a.quick, command=command)
             elif part == "profile-backward":

@@ -82,14 +82,28 @@ def _backward_go(name, q, k, v, *, causal, scale):
     import torch
     dout = torch.randn_like(q)
     if name.startswith("sdpa_"):
-        import torch.nn.functional as F
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-        backend = SDPBackend.CUDNN_ATTENTION if "cudnn" in name else SDPBackend.FLASH_ATTENTION
-        qq, kk, vv = (t.detach().requires_grad_() for t in (q, k, v))
-        with sdpa_kernel(backend):
-            o = F.scaled_dot_product_attention(qq, kk, vv, is_causal=causal, scale=scale,
-                                               enable_gqa=q.shape[1] != k.shape[1])
-        return lambda: torch.autograd.grad(o, (qq, kk, vv), dout, retain_graph=True)
+        # The ATen backward op called on this thread: autograd would run it on its own device
+        # thread, outside this thread's NVTX range, and ncu would profile nothing.
+        aten = torch.ops.aten
+        if "cudnn" in name:
+            o, lse, cq, ck, mq, mk, seed, off, _ = aten._scaled_dot_product_cudnn_attention(
+                q, k, v, None, True, 0.0, causal, False, scale=scale)
+            tries = [lambda b=b: aten._scaled_dot_product_cudnn_attention_backward(
+                dout, q, k, v, o, lse, seed, off, b, cq, ck, mq, mk, 0.0, causal, scale=scale)
+                for b in (None, torch.empty(0, device=q.device, dtype=q.dtype))]
+        else:
+            o, lse, cq, ck, mq, mk, seed, off, _ = aten._scaled_dot_product_flash_attention(
+                q, k, v, 0.0, causal, False, scale=scale)
+            tries = [lambda: aten._scaled_dot_product_flash_attention_backward(
+                dout, q, k, v, o, lse, cq, ck, mq, mk, 0.0, causal, seed, off, scale=scale)]
+        for i, go in enumerate(tries):     # the attn_bias argument's form varies by version
+            try:
+                go()
+                torch.cuda.synchronize()
+                return go
+            except (RuntimeError, TypeError):
+                if i == len(tries) - 1:
+                    raise
     from ..autograd import attention_forward
     from ..launch_bwd import attention_backward
     with torch.no_grad():
