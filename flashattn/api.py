@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 
 from .contract import check_causal, check_tensors
+from .decode import attention_via_decode, prefer_decode
 from .autotune import resolve
 from .launch import launch
 from .steps import get_step
@@ -35,7 +36,10 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None,
         scale: softmax scale, default 1/sqrt(D).
         input_pos: 0 (as scaled_dot_product_attention(is_causal=True)) up to Nk - Nq
             (a prefill appended to a KV cache of Nk - Nq tokens). Causal only.
-        step: a name from flashattn.STEPS, or "best" for the fastest known one on this GPU.
+        step: a name from flashattn.STEPS, or "best" for the fastest known one on this GPU
+            ("best" sends a decode step, 1 to ``decode.DECODE_PATH_MAX_NQ`` query rows over at
+            least ``decode.DECODE_PATH_MIN_NK`` keys, to the split-KV kernels of
+            ``flashattn.decode``, which are faster there: the measured crossover).
 
     Returns:
         (B, Hq, Nq, D) tensor, dtype of q. Differentiable: when q, k or v requires grad (or
@@ -56,6 +60,9 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None,
     check_tensors(q, k, v, causal=causal, scale=scale, input_pos=input_pos)
     if step != "best":
         get_step(step)  # unknown names fail before any work
+    elif prefer_decode(q, k, causal, input_pos):
+        # A decode step (few query rows, a long cache): the split-KV kernels (chapter 13).
+        return attention_via_decode(q, k, v, causal=causal, scale=scale, input_pos=input_pos)
     B, Hq, Nq, D = q.shape
     out = torch.empty((B, Hq, Nq, D), dtype=q.dtype, device=q.device)
     if out.numel() == 0:

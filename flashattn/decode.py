@@ -167,8 +167,12 @@ def decode(q, k_cache, v_cache, cache_seqlens, *, block_table=None, scale=None,
 # are provisional bounds from the launch counts, TO BE MEASURED ON THE H200 with
 # ``python -m flashattn decode-bench --part crossover`` (attention(step="best") vs decode for
 # Nq in {1, 4, 16} and Nk from 128 to 8K), then replaced by the measured crossover.
-DECODE_PATH_MAX_NQ = 16       # to be measured on the H200; the decode kernels take Nq <= 16
-DECODE_PATH_MIN_NK = 256      # to be measured on the H200; below it both paths are launch-bound
+# The crossover, measured on the H200 (results/h200/decode/crossover-varlen.json, B=8, GQA 32:8,
+# D=128, fp16): the decode path is faster than the square kernel for Nq = 1 and 4 from
+# Nk = 2048 up (1.09-1.27x), not at Nk = 1024 (0.93x); for Nq = 16 the square kernel is faster
+# at every Nk measured (128 .. 8192). Nq 5 .. 15 was not measured: left to the square kernel.
+DECODE_PATH_MAX_NQ = 4
+DECODE_PATH_MIN_NK = 2048
 DECODE_PATH_MAX_GRID = 65535  # B x Hkv: one grid axis of the split kernel
 
 

@@ -632,6 +632,8 @@ def bwd_fakes(monkeypatch):
     seen = dict(rounds=[], backward=0)
 
     def fake_lib(impl, q, k, v, *, causal, scale):
+        from flashattn.impls import IMPLS
+        assert IMPLS[impl].kind == "library", impl      # the real one: KeyError for ours
         if impl == "sdpa_efficient":
             raise RuntimeError("fake: no kernel for this shape\nmore")
         return (lambda: _math_attention(q, k, v, causal, scale)), __import__("contextlib").nullcontext

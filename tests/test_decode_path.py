@@ -36,10 +36,11 @@ def test_flashattn_decode_is_the_public_function():
     (dict(), False, 0, True),                          # one row, non-causal: sees every key
     (dict(Nq=4), True, 32764, True),                   # speculative decoding
     (dict(Nq=4), True, 100, True),                     # causal rows anywhere in the cache
+    (dict(Nq=5), True, 100, False),                    # past the measured crossover (Nq <= 4)
     (dict(Nq=4), False, 0, False),                     # non-causal rows > 1: not decode's mask
-    (dict(Nq=16, B=8), True, 0, True),
+    (dict(Nq=16, B=8), True, 0, False),                # the square kernel is faster there
     (dict(Nq=17), True, 0, False),                     # past the decode kernels' Nq
-    (dict(Nk=255), True, 254, False),                  # a short cache: the square kernel
+    (dict(Nk=1024), True, 1023, False),                # a short cache: the square kernel
     (dict(Nk=host.DECODE_PATH_MIN_NK, Nq=1), True, host.DECODE_PATH_MIN_NK - 1, True),
     (dict(dtype=torch.float32), True, 32767, False),   # attention refuses it anyway
     (dict(device="cpu"), True, 32767, False),
@@ -138,8 +139,12 @@ def test_attention_via_decode_on_the_gpu(B, Hq, Hkv, Nq, Nk, D, causal, input_po
     q = torch.randn(B, Hq, Nq, D, generator=g, device="cuda").to(dt)
     k = torch.randn(B, Hkv, Nk, D, generator=g, device="cuda").to(dt)
     v = torch.randn(B, Hkv, Nk, D, generator=g, device="cuda").to(dt)
-    assert host.prefer_decode(q, k, causal, input_pos)
     out = host.attention_via_decode(q, k, v, causal=causal, input_pos=input_pos)
+    if host.prefer_decode(q, k, causal, input_pos):
+        # attention(step="best") takes this path itself: the same launches, the same bits.
+        import flashattn
+        assert torch.equal(flashattn.attention(q, k, v, causal=causal, input_pos=input_pos),
+                           out)
     ref = attention(q, k, v, causal=causal, input_pos=input_pos)
     kk, vv = (t.repeat_interleave(Hq // Hkv, 1) for t in (k, v))
     s = (q @ kk.transpose(-1, -2)).float() / math.sqrt(D)

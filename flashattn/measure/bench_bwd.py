@@ -401,7 +401,9 @@ def _make_fns(impl, pass_, sets, *, causal, scale, fwd_step):
     import torch
     if pass_ == "fwd":
         return _fwd_fns(impl, sets, causal=causal, scale=scale, fwd_step=fwd_step)
-    fwds, ctx = forward_thunks(impl, sets, causal=causal, scale=scale, fwd_step=fwd_step)
+    # The atomics variant's forward is ours (only its backward differs).
+    fwds, ctx = forward_thunks(OURS if impl == OURS_ATOMIC else impl, sets, causal=causal,
+                               scale=scale, fwd_step=fwd_step)
     config = (_ours_config(sets[0], causal=causal, fwd_step=fwd_step, pass_=pass_,
                            atomic=impl == OURS_ATOMIC)
               if impl in (OURS, OURS_ATOMIC) else "")

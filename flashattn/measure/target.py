@@ -137,8 +137,12 @@ def _decode_go(name, *, cache_len, batch, heads, kv_heads, head_dim, dt):
                 .permute(0, 2, 1, 3, 4).reshape(batch * per, kv_heads, page, head_dim)
         return lambda: decode(q, kp, vp, lens, block_table=table)
     if name == "square_decode":
+        # The square kernel of step "best" (attention(step="best") itself takes the decode path
+        # for this shape): the step it resolves to, by name.
         from ..api import attention
-        return lambda: attention(q, k, v, causal=True, input_pos=cache_len - 1, step="best")
+        from .bench import resolve_impl
+        step, _ = resolve_impl("best", q, k, True)
+        return lambda: attention(q, k, v, causal=True, input_pos=cache_len - 1, step=step.name)
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
