@@ -36,7 +36,7 @@ from pathlib import Path
 
 from ..impls import LIBRARY_IMPLS, RATIO_REF, rank
 from ..steps import STEP_NAMES
-from .schema import to_frame
+from .schema import json_path, read_json, to_frame
 
 DEFAULT_WORKLOAD = "fp16-causal-d128"
 TILE_GRID_FILE = "tiles.json"      # compile/tiles.json: the tile-shape grid, not an arch report
@@ -75,7 +75,7 @@ def available(root=None) -> list[str]:
 
 def _read(path: Path) -> dict | None:
     try:
-        return json.loads(path.read_text())
+        return read_json(path)               # path, or path.xz
     except (OSError, ValueError):
         return None
 
@@ -343,10 +343,10 @@ def load_experiment_file(run: str, name: str, root=None):
     Raises FileNotFoundError if the file is missing, ValueError if it is not JSON.
     """
     path = experiments_root(root) / run / name
-    if not path.is_file():
+    if json_path(path) is None:
         raise FileNotFoundError(f"no file {name!r} in experiment {run!r} ({path})")
     try:
-        return json.loads(path.read_text())
+        return read_json(path)
     except ValueError as e:
         raise ValueError(f"{path} is not JSON: {e}") from None
 

@@ -145,6 +145,31 @@ def dumps(doc: dict) -> str:
     return json.dumps(_clean(doc), indent=1, allow_nan=False)
 
 
+def json_path(path) -> Path | None:
+    """``path`` if it exists, else its xz-compressed twin ``path.xz`` if that exists, else None.
+    Large recorded documents (profile summaries, decode tables) are committed compressed to
+    keep the repository small; every reader goes through ``read_json``."""
+    path = Path(path)
+    if path.exists():
+        return path
+    xz = path.with_name(path.name + ".xz")
+    return xz if xz.exists() else None
+
+
+def read_json(path):
+    """The parsed JSON at ``path`` or at ``path.xz`` (``json_path``). Raises FileNotFoundError
+    when neither exists, ValueError when it is not JSON."""
+    found = json_path(path)
+    if found is None:
+        raise FileNotFoundError(f"no file {path} (nor {Path(path).name}.xz)")
+    if found.suffix == ".xz":
+        import lzma
+        text = lzma.decompress(found.read_bytes()).decode()
+    else:
+        text = found.read_text()
+    return json.loads(text)
+
+
 def write_json(path, doc: dict) -> Path:
     """Write ``doc`` as JSON atomically (a temporary file in the same folder, then rename)."""
     path = Path(path)

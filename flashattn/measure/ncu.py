@@ -42,6 +42,7 @@ import sys
 import time
 from pathlib import Path
 
+from ..data.schema import json_path, read_json
 from .target import nvtx_decode
 
 SECTIONS = ("LaunchStats", "Occupancy", "SpeedOfLight", "ComputeWorkloadAnalysis",
@@ -548,7 +549,7 @@ def _metadata(command: str) -> dict:
 def merge_summary(path, new: dict) -> dict:
     """Write ``new`` into the summary at ``path``, replacing rows/rules of the same steps."""
     path = Path(path)
-    old = json.loads(path.read_text()) if path.exists() else dict(meta={}, rows=[], rules=[])
+    old = read_json(path) if json_path(path) else dict(meta={}, rows=[], rules=[])
     steps = {r["step"] for r in new["rows"]} | {r["step"] for r in new["rules"]}
     steps |= set(new.get("meta", {}).get("configs", {}))
     merged = dict(
@@ -600,7 +601,7 @@ def load_summary(path):
     """(rows, rules) DataFrames of a summary.json: rows long (step, kernel, metric, value,
     unit), rules (step, kernel, section, rule, type, message)."""
     import pandas as pd
-    d = json.loads(Path(path).read_text())
+    d = read_json(path)                       # summary.json or summary.json.xz
     rows = pd.DataFrame(d.get("rows", []), columns=["step", "kernel", "metric", "value", "unit"])
     rules = pd.DataFrame(d.get("rules", []))
     for c in ("step", "kernel", "section", "rule", "type", "message"):
@@ -700,11 +701,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"Not profiling here ({why}). On a GPU machine this runs:\n\n    "
               + shlex.join(cmd) + "\n")
         recorded = REPO / "results" / a.gpu / "profiles" / "summary.json"
-        if not recorded.exists():
+        if json_path(recorded) is None:
             print(f"No recorded profiles in {recorded.relative_to(REPO)}.")
             return 0
         rows, rules = load_summary(recorded)
-        meta = json.loads(recorded.read_text()).get("meta", {})
+        meta = read_json(recorded).get("meta", {})
         print(f"Recorded in {recorded.relative_to(REPO)}"
               + (f" ({meta.get('gpu_name') or meta.get('gpu', '')}, ncu "
                  f"{meta.get('ncu_version', '?')})" if meta else "") + ":\n")
