@@ -4,13 +4,17 @@
 
 control: the control's gap (best vs best#2, paired by round) at every N of every workload;
 ladder:  the Hopper ladder (step x N x causal: TFLOPS with its 95 % interval, ratio to cuDNN);
-targets: best against cuDNN with its interval and the fraction of the H200's dense fp16 peak.
+targets: best against cuDNN with its interval and the fraction of the H200's dense fp16 peak;
+backward: the backward alone and forward + backward (issue 11), ours against cuDNN and FA2;
+decode:   decode latency, bandwidth and fraction of HBM peak per shape (issue 12), and varlen.
 """
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 from flashattn.data import results
+from flashattn.data.schema import read_json
 from flashattn.data.stats import gap
 from flashattn.steps import HOPPER_LADDER
 
@@ -85,10 +89,60 @@ def targets(r) -> str:
     return "\n".join(out)
 
 
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _ci(x, key):
+    return f"{x[key]:.3f} [{x[key + '_lo']:.3f}, {x[key + '_hi']:.3f}]"
+
+
+def backward(r) -> str:
+    """Every backward document: ours (and the libraries) per pass, N: TFLOPS, x cuDNN, x FA2."""
+    out = ["| workload | pass | impl | N | TFLOPS | % of peak | × cuDNN [95 % CI] | "
+           "× FA2 [95 % CI] |", "|---|---|---|---|---|---|---|---|"]
+    for f in sorted((ROOT / "results" / "h200" / "bench-backward").glob("*.json")):
+        doc = read_json(f)
+        w = doc["meta"]["workload"]["name"]
+        for x in doc["rows"]:
+            if x.get("error") or x["pass"] == "fwd" or x["impl"] not in ("fmha_bwd",):
+                continue
+            out.append(f"| {w} | {x['pass']} | {x['impl']} | {x['Nq']} | {x['tflops']:.1f} | "
+                       f"{100 * x['tflops'] / PEAK_TFLOPS:.1f} | {_ci(x, 'ratio_cudnn')} | "
+                       f"{_ci(x, 'ratio_fa2')} |")
+    return "\n".join(out)
+
+
+def decode(r) -> str:
+    """Decode rows (part decode) of ours and the fastest PyTorch row; varlen pairs."""
+    doc = read_json(ROOT / "results" / "h200" / "decode" / "decode.json")
+    out = ["| B | Nq | cache | impl | ms | GB/s | % of HBM peak | × fastest PyTorch |",
+           "|---|---|---|---|---|---|---|---|"]
+    for x in doc["rows"]:
+        if x.get("error") or x.get("part") != "decode" or x["impl"] not in (
+                "decode", "decode_paged64", "square_best"):
+            continue
+        out.append(f"| {x['B']} | {x['Nq']} | {x['Nk']} | {x['impl']} | {x['median_ms']:.4f} | "
+                   f"{x['gbps']:.0f} | {100 * x['frac_peak']:.0f} | "
+                   f"{x['ratio_best_torch']:.2f} |")
+    cv = read_json(ROOT / "results" / "h200" / "decode" / "crossover-varlen.json")
+    out += ["", "| mix | packed varlen (ms) | padded square (ms) | padded / packed |",
+            "|---|---|---|---|"]
+    pairs = {}
+    for x in cv["rows"]:
+        if x.get("part") == "varlen" and not x.get("error"):
+            pairs.setdefault(x["config"].split(":")[0], {})[x["impl"]] = x["median_ms"]
+    for mix, p in pairs.items():
+        if {"varlen", "square_padded"} <= set(p):
+            out.append(f"| {mix} | {p['varlen']:.3f} | {p['square_padded']:.3f} | "
+                       f"{p['square_padded'] / p['varlen']:.2f} |")
+    return "\n".join(out)
+
+
 def main(argv):
     r = results.load("h200")
     what = argv[0] if argv else "all"
-    for name, fn in (("control", control), ("ladder", ladder), ("targets", targets)):
+    for name, fn in (("control", control), ("ladder", ladder), ("targets", targets),
+                     ("backward", backward), ("decode", decode)):
         if what in (name, "all"):
             print(f"## {name}\n\n{fn(r)}\n")
 
