@@ -27,17 +27,18 @@ import sys
 import time
 from pathlib import Path
 
-from ..contract import DTYPE_SHORT, dtype_name, parse_gqa
+from ..contract import dtype_name, parse_gqa
 from ..data.schema import (SKIPPED, add_derived, dumps, format_table, make_row, to_frame,
                            workload_name, write_json)
 from ..impls import IMPLS, LIBRARY_OPTIONS, STEP_IMPLS
 from ..steps import Config, get_step, resolve_name, with_config
 from .libraries import _FLEX, _causal_mod, _flex_fn, library_fn  # noqa: F401 (bench's names)
 from .timing import attention_flops, tflops
+from .workload import (DEFAULT_BATCH, DEFAULT_HEAD_DIM, DEFAULT_HEADS, DEFAULT_SEQLENS,
+                       SAMPLE_MS, add_output_args, add_workload_args, check_baselines, check_gqa,
+                       check_seqlens)
+from .workload import csv as _csv
 
-# The seed's workload: B=4, H=32, D=128, fp16, causal.
-DEFAULT_SEQLENS = (1024, 2048, 4096, 8192, 16384)
-DEFAULT_BATCH, DEFAULT_HEADS, DEFAULT_HEAD_DIM = 4, 32, 128
 DEFAULT_STEPS = (*STEP_IMPLS, "best")
 DEFAULT_BASELINES = tuple(LIBRARY_OPTIONS)     # flash, cudnn, efficient, math, flex
 
@@ -46,7 +47,6 @@ SKIP_MATH = f"{SKIPPED}: N x N scores do not fit in a third of free memory"
 MEASURE_BUDGET_S = 3.0   # slow implementations (~0.3 s a call) get fewer timed calls, at least 5
 MIN_REPS = 5
 METHODS = ("rounds", "interleaved")
-SAMPLE_MS = 5.0           # method rounds: target length of one sample (a batch of launches)
 REF_SCORE_BYTES = 6 << 30   # the fp32 reference runs on as many heads as fit in this
 
 __all__ = ["run_bench", "to_frame", "format_table", "workload_name", "write_json", "dumps",
@@ -423,10 +423,6 @@ def run_bench(steps=None, seqlens=None, *, causal: bool = True, dtype: str = "fl
 # ---------------------------------------------------------------------------------------------
 # Files and command line
 # ---------------------------------------------------------------------------------------------
-def _csv(s: str) -> list[str]:
-    return [x.strip() for x in s.split(",") if x.strip()]
-
-
 def build_parser():
     import argparse
     p = argparse.ArgumentParser(prog="python -m flashattn bench",
@@ -434,19 +430,7 @@ def build_parser():
                                             "(CUDA events, L2 flushed, median of many runs).")
     p.add_argument("--steps", default=",".join(DEFAULT_STEPS),
                    help="comma-separated steps (and 'best'), or 'none'; default: all + best")
-    p.add_argument("--seqlens", default=",".join(map(str, DEFAULT_SEQLENS)),
-                   help="comma-separated sequence lengths (default %(default)s)")
-    p.add_argument("--causal", action=argparse.BooleanOptionalAction, default=True,
-                   help="causal masking (default: on)")
-    p.add_argument("--dtype", choices=list(DTYPE_SHORT), default="float16")
-    p.add_argument("--gqa", default=None, metavar="HQ:HKV",
-                   help="grouped-query attention, e.g. 32:8 (overrides --heads)")
-    p.add_argument("--head-dim", type=int, default=DEFAULT_HEAD_DIM)
-    p.add_argument("--batch", type=int, default=DEFAULT_BATCH)
-    p.add_argument("--heads", type=int, default=DEFAULT_HEADS)
-    p.add_argument("--baselines", default=",".join(DEFAULT_BASELINES),
-                   help="comma-separated of %s, or 'none' (default: all)"
-                        % ",".join(LIBRARY_OPTIONS))
+    add_workload_args(p, baselines=tuple(LIBRARY_OPTIONS), default_baselines=DEFAULT_BASELINES)
     p.add_argument("--method", choices=METHODS, default="rounds",
                    help="rounds: CUDA-graph batches in random order, with 95%% intervals "
                         "(default); interleaved: events around each launch (first version)")
@@ -456,9 +440,7 @@ def build_parser():
                    help="timed calls per measurement (method interleaved)")
     p.add_argument("--naive-max-n", type=int, default=4096,
                    help="skip the naive step above this N (default %(default)s)")
-    p.add_argument("--json", action="store_true", help="print the JSON document to stdout")
-    p.add_argument("--out", help="write the JSON document to this file")
-    p.add_argument("--quiet", action="store_true", help="no progress lines")
+    add_output_args(p)
     p.add_argument("--backward", action="store_true",
                    help="time the backward pass and forward + backward instead (ours vs the "
                         "libraries' backward; backward = 2.5 x forward FLOPs; see "
@@ -478,20 +460,9 @@ def parse_args(argv: list[str] | None = None) -> dict:
             check_impl_name(s)
         except ValueError as e:
             p.error(str(e))
-    try:
-        seqlens = [int(x) for x in _csv(a.seqlens)]
-    except ValueError:
-        p.error(f"--seqlens takes comma-separated integers, got {a.seqlens!r}")
-    if not seqlens or min(seqlens) < 1:
-        p.error("--seqlens needs at least one positive length")
-    baselines = [] if a.baselines.strip() in ("none", "") else _csv(a.baselines)
-    for b in baselines:
-        if b not in LIBRARY_OPTIONS:
-            p.error(f"unknown baseline {b!r}; choose from {', '.join(LIBRARY_OPTIONS)} or none")
-    try:
-        gqa = parse_gqa(a.gqa)
-    except ValueError as e:
-        p.error(str(e))
+    seqlens = check_seqlens(p, a.seqlens)
+    baselines = check_baselines(p, a.baselines, LIBRARY_OPTIONS)
+    gqa = check_gqa(p, a.gqa)
     return dict(steps=steps, seqlens=seqlens, causal=a.causal, dtype=a.dtype, gqa=gqa,
                 head_dim=a.head_dim, batch=a.batch, heads=a.heads, baselines=baselines,
                 reps=a.reps, naive_max_n=a.naive_max_n, progress=not a.quiet,

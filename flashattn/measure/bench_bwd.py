@@ -52,6 +52,10 @@ from ..contract import dtype_name, parse_gqa
 from ..data.schema import add_derived, dumps, format_table, make_row, workload_name, write_json
 from ..impls import LIBRARY_OPTIONS
 from .timing import attention_flops, tflops
+from .workload import (DEFAULT_BATCH, DEFAULT_HEAD_DIM, DEFAULT_HEADS, DEFAULT_SEQLENS,
+                       SAMPLE_MS, add_output_args, add_workload_args, check_baselines, check_gqa,
+                       check_seqlens)
+from .workload import csv as _csv
 
 BWD_FLOP_FACTOR = 2.5           # backward FLOPs per forward FLOP (five matmuls to two)
 PASSES = ("bwd", "fwd_bwd", "fwd")
@@ -61,9 +65,6 @@ OURS_ATOMIC = "fmha_bwd_atomic"  # pass bwd: the opt-in variant, dQ by atomic ad
 OURS_FWD = "fmha_fwd"           # pass fwd: our inference forward (no LSE) ...
 OURS_FWD_LSE = "fmha_fwd_lse"   # ... and the same step writing the LSE (WRITE_LSE), paired
 BWD_BASELINES = ("flash", "cudnn", "efficient", "flex")   # libraries with a backward
-DEFAULT_SEQLENS = (1024, 2048, 4096, 8192, 16384)
-DEFAULT_BATCH, DEFAULT_HEADS, DEFAULT_HEAD_DIM = 4, 32, 128
-SAMPLE_MS = 5.0
 REF_BYTES = 16 << 30            # fp64 reference backward: (heads, N, N) temporaries within this
 
 __all__ = ["run_bench_backward", "backward_flops", "build_parser", "parse_args", "main",
@@ -466,39 +467,19 @@ def format_backward_table(doc: dict) -> str:
     return "\n\n".join(parts)
 
 
-def _csv(s: str) -> list[str]:
-    return [x.strip() for x in s.split(",") if x.strip()]
-
-
 def build_parser():
     """The options of ``bench --backward``: bench's workload options, and the passes."""
     import argparse
-
-    from ..contract import DTYPE_SHORT
     p = argparse.ArgumentParser(prog="python -m flashattn bench --backward",
                                 description="Time the backward pass and forward + backward, "
                                             "ours against the libraries' (backward = 2.5 x "
                                             "the forward's FLOPs, forward + backward 3.5 x).")
     p.add_argument("--backward", action="store_true", required=True,
                    help="the backward benchmarks (this parser)")
-    p.add_argument("--seqlens", default=",".join(map(str, DEFAULT_SEQLENS)),
-                   help="comma-separated sequence lengths (default %(default)s)")
-    p.add_argument("--causal", action=argparse.BooleanOptionalAction, default=True,
-                   help="causal masking (default: on)")
-    p.add_argument("--dtype", choices=list(DTYPE_SHORT), default="float16")
-    p.add_argument("--gqa", default=None, metavar="HQ:HKV",
-                   help="grouped-query attention, e.g. 32:8 (overrides --heads)")
-    p.add_argument("--head-dim", type=int, default=DEFAULT_HEAD_DIM)
-    p.add_argument("--batch", type=int, default=DEFAULT_BATCH)
-    p.add_argument("--heads", type=int, default=DEFAULT_HEADS)
-    p.add_argument("--baselines", default=",".join(BWD_BASELINES),
-                   help="comma-separated of %s, or 'none' (default: all)"
-                        % ",".join(BWD_BASELINES))
+    add_workload_args(p, baselines=BWD_BASELINES)
     p.add_argument("--rounds", type=int, default=30, help="rounds of time_rounds")
     p.add_argument("--inner", type=int, default=10, help="calls per sample, at most")
-    p.add_argument("--json", action="store_true", help="print the JSON document to stdout")
-    p.add_argument("--out", help="write the JSON document to this file")
-    p.add_argument("--quiet", action="store_true", help="no progress lines")
+    add_output_args(p)
     p.add_argument("--passes", default=",".join(PASSES),
                    help="comma-separated of %s (default: all)" % ",".join(PASSES))
     p.add_argument("--fwd-step", default="best",
@@ -519,17 +500,8 @@ def parse_args(argv: list[str] | None = None) -> dict:
         if any(x == opt or x.startswith(opt + "=") for x in argv):
             p.error(f"{opt} does not apply to --backward")
     a = p.parse_args(argv)
-    try:
-        seqlens = [int(x) for x in _csv(a.seqlens)]
-    except ValueError:
-        p.error(f"--seqlens takes comma-separated integers, got {a.seqlens!r}")
-    if not seqlens or min(seqlens) < 1:
-        p.error("--seqlens needs at least one positive length")
-    baselines = [] if a.baselines.strip() in ("none", "") else _csv(a.baselines)
-    for b in baselines:
-        if b not in BWD_BASELINES:
-            p.error(f"unknown backward baseline {b!r}; choose from {', '.join(BWD_BASELINES)} "
-                    "or none")
+    seqlens = check_seqlens(p, a.seqlens)
+    baselines = check_baselines(p, a.baselines, BWD_BASELINES, what="backward baseline")
     passes = _csv(a.passes)
     if not passes or any(x not in PASSES for x in passes):
         p.error(f"--passes takes a comma-separated subset of {', '.join(PASSES)}, got "
@@ -541,10 +513,7 @@ def parse_args(argv: list[str] | None = None) -> dict:
                 p.error(f"--fwd-step {a.fwd_step!r} does not write the LSE; use a fused step")
         except ValueError as e:
             p.error(str(e))
-    try:
-        gqa = parse_gqa(a.gqa)
-    except ValueError as e:
-        p.error(str(e))
+    gqa = check_gqa(p, a.gqa)
     if a.rounds < 1 or a.inner < 1:
         p.error("--rounds and --inner must be positive")
     return dict(seqlens=seqlens, causal=a.causal, dtype=a.dtype, gqa=gqa, head_dim=a.head_dim,

@@ -52,6 +52,8 @@ import time
 from ..contract import DTYPE_SHORT, dtype_name, parse_gqa
 from ..data.schema import (DECODE_PARTS, SKIPPED, add_decode_derived, dumps,
                            format_decode_table, kv_bytes, make_decode_row, write_json)
+from .workload import SAMPLE_MS, check_gqa
+from .workload import csv as _csv
 
 # HBM peak bandwidth per GPU (TB/s = 1e12 bytes/s), with where the number comes from: the
 # vendor's datasheet, not a measurement. frac_peak divides by it; other GPUs get no fraction.
@@ -89,7 +91,6 @@ VARLEN_IMPLS = ("varlen", "square_padded")
 
 ROUNDS = 15
 INNER = 10
-SAMPLE_MS = 5.0           # target length of one sample (a batch of launches), as bench
 IDLE_MS = 25.0            # timing.IDLE_MS: the GPU idles this long before each sample
 SETUP_S = 0.5             # per implementation and shape: check, capture, host time (estimate)
 FLEX_COMPILE_S = 30.0     # torch.compile of flex_attention for a new shape (estimate)
@@ -757,10 +758,6 @@ def _plans(parts, *, batches, cache_lens, nqs, impls, flex, max_cache_tokens, va
 # ---------------------------------------------------------------------------------------------
 # Command line
 # ---------------------------------------------------------------------------------------------
-def _csv(s: str) -> list[str]:
-    return [x.strip() for x in s.split(",") if x.strip()]
-
-
 def build_parser():
     import argparse
     p = argparse.ArgumentParser(
@@ -838,10 +835,7 @@ def parse_args(argv: list[str] | None = None) -> dict:
                 check_decode_impl(n)
             except ValueError as e:
                 p.error(str(e))
-    try:
-        gqa = parse_gqa(a.gqa)
-    except ValueError as e:
-        p.error(str(e))
+    gqa = check_gqa(p, a.gqa)
     if not 1 <= a.head_dim <= 256:
         p.error(f"--head-dim must be in [1, 256], got {a.head_dim}")
     mixes = _csv(a.varlen_mixes)
