@@ -43,7 +43,7 @@ LABELS = {"decode": "decode (ours, contiguous)", "decode_paged16": "decode (ours
           "sdpa_cudnn": "SDPA cuDNN", "sdpa_efficient": "SDPA efficient",
           "sdpa_math": "SDPA math", "flex": "FlexAttention"}
 COLORS = {"decode": "#1f77b4", "decode_paged16": "#9ecae1", "decode_paged64": "#6baed6",
-          "square_best": "#e6550d", "sdpa_flash": "#b15928", "sdpa_cudnn": "#000000",
+          "square_best": "#9467bd", "sdpa_flash": "#b15928", "sdpa_cudnn": "#000000",
           "sdpa_math": "#7f7f7f", "flex": "#1b7837"}
 
 
