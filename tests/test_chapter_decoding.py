@@ -1,0 +1,138 @@
+"""flashattn.chapter.decode: the recorded decode data, the launch arithmetic and the tables of
+chapter 13 (CPU only: the recorded H200 dataset and the kernels' launch rules)."""
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from flashattn.chapter import decode
+
+
+@pytest.fixture(scope="module")
+def d():
+    return decode.load("h200")
+
+
+def test_intensity_is_group_size_times_new_tokens():
+    assert decode.intensity(G=4, Nq=1) == 4.0
+    assert decode.intensity(G=4, Nq=4, D=64, Nk=1000) == 16.0
+    assert decode.intensity(G=1, Nq=1, with_q=True) < 1.0
+    assert math.isclose(decode.ridge(989.0, 4.8), 989.0 / 4.8)
+
+
+def test_gqa_bytes_counts_one_read_per_group():
+    g = decode.gqa_bytes(8, 32, 8, 32768, 128)
+    assert g["packed"] == 2 * 8 * 8 * 32768 * 128 * 2
+    assert g["per query head"] == 4 * g["packed"] and g["ratio"] == 4
+
+
+def test_split_plan_follows_the_kernels_rule():
+    # The examples of decode_num_splits' docstring (132 SMs, GQA 32:8, Nq=1, D=128).
+    assert decode.split_plan(1, 131072, 1)["splits"] == 32
+    p8 = decode.split_plan(8, 32768, 1)
+    assert p8["splits"] == 5 and p8["programs"] == 320 and p8["base"] == 64
+    assert decode.split_plan(64, 32768, 1)["splits"] == 1
+    p = decode.split_plan(1, 4096, 1)
+    assert p["tiles_per_split"] * p["splits"] >= p["tiles"]
+    assert decode.split_plan(8, 32768, 1, page_size=16)["TILE_N"] == 16
+
+
+def test_load_reads_every_part(d):
+    assert {"decode", "decode_paged16", "decode_paged64", "square_best", "sdpa_flash",
+            "sdpa_cudnn"} <= set(d.ok["impl"])
+    assert set(d.crossover["Nq"]) == {1, 4, 16}
+    assert len(d.varlen) == 8 and len(d.host) >= 4
+    assert d.peak_tbps == 4.8 and d.sm_count == 132 and d.gpu == "H200"
+    # sdpa_efficient has no kernel for these inputs: recorded as errors, not in ok.
+    assert "sdpa_efficient" not in set(d.ok["impl"])
+    with pytest.raises(KeyError, match="no recorded decode row"):
+        d.row("decode", 3, 1024, 1)
+
+
+def test_results_table_and_bandwidth_agree(d):
+    t = decode.results_table(d)
+    row = t.loc[(64, "32K", 1, "decode")]
+    assert math.isclose(row["GB/s"] / 4800, row["% peak"] / 100, rel_tol=0.01)
+    assert set(t.index.get_level_values("impl")) <= {"decode", "decode_paged64", "square_best",
+                                                     "sdpa_flash", "sdpa_cudnn"}
+
+
+def test_targets_cover_every_shape_and_call_each_correctly(d):
+    tg = decode.targets(d)
+    t1 = tg[tg.target.str.startswith("decode ≥ 1.0")]
+    assert len(t1) == len(d.ok[d.ok.impl == "decode"])
+    assert ((t1.value >= 1.0) == (t1.status == "met")).all()
+    t2 = tg[tg.target.str.contains("80 %")]
+    assert set(t2.B) == {8} and (t2.Nk >= 32768).all()
+    assert ((t2.value >= 0.8) == (t2.status == "met")).all()
+    t3 = tg[tg.target.str.startswith("varlen")]
+    assert list(t3["shape"]) == ["equal_8x4096", "equal_32x1024"]
+    s = decode.target_summary(tg)
+    assert (s["met"] + s["not met"] == s["shapes"]).all()
+
+
+def test_varlen_table_slowdown_is_packed_over_padded(d):
+    vt = decode.varlen_table(d)
+    assert vt.loc["equal_8x4096", "padding %"] == 0.0
+    r = vt.loc["skewed"]
+    assert math.isclose(r["slowdown %"], 100 * (r["packed ms"] / r["padded ms"] - 1), abs_tol=0.2)
+    assert r["speed-up"] > 1
+
+
+def test_crossover_and_the_decode_path(d):
+    from flashattn.decode import DECODE_PATH_MAX_NQ, DECODE_PATH_MIN_NK
+    x = decode.crossover_table(d)
+    assert list(x.index) == ["Nq=1", "Nq=4", "Nq=16"]
+    # The constants of attention()'s decode path are where the recorded crossover says.
+    big = [c for c in x.columns if int(c.rstrip("K")) * (1024 if c.endswith("K") else 1)
+           >= DECODE_PATH_MIN_NK]
+    assert (x.loc[["Nq=1", "Nq=4"], big] > 1).all().all()
+    assert (x.loc["Nq=16"] < 1).all()
+    p = decode.path_table()
+    assert p.loc[f"Nq={DECODE_PATH_MAX_NQ}", "32K"] == "decode"
+    assert p.loc["Nq=16", "32K"] == "square" and p.loc["Nq=1", "1K"] == "square"
+
+
+def test_host_table_graph_cuts_overhead(d):
+    h = decode.host_table(d)
+    assert h.loc[("decode", True), "overhead µs"] < h.loc[("decode", False), "overhead µs"]
+
+
+def test_paging_cost_is_positive(d):
+    pc = decode.paging_cost(d)
+    assert len(pc) == len(d.ok[d.ok.impl == "decode"]) and (pc > 0).all()
+
+
+def test_profile_frame(d):
+    p = decode.profile_frame(d)
+    assert list(p.columns) == list(decode.PROFILE_STEPS)
+    assert p.loc["grid (programs)", "decode"] == decode.split_plan(8, 32768, 1)["programs"]
+    assert p.loc["grid (programs)", "square_decode"] == 8 * 32
+    empty = decode.DecodeData(*(pd.DataFrame(),) * 4, meta={})
+    with pytest.raises(KeyError, match="no recorded decode profile"):
+        decode.profile_frame(empty)
+
+
+def test_merge_demo_is_exact_with_an_empty_split():
+    m = decode.merge_demo()
+    assert m["splits"][1][0] == m["splits"][1][1]          # the middle split is empty
+    assert np.isneginf(m["lse_parts"][1])
+    assert m["err"] < 1e-12 and m["lse_err"] < 1e-12
+
+
+def test_kernel_listing_reads_the_kernel_source():
+    src = decode.kernel_listing("decode_combine_kernel")
+    assert src.startswith("@ct.kernel") and "def decode_combine_kernel" in src
+    assert "decode_split_kernel" not in src.split("\n")[1]
+    with pytest.raises(KeyError):
+        decode.kernel_listing("nope")
+
+
+def test_figures(d):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    for fig in (decode.bandwidth_figure(d), decode.roofline_figure(d), decode.crossover_figure(d)):
+        assert "H200" in (fig._suptitle.get_text() if fig._suptitle else fig.axes[0].get_title())
+        plt.close(fig)
