@@ -147,6 +147,16 @@ def products_table(N="N", D="D"):
                         index=pd.RangeIndex(1, 6, name="#"))
 
 
+# --- the kernels' source ---------------------------------------------------------------------
+def listing(name: str) -> str:
+    """The source of ``name`` in ``flashattn/kernels/fmha_bwd.py`` (a kernel with its
+    ``@ct.kernel`` line, or a plain function such as ``dkdv_program``), read from the file."""
+    import inspect
+    from ..kernels import fmha_bwd
+    from ..kernels.source import _function_source
+    return _function_source(inspect.getsource(fmha_bwd), name)
+
+
 # --- the recorded benchmarks -----------------------------------------------------------------------
 def bench_doc(dtype="fp16", causal=True, root=None) -> dict:
     """The recorded bench document of one backward workload (``results/h200/bench-backward/``)."""
@@ -506,7 +516,7 @@ def flops_ratio() -> float:
     return backward_flops(1, 1, 1024, 128, False) / backward_flops(1, 1, 1024, 128, False, "fwd")
 
 
-__all__ = ["saved_tensors", "saved_bytes", "qkv", "math_attention", "saved_by_n", "fit_n2_n",
+__all__ = ["listing", "saved_tensors", "saved_bytes", "qkv", "math_attention", "saved_by_n", "fit_n2_n",
            "flashattn_saved_formula", "products_table", "bench_doc", "bench_frame", "ratio_table",
            "ratio_range", "lse_cost", "tflops_figure", "sweep_frame", "sweep_table",
            "atomic_frame", "visit_kinds", "visits_figure", "kernel_name", "kernel_profile",
