@@ -27,7 +27,8 @@ off for CUDA tensors).
 
 ``attention()``'s decode path: ``prefer_decode`` says when a call of ``flashattn.attention`` is a
 decode step that this path should take (few query rows, a long cache), and
-``attention_via_decode`` runs ``attention``'s arguments through ``decode``.
+``attention_via_decode`` runs ``attention``'s arguments through ``decode``;
+``flashattn.attention(step="best")`` takes that path when ``prefer_decode`` says so.
 """
 from __future__ import annotations
 
@@ -163,14 +164,12 @@ def decode(q, k_cache, v_cache, cache_seqlens, *, block_table=None, scale=None,
 # When attention(q, k, v, ...) is a decode step, the split-KV kernels win: the square kernel's
 # grid has B x Hq x cdiv(Nq, TILE_M) programs, one per (batch, head) for Nq <= TILE_M, which
 # leaves most SMs idle and reads each K/V tile once per query head of a GQA group (issue 12:
-# 0.12x PyTorch at B=1, 128K keys). Where the two cross is NOT measured yet: the constants below
-# are provisional bounds from the launch counts, TO BE MEASURED ON THE H200 with
-# ``python -m flashattn decode-bench --part crossover`` (attention(step="best") vs decode for
-# Nq in {1, 4, 16} and Nk from 128 to 8K), then replaced by the measured crossover.
-# The crossover, measured on the H200 (results/h200/decode/crossover-varlen.json, B=8, GQA 32:8,
-# D=128, fp16): the decode path is faster than the square kernel for Nq = 1 and 4 from
-# Nk = 2048 up (1.09-1.27x), not at Nk = 1024 (0.93x); for Nq = 16 the square kernel is faster
-# at every Nk measured (128 .. 8192). Nq 5 .. 15 was not measured: left to the square kernel.
+# 0.12x PyTorch at B=1, 128K keys). ``python -m flashattn decode-bench --part crossover`` times
+# both for Nq in {1, 4, 16} and Nk from 128 to 8K. Measured on the H200
+# (results/h200/decode/crossover-varlen.json, B=8, GQA 32:8, D=128, fp16): the decode path is
+# faster than the square kernel for Nq = 1 and 4 from Nk = 2048 up (1.08-1.27x), not at
+# Nk = 1024 (0.92-0.94x); for Nq = 16 the square kernel is faster at every Nk measured
+# (128 .. 8192). Nq 5 .. 15 was not measured: left to the square kernel.
 DECODE_PATH_MAX_NQ = 4
 DECODE_PATH_MIN_NK = 2048
 DECODE_PATH_MAX_GRID = 65535  # B x Hkv: one grid axis of the split kernel
