@@ -65,7 +65,8 @@ def test_recorded_compressed_records_load():
 
 def test_profile_parts_and_targets(monkeypatch, tmp_path):
     assert {"profile-backward", "profile-decode"} <= set(record.PARTS)
-    assert set(target.EXTRA_TARGETS) == set(target.BACKWARD_TARGETS) | set(target.DECODE_TARGETS)
+    assert set(target.EXTRA_TARGETS) == (set(target.BACKWARD_TARGETS) | set(target.DECODE_TARGETS)
+                                         | set(target.VARLEN_TARGETS))
     calls = []
     from flashattn.measure import ncu
     monkeypatch.setattr(ncu, "record_profiles",
@@ -78,3 +79,7 @@ def test_profile_parts_and_targets(monkeypatch, tmp_path):
     d = record.DECODE_PROFILE
     assert calls[2] == ("decode", target.DECODE_TARGETS, d["N"], True,
                         dict(batch=d["batch"], heads=d["heads"], kv_heads=d["kv_heads"]))
+    assert calls[3][:4] == ("decode-b1", target.DECODE_TARGETS, 131072, True)
+    assert calls[3][4]["batch"] == 1
+    assert calls[4][:4] == ("varlen", target.VARLEN_TARGETS, 1024, True)
+    assert calls[4][4]["batch"] == 32

@@ -189,13 +189,25 @@ def record_profile_decode(out: Path, *, quick: bool = False,
                           command: str | None = None) -> list[Path]:
     """Nsight Compute on one decode step (one new token per sequence, B=8, GQA 32:8, D=128,
     cache 32K) of the split-KV decode (contiguous and paged), the square kernel and FA2
-    (``profiles/decode``): the decoding chapter's occupancy and DRAM evidence."""
+    (``profiles/decode``): the decoding chapter's occupancy and DRAM evidence; then the same at
+    B=1 with 128K keys (``profiles/decode-b1``) and packed varlen against the padded square
+    kernel, 32 sequences of 1K (``profiles/varlen``)."""
     from .ncu import record_profiles
-    from .target import DECODE_TARGETS
+    from .target import DECODE_TARGETS, VARLEN_TARGETS
     d = dict(DECODE_PROFILE, N=1024, batch=2) if quick else DECODE_PROFILE
-    return [record_profiles(out / "profiles" / "decode", DECODE_TARGETS, N=d["N"],
+    done = [record_profiles(out / "profiles" / "decode", DECODE_TARGETS, N=d["N"],
                             causal=True, batch=d["batch"], heads=d["heads"],
                             kv_heads=d["kv_heads"])]
+    if quick:
+        return done
+    # One sequence, 128K keys: where split-KV reached only 70 % of the HBM peak (E16).
+    done.append(record_profiles(out / "profiles" / "decode-b1", DECODE_TARGETS, N=131072,
+                                causal=True, batch=1, heads=d["heads"], kv_heads=d["kv_heads"]))
+    # Packed varlen against the padded square kernel, 32 sequences of 1K (E16: 0.76x).
+    done.append(record_profiles(out / "profiles" / "varlen", VARLEN_TARGETS, N=1024,
+                                causal=True, batch=32, heads=d["heads"],
+                                kv_heads=d["kv_heads"]))
+    return done
 
 
 def record_compile(out: Path, *, quick: bool = False, archs=COMPILE_ARCHS,

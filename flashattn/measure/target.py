@@ -74,7 +74,30 @@ def nvtx_decode(name: str) -> str:
 # decode step (issue 12; ``seqlen`` is the cache length, one new token per sequence).
 BACKWARD_TARGETS = ("backward", "backward_atomic", "sdpa_cudnn_backward", "sdpa_flash_backward")
 DECODE_TARGETS = ("decode", "decode_paged64", "square_decode", "sdpa_flash_decode")
-EXTRA_TARGETS = BACKWARD_TARGETS + DECODE_TARGETS
+# Packed varlen prefill against the square kernel on the same sequences padded (``batch``
+# sequences of ``seqlen`` tokens each, causal): where E16 found packed slower on equal lengths.
+VARLEN_TARGETS = ("varlen", "varlen_square_padded")
+EXTRA_TARGETS = BACKWARD_TARGETS + DECODE_TARGETS + VARLEN_TARGETS
+
+
+def _varlen_go(name, *, seqlen, batch, heads, kv_heads, head_dim, dt):
+    """One causal prefill of ``batch`` equal sequences, packed (``varlen``) or padded."""
+    import torch
+    dev = torch.device("cuda")
+    scale = 1.0 / math.sqrt(head_dim)
+    if name == "varlen":
+        from ..varlen import attention_varlen
+        T = batch * seqlen
+        q = torch.randn(T, heads, head_dim, device=dev, dtype=dt)
+        k, v = (torch.randn(T, kv_heads, head_dim, device=dev, dtype=dt) for _ in range(2))
+        cu = torch.arange(0, T + 1, seqlen, dtype=torch.int32, device=dev)
+        return lambda: attention_varlen(q, k, v, cu, cu, seqlen, seqlen, causal=True,
+                                        scale=scale, check_values=False)
+    from ..api import attention
+    q = torch.randn(batch, heads, seqlen, head_dim, device=dev, dtype=dt)
+    k, v = (torch.randn(batch, kv_heads, seqlen, head_dim, device=dev, dtype=dt)
+            for _ in range(2))
+    return lambda: attention(q, k, v, causal=True, scale=scale)
 
 
 def _backward_go(name, q, k, v, *, causal, scale):
@@ -121,11 +144,10 @@ def _decode_go(name, *, cache_len, batch, heads, kv_heads, head_dim, dt):
     k = torch.randn(batch, kv_heads, cache_len, head_dim, device=dev, dtype=dt)
     v = torch.randn_like(k)
     lens = torch.full((batch,), cache_len, dtype=torch.int32, device=dev)
+    from ..decode import decode
     if name == "decode":
-        from ..decode import decode
         return lambda: decode(q, k, v, lens)
     if name == "decode_paged64":
-        from ..decode import decode
         page = 64
         per = -(-cache_len // page)
         table = torch.randperm(batch * per, device=dev).to(torch.int32).view(batch, per)
@@ -163,6 +185,10 @@ def run_step(name: str, *, seqlen: int, batch: int, heads: int, kv_heads: int, h
     dt = getattr(torch, dtype)
     dev = torch.device("cuda")
     scale = 1.0 / math.sqrt(head_dim)
+    if name in VARLEN_TARGETS:
+        go = _varlen_go(name, seqlen=seqlen, batch=batch, heads=heads, kv_heads=kv_heads,
+                        head_dim=head_dim, dt=dt)
+        return _measure(name, go, None, "")
     if name in DECODE_TARGETS:
         step, config = None, None
         go = _decode_go(name, cache_len=seqlen, batch=batch, heads=heads, kv_heads=kv_heads,

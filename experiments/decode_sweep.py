@@ -1,0 +1,183 @@
+"""E17 (prepared, to run on the H200): the two decoding leads of E16, each against PyTorch in
+the same rounds.
+
+    python experiments/decode_sweep.py --part splits --out experiments/data/24-decode-sweep/splits.json
+    python experiments/decode_sweep.py --part varlen --out experiments/data/24-decode-sweep/varlen.json
+
+splits: ``flashattn.decode`` with the split count of ``kernels.decode_num_splits`` at
+``waves`` = 1, 2 (today's ``DECODE_WAVES``), 4 and 8 programs per SM, against SDPA's flash and
+cuDNN back ends, one new token (Nq=1), GQA 32:8, D=128, fp16, B in {1, 8} and cache lengths
+4K, 32K, 128K. Prediction (E16): bandwidth follows programs per SM, so 4-8 waves should lift
+B=1 and B=8 toward B=64's 93 % of the HBM peak; at B=1, 4K there are too few tiles to split.
+
+varlen: ``flashattn.varlen.attention_varlen`` with each configuration of a small Hopper search
+space against the square kernel (step ``best``, autotuned) on the same sequences padded to the
+longest, equal total tokens (32K): mixes equal_8x4096 and equal_32x1024, where packed read
+0.94x and 0.76x the padded kernel in E16 with its fixed 128x128 ``nww=8`` tile. Prediction: the
+square kernel's own choice (64x128 ``occ=2``) closes most of the gap.
+
+Timing: ``measure.timing.time_rounds`` (idle start, random order, CUDA graphs), one batch
+length for all rows of a shape; every row checked against the first correct one before timing.
+Writes one JSON document ({"meta", "rows"}); record the verdict in experiments/LOG.md.
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+WAVES = (1, 2, 4, 8)
+SPLIT_SHAPES = [(b, n) for b in (1, 8) for n in (4096, 32768, 131072)]
+VARLEN_CONFIGS = ("128x128 occ=1 nww=8", "64x128 occ=2", "128x64 occ=1 nww=8", "64x64 occ=2")
+VARLEN_MIXES = ("equal_8x4096", "equal_32x1024")
+HQ, HKV, D = 32, 8, 128
+
+
+def _time(calls: dict, rounds: int, ref_name: str):
+    """time_rounds over ``calls`` ({name: fn}) with one batch length; rows with the paired
+    ratio to ``ref_name``."""
+    import torch
+
+    from flashattn.data.stats import ratio_ci
+    from flashattn.measure import timing
+    from flashattn.measure.workload import SAMPLE_MS
+    est = {}
+    for name, fn in calls.items():
+        fn()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        est[name] = (time.perf_counter() - t0) * 1e3
+    inner = max(1, min(10, round(SAMPLE_MS / max(min(est.values()), 1e-3))))
+    res = timing.time_rounds(calls, rounds=rounds, inner=inner)
+    ref = res[ref_name]
+    out = {}
+    for name, t in res.items():
+        r, lo, hi = ratio_ci(ref.samples, t.samples)
+        out[name] = dict(median_ms=t.median_ms, ci_lo_ms=t.ci_lo_ms, ci_hi_ms=t.ci_hi_ms,
+                         **{f"ratio_{ref_name}": r, f"ratio_{ref_name}_lo": lo,
+                            f"ratio_{ref_name}_hi": hi})
+    return out
+
+
+def run_splits(rounds: int) -> list[dict]:
+    import torch
+
+    from flashattn.decode import decode
+    from flashattn.kernels import decode_num_splits
+    from flashattn.measure.bench_decode import hbm_peak
+    from flashattn.measure.libraries import library_fn
+    peak = hbm_peak(torch.cuda.get_device_name())
+    sm = torch.cuda.get_device_properties(0).multi_processor_count
+    rows = []
+    for B, N in SPLIT_SHAPES:
+        g = torch.Generator(device="cuda").manual_seed(B * 7 + N)
+        q = torch.randn(B, HQ, 1, D, generator=g, device="cuda", dtype=torch.float16)
+        k, v = (torch.randn(B, HKV, N, D, generator=g, device="cuda", dtype=torch.float16)
+                for _ in range(2))
+        lens = torch.full((B,), N, dtype=torch.int32, device="cuda")
+        calls, splits = {}, {}
+        for w in WAVES:
+            s = decode_num_splits(B=B, Hkv=HKV, rows=HQ // HKV, max_seqlen=N, head_dim=D,
+                                  sm_count=sm, arch="sm_90", waves=w)
+            if s in splits.values():
+                continue                    # the same grid as a smaller wave count
+            splits[f"waves{w}"] = s
+            calls[f"waves{w}"] = (lambda s=s: decode(q, k, v, lens, num_splits=s))
+        for lib in ("sdpa_flash", "sdpa_cudnn"):
+            try:
+                fn, ctx = library_fn(lib, q, k, v, causal=False, scale=1 / math.sqrt(D))
+                with ctx():
+                    fn()
+
+                def call(fn=fn, ctx=ctx):
+                    with ctx():
+                        return fn()
+                calls[lib] = call
+            except Exception as e:          # a back end that refuses the shape: a row
+                rows.append(dict(B=B, Nk=N, impl=lib, error=f"{type(e).__name__}: {e}"[:200]))
+        ref = decode(q, k, v, lens).float()
+        errs = {n: (calls[n]().float() - ref).abs().max().item() for n in calls}
+        got = _time(calls, rounds, "sdpa_flash" if "sdpa_flash" in calls else "waves2")
+        kv_bytes = 2 * B * HKV * N * D * 2
+        for name, t in got.items():
+            gbps = kv_bytes / (t["median_ms"] * 1e-3) / 1e9
+            rows.append(dict(B=B, Nk=N, impl=name, num_splits=splits.get(name),
+                             max_abs_diff=errs[name], gbps=gbps,
+                             frac_peak=gbps / (peak[0] * 1e3) if peak[0] else None, **t))
+            print(f"B={B} Nk={N} {name:11s} splits={splits.get(name)!s:>4} "
+                  f"{t['median_ms']:.4f} ms {gbps:6.0f} GB/s", flush=True)
+    return rows
+
+
+def run_varlen(rounds: int) -> list[dict]:
+    import torch
+
+    from flashattn.launch import launch
+    from flashattn.measure.bench import resolve_impl
+    from flashattn.measure.bench_decode import varlen_mix
+    from flashattn.reference import unpack
+    from flashattn.steps import Config
+    from flashattn.varlen import attention_varlen
+    rows = []
+    scale = 1 / math.sqrt(D)
+    for mix in VARLEN_MIXES:
+        lens = varlen_mix(mix, 32768)
+        T, N = sum(lens), max(lens)
+        g = torch.Generator(device="cuda").manual_seed(T + N)
+        q = torch.randn(T, HQ, D, generator=g, device="cuda", dtype=torch.float16)
+        k, v = (torch.randn(T, HKV, D, generator=g, device="cuda", dtype=torch.float16)
+                for _ in range(2))
+        cu = torch.tensor([0, *itertools.accumulate(lens)], dtype=torch.int32, device="cuda")
+        qp, kp, vp = (unpack(t, cu, N) for t in (q, k, v))
+        outp = torch.empty_like(qp)
+        step, cfg = resolve_impl("best", qp, kp, True)
+        calls = {"square_padded": lambda: launch(qp, kp, vp, outp, step, cfg, causal=True,
+                                                 scale=scale)}
+        for c in VARLEN_CONFIGS:
+            conf = Config.parse(c)
+            try:
+                attention_varlen(q, k, v, cu, cu, N, N, causal=True, scale=scale, config=conf)
+                calls[f"varlen {c}"] = (lambda conf=conf: attention_varlen(
+                    q, k, v, cu, cu, N, N, causal=True, scale=scale, check_values=False,
+                    config=conf))
+            except Exception as e:          # a configuration that does not compile: a row
+                rows.append(dict(mix=mix, impl=f"varlen {c}", error=f"{type(e).__name__}: {e}"[:200]))
+        got = _time(calls, rounds, "square_padded")
+        for name, t in got.items():
+            rows.append(dict(mix=mix, impl=name, square_config=f"{step.name}: {cfg.label()}",
+                             **t))
+            print(f"{mix} {name:28s} {t['median_ms']:.4f} ms  x padded "
+                  f"{t['ratio_square_padded']:.3f}", flush=True)
+    return rows
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--part", choices=("splits", "varlen"), required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--rounds", type=int, default=15)
+    a = p.parse_args(argv)
+    import torch
+    if not torch.cuda.is_available():
+        print("error: experiments/decode_sweep.py needs a CUDA GPU", file=sys.stderr)
+        return 1
+    from flashattn.env import metadata
+    t0 = time.perf_counter()
+    rows = run_splits(a.rounds) if a.part == "splits" else run_varlen(a.rounds)
+    meta = metadata("python experiments/decode_sweep.py " + " ".join(argv or sys.argv[1:]))
+    meta["seconds"] = round(time.perf_counter() - t0, 1)
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.out).write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
