@@ -142,3 +142,26 @@ def test_prose_names_a_later_step_with_its_chapter(path):
     text = "\n\n".join(src for kind, src, _ in _cells(path) if kind == "markdown")
     found = later_steps_unannounced(chapter, text)
     assert not found, f"{path.name}: later steps named without their chapter: {found}"
+
+
+def _ends_with_an_expression(src: str) -> bool:
+    """The cell's last statement is an expression (its value is displayed), not an assignment
+    or a call whose value is dropped with ``_ =``."""
+    import ast
+    try:
+        body = ast.parse(src).body
+    except SyntaxError:
+        return True                   # IPython magics: not this test's business
+    return bool(body) and isinstance(body[-1], ast.Expr)
+
+
+@pytest.mark.parametrize("path", [p for p in PAGES if p.suffix == ".ipynb"], ids=lambda p: p.name)
+def test_figures_are_displayed_explicitly(path):
+    """CI runs the notebooks with MPLBACKEND=Agg, where pyplot shows nothing by itself: a cell
+    whose recorded output holds a figure must end with the figure (``fig``), or nbval finds the
+    output missing there although it passes under Jupyter's inline backend."""
+    nb = json.loads(path.read_text())
+    bad = [i for i, c in enumerate(nb["cells"]) if c["cell_type"] == "code"
+           and any("image/png" in o.get("data", {}) for o in c.get("outputs", []))
+           and not _ends_with_an_expression("".join(c["source"]))]
+    assert not bad, f"{path.name}: cells {bad} show a figure without ending with it"

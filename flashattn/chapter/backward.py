@@ -253,6 +253,7 @@ def tflops_figure(df, dtype="fp16", meta=None):
     fig.suptitle(f"{dtype} D=128, B=4, H=32 — {gpu}, cuda-tile {(meta or {}).get('cuda_tile', '')},"
                  f" tileiras {(meta or {}).get('tileiras', '')}", fontsize=10)
     fig.tight_layout()
+    plt.close(fig)        # shown by the cell that ends with `fig`, once
     return fig
 
 
@@ -331,6 +332,7 @@ def visits_figure(N=1024, *, dkdv=(64, 128), dq=(128, 64)):
         ax.set_xlabel("key position / 64")
         ax.set_ylabel("query position / 64")
     fig.tight_layout()
+    plt.close(fig)        # shown by the cell that ends with `fig`, once
     return fig
 
 
@@ -455,6 +457,7 @@ def train_figure(doc):
                  f"{c['block']}, {m['dtype']}, seed {m['seed']} — {m['gpu']}, torch {m['torch']}",
                  fontsize=10)
     fig.tight_layout()
+    plt.close(fig)        # shown by the cell that ends with `fig`, once
     return fig
 
 
@@ -506,6 +509,7 @@ def error_ratio_figure(ratios, criterion=2.0):
     ax.legend(frameon=False, fontsize=8)
     ax.set_title(f"GPU suite: {len(d)} gradient tests with N > 1 (H200)", fontsize=10)
     fig.tight_layout()
+    plt.close(fig)        # shown by the cell that ends with `fig`, once
     return fig
 
 

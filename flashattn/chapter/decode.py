@@ -398,6 +398,7 @@ def bandwidth_figure(d: DecodeData, impls=("decode", "decode_paged64", "square_b
     fig.legend(h, lab, loc="lower center", ncol=3, fontsize=8, frameon=False)
     fig.suptitle(f"Decode bandwidth, GQA 32:8, D=128, fp16 — recorded on {d.gpu}", fontsize=10)
     fig.tight_layout(rect=(0, 0.09, 1, 1))
+    plt.close(fig)        # shown by the cell that ends with `fig`, once
     return fig
 
 
@@ -440,6 +441,7 @@ def roofline_figure(d: DecodeData, impls=("decode", "square_best", "sdpa_flash",
                  fontsize=10)
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, fontsize=7)
     fig.tight_layout()
+    plt.close(fig)        # shown by the cell that ends with `fig`, once
     return fig
 
 
@@ -469,6 +471,7 @@ def crossover_figure(d: DecodeData):
     ax.set_title(f"Decode path against the square kernel, B=8 — recorded on {d.gpu}", fontsize=10)
     ax.legend(frameon=False, fontsize=8)
     fig.tight_layout()
+    plt.close(fig)        # shown by the cell that ends with `fig`, once
     return fig
 
 
