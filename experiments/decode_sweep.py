@@ -5,7 +5,8 @@ the same rounds.
     python experiments/decode_sweep.py --part varlen --out experiments/data/24-decode-sweep/varlen.json
 
 splits: ``flashattn.decode`` with the split count of ``kernels.decode_num_splits`` at
-``waves`` = 1, 2 (today's ``DECODE_WAVES``), 4 and 8 programs per SM, against SDPA's flash and
+``waves`` = 1, 2 (today's ``DECODE_WAVES``), 4 and 8 programs per SM (each also rounded down
+to whole waves, where the rule rounds up), against SDPA's flash and
 cuDNN back ends, one new token (Nq=1), GQA 32:8, D=128, fp16, B in {1, 8} and cache lengths
 4K, 32K, 128K. Prediction (E16): bandwidth follows programs per SM, so 4-8 waves should lift
 B=1 and B=8 toward B=64's 93 % of the HBM peak; at B=1, 4K there are too few tiles to split.
@@ -84,13 +85,18 @@ def run_splits(rounds: int) -> list[dict]:
                 for _ in range(2))
         lens = torch.full((B,), N, dtype=torch.int32, device="cuda")
         calls, splits = {}, {}
+        base = B * HKV                      # programs without splitting (one row block: G*Nq=4)
         for w in WAVES:
             s = decode_num_splits(B=B, Hkv=HKV, rows=HQ // HKV, max_seqlen=N, head_dim=D,
                                   sm_count=sm, arch="sm_90", waves=w)
-            if s in splits.values():
-                continue                    # the same grid as a smaller wave count
-            splits[f"waves{w}"] = s
-            calls[f"waves{w}"] = (lambda s=s: decode(q, k, v, lens, num_splits=s))
+            # The same wave count rounded down to whole waves (the rule rounds up: at B=8,
+            # 5 splits make 320 programs, 2.42 waves of one program per SM; 4 make 1.94).
+            s_floor = max(1, min(s, (w * sm) // base))
+            for name, n in ((f"waves{w}", s), (f"waves{w}_floor", s_floor)):
+                if n in splits.values():
+                    continue                # the same grid as another row
+                splits[name] = n
+                calls[name] = (lambda n=n: decode(q, k, v, lens, num_splits=n))
         for lib in ("sdpa_flash", "sdpa_cudnn"):
             try:
                 fn, ctx = library_fn(lib, q, k, v, causal=False, scale=1 / math.sqrt(D))
