@@ -6,7 +6,8 @@ the same rounds.
 
 splits: ``flashattn.decode`` with the split count of ``kernels.decode_num_splits`` at
 ``waves`` = 1, 2 (today's ``DECODE_WAVES``), 4 and 8 programs per SM (each also rounded down
-to whole waves, where the rule rounds up), against SDPA's flash and
+to whole waves, where the rule rounds up), each also with the split kernel at two programs per SM
+(``occupancy=2``: 128 registers instead of 255, no spills), against SDPA's flash and
 cuDNN back ends, one new token (Nq=1), GQA 32:8, D=128, fp16, B in {1, 8} and cache lengths
 4K, 32K, 128K. Prediction (E16): bandwidth follows programs per SM, so 4-8 waves should lift
 B=1 and B=8 toward B=64's 93 % of the HBM peak; at B=1, 4K there are too few tiles to split.
@@ -68,6 +69,21 @@ def _time(calls: dict, rounds: int, ref_name: str):
     return out
 
 
+def _with_hints(hints: dict, fn):
+    """Call ``fn`` with ``kernels.DECODE_SPLIT_HINTS["sm_90"]`` set to ``hints`` (restored after:
+    a captured CUDA graph keeps the kernel it launched)."""
+    from flashattn import kernels
+    old = kernels.DECODE_SPLIT_HINTS.get("sm_90")
+    kernels.DECODE_SPLIT_HINTS["sm_90"] = hints
+    try:
+        return fn()
+    finally:
+        if old is None:
+            kernels.DECODE_SPLIT_HINTS.pop("sm_90", None)
+        else:
+            kernels.DECODE_SPLIT_HINTS["sm_90"] = old
+
+
 def run_splits(rounds: int) -> list[dict]:
     import torch
 
@@ -97,6 +113,10 @@ def run_splits(rounds: int) -> list[dict]:
                     continue                # the same grid as another row
                 splits[name] = n
                 calls[name] = (lambda n=n: decode(q, k, v, lens, num_splits=n))
+                # Two programs per SM (128 registers, no spills; E16's lead): the same grid.
+                splits[name + "_occ2"] = n
+                calls[name + "_occ2"] = (lambda n=n: _with_hints(
+                    {"occupancy": 2}, lambda: decode(q, k, v, lens, num_splits=n)))
         for lib in ("sdpa_flash", "sdpa_cudnn"):
             try:
                 fn, ctx = library_fn(lib, q, k, v, causal=False, scale=1 / math.sqrt(D))

@@ -36,9 +36,9 @@ import functools
 import math
 
 from .contract import check_decode_tensors
-from .kernels import (DECODE_COMBINE, DECODE_SPLIT, decode_combine_constants,
-                      decode_combine_grid, decode_num_splits, decode_partial_shapes,
-                      decode_split_constants, decode_split_grid)
+from .kernels import (DECODE_COMBINE, DECODE_SPLIT, DECODE_SPLIT_HINTS,
+                      decode_combine_constants, decode_combine_grid, decode_num_splits,
+                      decode_partial_shapes, decode_split_constants, decode_split_grid, hinted)
 
 __all__ = ["decode", "decode_plan", "prefer_decode", "attention_via_decode",
            "DECODE_PATH_MAX_NQ", "DECODE_PATH_MIN_NK"]
@@ -150,7 +150,8 @@ def decode(q, k_cache, v_cache, cache_seqlens, *, block_table=None, scale=None,
     opart = torch.empty(plan["opart_shape"], dtype=torch.float32, device=q.device)
     lse = torch.empty(plan["lse_shape"], dtype=torch.float32, device=q.device)
     stream = torch.cuda.current_stream(q.device)
-    ct.launch(stream, plan["split_grid"], DECODE_SPLIT.kernel(),
+    split_kernel = hinted(DECODE_SPLIT.kernel(), DECODE_SPLIT_HINTS.get(arch, {}))
+    ct.launch(stream, plan["split_grid"], split_kernel,
               DECODE_SPLIT.args(dict(Q=q_rows, K=k_cache, V=v_cache, BlockTable=table,
                                      SeqLens=seqlens, Opart=opart, Lse=lse),
                                 dict(qk_scale=scale, num_q=Nq), plan["split_constants"]))

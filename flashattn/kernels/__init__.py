@@ -113,6 +113,11 @@ def constants_for(spec: KernelSpec, step: Step, config: Config, *, head_dim: int
 DECODE_MAX_TILE_M = 64        # rows (query heads x new tokens of a group) per program
 DECODE_WAVES = 2              # the split rule aims at this many programs per SM
 DECODE_MAX_SPLITS = 256       # beyond this, partials and the combine's loop outweigh the gain
+# Launch hints of decode_split_kernel per architecture (none: the compiler's choice). On sm_90
+# the kernel takes 255 registers, one program per SM; occupancy=2 compiles to 128 registers
+# without spills (E16's lead: more loads in flight per SM). To be measured
+# (experiments/decode_sweep.py) before any entry is added.
+DECODE_SPLIT_HINTS: dict[str, dict] = {}
 DECODE_COMBINE_ELEMS = 2048   # fp32 values per combine tile (its loop keeps two such tiles)
 
 
@@ -252,6 +257,7 @@ def decode_num_splits(*, B: int, Hkv: int, rows: int, max_seqlen: int, head_dim:
 SPECS.update(DECODE)
 __all__ += ["DECODE", "DECODE_SPLIT", "DECODE_COMBINE", "decode_tiles",
             "decode_split_constants", "decode_combine_constants", "decode_split_grid",
+            "DECODE_SPLIT_HINTS",
             "decode_combine_grid", "decode_partial_shapes", "decode_num_splits"]
 # === end of decoding ============================================================================
 
