@@ -268,6 +268,17 @@ def split_kv_attention(q, k_cache, v_cache, cache_seqlens, block_table=None, *, 
 
 
 # --- the two kernels, tile by tile ----------------------------------------------------------------
+def online_step(qk, m_i, l_i, acc, v, scale2):
+    """One key tile of the online softmax in base 2, as the split and varlen kernels run it:
+    rows that have seen no key yet (running max -inf) use 0 in place of it, so
+    ``-inf - -inf`` never makes a NaN. Returns the new (m_i, l_i, acc)."""
+    m_ij = np.maximum(m_i, qk.max(axis=1, keepdims=True) * scale2)
+    m_use = np.where(np.isneginf(m_ij), 0.0, m_ij)
+    p = np.exp2(qk * scale2 - m_use)
+    alpha = np.exp2(m_i - m_use)
+    return m_ij, l_i * alpha + p.sum(axis=1, keepdims=True), acc * alpha + p @ v
+
+
 def emulate_split_kernel(grid, Q, K, V, BlockTable, SeqLens, Opart, Lse, qk_scale, num_q,
                          TILE_M, TILE_N, TILE_D, PAGED):
     """``decode_split_kernel`` on NumPy arrays in the kernel's layout, program by program.
@@ -325,13 +336,7 @@ def emulate_split_kernel(grid, Q, K, V, BlockTable, SeqLens, Opart, Lse, qk_scal
                     offs_n = n0 + np.arange(TILE_N)
                     qk = np.where(offs_n[None, :] <= q_pos, qk, -np.inf)
                     v = np.where(offs_n[:, None] < seqlen, v, 0.0)
-                m_ij = np.maximum(m_i, qk.max(axis=1, keepdims=True) * qk_scale)
-                m_use = np.where(np.isneginf(m_ij), 0.0, m_ij)
-                p = np.exp2(qk * qk_scale - m_use)
-                alpha = np.exp2(m_i - m_use)
-                l_i = l_i * alpha + p.sum(axis=1, keepdims=True)
-                acc = acc * alpha + p @ v
-                m_i = m_ij
+                m_i, l_i, acc = online_step(qk, m_i, l_i, acc, v, qk_scale)
             has = l_i > 0
             o = acc / np.where(has, l_i, 1.0)
             lse = np.where(has, m_i + np.log2(np.where(has, l_i, 1.0)), -np.inf)

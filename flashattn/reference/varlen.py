@@ -27,6 +27,7 @@ import numpy as np
 
 from ..contract import check_varlen
 from .decode import _compute_dtype, _float, _np, _wrap   # the same array plumbing as decode
+from .decode import online_step
 
 __all__ = ["varlen_attention", "varlen_visible", "emulate_varlen_kernel", "emulate_varlen",
            "pack", "unpack"]
@@ -153,13 +154,7 @@ def emulate_varlen_kernel(grid, Q, K, V, Out, CuSeqlensQ, CuSeqlensK, qk_scale, 
                     if CAUSAL:
                         mask = mask & (offs_n <= offs_m)
                     qk = np.where(mask, qk, -np.inf)
-                m_ij = np.maximum(m_i, qk.max(axis=1, keepdims=True) * scale2)
-                m_use = np.where(np.isneginf(m_ij), 0.0, m_ij)
-                p = np.exp2(qk * scale2 - m_use)
-                alpha = np.exp2(m_i - m_use)
-                l_i = l_i * alpha + p.sum(axis=1, keepdims=True)
-                acc = acc * alpha + p @ v
-                m_i = m_ij
+                m_i, l_i, acc = online_step(qk, m_i, l_i, acc, v, scale2)
             o = acc / np.where(l_i > 0, l_i, 1.0)
             if bad:
                 o = np.full_like(o, np.nan)
