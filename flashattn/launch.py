@@ -28,8 +28,9 @@ def _lse_stand_in(device):
     return _NO_LSE[key]
 
 
-def check_lse_out(q, lse) -> None:
-    """``lse`` must be a contiguous fp32 (B, Hq, Nq) tensor on q's device (ValueError/TypeError)."""
+def check_lse_out(q, lse, *, contiguous: bool = True) -> None:
+    """``lse`` must be an fp32 (B, Hq, Nq) tensor on q's device, contiguous unless told not to
+    (the backward copies it) (ValueError/TypeError)."""
     import torch
     if not isinstance(lse, torch.Tensor):
         raise TypeError(f"lse must be a torch.Tensor, got {type(lse).__name__}")
@@ -38,10 +39,10 @@ def check_lse_out(q, lse) -> None:
         raise ValueError(f"lse must have shape (B, Hq, Nq) = {(B, Hq, Nq)}, got "
                          f"{tuple(lse.shape)}")
     if lse.dtype != torch.float32:
-        raise TypeError(f"lse must be float32, got {lse.dtype}")
+        raise TypeError(f"lse must be float32 (the forward's log-sum-exp), got {lse.dtype}")
     if lse.device != q.device:
         raise ValueError(f"lse is on {lse.device}, q on {q.device}: one device")
-    if not lse.is_contiguous():
+    if contiguous and not lse.is_contiguous():
         raise ValueError("lse must be contiguous (the kernel writes it in place)")
 
 

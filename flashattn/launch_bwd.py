@@ -44,24 +44,19 @@ def check_backward(q, k, v, out, dout, lse, *, causal, scale, input_pos) -> None
 def check_backward_tensors(q, out, dout, lse) -> None:
     """out and dout of q's shape, dtype and device; lse a float32 (B, Hq, Nq) tensor there."""
     import torch
-    for name, t in (("out", out), ("dout", dout), ("lse", lse)):
+
+    from .launch import check_lse_out
+    for name, t in (("out", out), ("dout", dout)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    for name, t in (("out", out), ("dout", dout)):
         if tuple(t.shape) != tuple(q.shape):
             raise ValueError(f"{name} must have the shape of q {tuple(q.shape)}, got "
                              f"{tuple(t.shape)}")
         if t.dtype != q.dtype:
             raise TypeError(f"{name} must have q's dtype {q.dtype}, got {t.dtype}")
-    B, Hq, Nq, _ = q.shape
-    if tuple(lse.shape) != (B, Hq, Nq):
-        raise ValueError(f"lse must have shape (B, Hq, Nq) = {(B, Hq, Nq)}, got "
-                         f"{tuple(lse.shape)}")
-    if lse.dtype != torch.float32:
-        raise TypeError(f"lse must be float32 (the forward's log-sum-exp), got {lse.dtype}")
-    for name, t in (("out", out), ("dout", dout), ("lse", lse)):
         if t.device != q.device:
             raise ValueError(f"{name} is on {t.device}, q on {q.device}: one device")
+    check_lse_out(q, lse, contiguous=False)      # the forward's LSE; copied if not contiguous
 
 
 def backward_launches(q, k, v, out, dout, lse, delta, dq, dk, dv, *, causal: bool,
