@@ -36,7 +36,7 @@ from .libraries import _FLEX, _causal_mod, _flex_fn, library_fn  # noqa: F401 (b
 from .timing import attention_flops, tflops
 from .workload import (DEFAULT_BATCH, DEFAULT_HEAD_DIM, DEFAULT_HEADS, DEFAULT_SEQLENS,
                        SAMPLE_MS, add_output_args, add_workload_args, check_baselines, check_gqa,
-                       check_seqlens)
+                       check_seqlens, emit, require_gpu)
 from .workload import csv as _csv
 
 DEFAULT_STEPS = (*STEP_IMPLS, "best")
@@ -478,16 +478,10 @@ def main(argv: list[str] | None = None) -> int:
     kw = parse_args(argv)
     as_json, out = kw.pop("_json"), kw.pop("_out")
     t0 = time.perf_counter()
-    import torch
-    if not torch.cuda.is_available():
-        print("error: python -m flashattn bench needs a CUDA GPU; this machine has none "
-              "(python -m flashattn info says what it has)", file=sys.stderr)
+    if not require_gpu("python -m flashattn bench", "python -m flashattn info says what it has"):
         return 1
     doc = run_bench(**kw)
-    if out:
-        write_json(out, doc)
-        print(f"wrote {out}", file=sys.stderr)
-    print(dumps(doc) if as_json else format_table(doc))
+    emit(doc, out=out, as_json=as_json, table=format_table)
     print(f"bench took {time.perf_counter() - t0:.0f} s", file=sys.stderr)
     return 0
 

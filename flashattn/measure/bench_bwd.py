@@ -49,12 +49,12 @@ import sys
 import time
 
 from ..contract import dtype_name, parse_gqa
-from ..data.schema import add_derived, dumps, format_table, make_row, workload_name, write_json
+from ..data.schema import add_derived, format_table, make_row, workload_name
 from ..impls import LIBRARY_OPTIONS
 from .timing import attention_flops, tflops
 from .workload import (DEFAULT_BATCH, DEFAULT_HEAD_DIM, DEFAULT_HEADS, DEFAULT_SEQLENS,
                        SAMPLE_MS, add_output_args, add_workload_args, check_baselines, check_gqa,
-                       check_seqlens)
+                       check_seqlens, emit, require_gpu)
 from .workload import csv as _csv
 
 BWD_FLOP_FACTOR = 2.5           # backward FLOPs per forward FLOP (five matmuls to two)
@@ -525,15 +525,8 @@ def parse_args(argv: list[str] | None = None) -> dict:
 def main(argv: list[str] | None = None) -> int:
     kw = parse_args(argv)
     as_json, out = kw.pop("_json"), kw.pop("_out")
-    import torch
-    if not torch.cuda.is_available():
-        print("error: python -m flashattn bench --backward needs a CUDA GPU; this machine has "
-              "none", file=sys.stderr)
+    if not require_gpu("python -m flashattn bench --backward"):
         return 1
-    doc = run_bench_backward(**kw)
-    if out:
-        write_json(out, doc)
-        print(f"wrote {out}", file=sys.stderr)
-    print(dumps(doc) if as_json else format_backward_table(doc))
+    emit(run_bench_backward(**kw), out=out, as_json=as_json, table=format_backward_table)
     return 0
 

@@ -50,9 +50,9 @@ import sys
 import time
 
 from ..contract import DTYPE_SHORT, dtype_name, parse_gqa
-from ..data.schema import (DECODE_PARTS, SKIPPED, add_decode_derived, dumps,
-                           format_decode_table, kv_bytes, make_decode_row, write_json)
-from .workload import SAMPLE_MS, check_gqa
+from ..data.schema import (DECODE_PARTS, SKIPPED, add_decode_derived, format_decode_table,
+                           kv_bytes, make_decode_row)
+from .workload import SAMPLE_MS, check_gqa, emit, require_gpu
 from .workload import csv as _csv
 
 # HBM peak bandwidth per GPU (TB/s = 1e12 bytes/s), with where the number comes from: the
@@ -884,18 +884,12 @@ def main(argv: list[str] | None = None) -> int:
         print(format_plan(kw))
         return 0
     t0 = time.perf_counter()
-    import torch
-    if not torch.cuda.is_available():
-        print("error: python -m flashattn decode-bench needs a CUDA GPU; this machine has "
-              "none (--plan shows the sweep; python -m flashattn info says what it has)",
-              file=sys.stderr)
+    if not require_gpu("python -m flashattn decode-bench",
+                       "--plan shows the sweep; python -m flashattn info says what it has"):
         return 1
     doc = run_decode_bench(**kw)
     doc["meta"]["elapsed_s"] = round(time.perf_counter() - t0, 1)
-    if out:
-        write_json(out, doc)
-        print(f"wrote {out}", file=sys.stderr)
-    print(dumps(doc) if as_json else format_decode_table(doc))
+    emit(doc, out=out, as_json=as_json, table=format_decode_table)
     print(f"decode-bench took {time.perf_counter() - t0:.0f} s (estimated "
           f"{doc['meta'].get('estimate_s')} s)", file=sys.stderr)
     return 0

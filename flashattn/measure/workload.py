@@ -2,8 +2,9 @@
 options of a workload with their checks.
 
 ``bench`` (forward), ``bench --backward`` (``bench_bwd``) and ``decode-bench`` each build their
-own parser from these pieces, so an option means the same in all three. A leaf of ``measure/``
-(it imports ``contract`` only), so no benchmark module imports another for its defaults.
+own parser from these pieces, so an option means the same in all three, and ends the same way
+(``require_gpu``, ``emit``). A leaf of ``measure/`` (it imports ``contract`` and
+``data.schema`` only), so no benchmark module imports another for its defaults.
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ SAMPLE_MS = 5.0     # method rounds: target length of one sample (a batch of lau
 
 __all__ = ["DEFAULT_SEQLENS", "DEFAULT_BATCH", "DEFAULT_HEADS", "DEFAULT_HEAD_DIM", "SAMPLE_MS",
            "csv", "add_workload_args", "add_output_args", "check_seqlens", "check_baselines",
-           "check_gqa"]
+           "check_gqa", "require_gpu", "emit"]
 
 
 def csv(s: str) -> list[str]:
@@ -77,3 +78,27 @@ def check_gqa(p, text):
         return parse_gqa(text)
     except ValueError as e:
         p.error(str(e))
+
+
+def require_gpu(prog: str, hint: str = "") -> bool:
+    """True on a machine with a CUDA GPU; otherwise say so on stderr (naming ``prog``, with
+    ``hint``) and return False, for the command to exit 1."""
+    import sys
+
+    import torch
+    if torch.cuda.is_available():
+        return True
+    print(f"error: {prog} needs a CUDA GPU; this machine has none"
+          + (f" ({hint})" if hint else ""), file=sys.stderr)
+    return False
+
+
+def emit(doc: dict, *, out: str | None, as_json: bool, table) -> None:
+    """Write ``doc`` to ``out`` (if given), then print it as JSON or as ``table(doc)``."""
+    import sys
+
+    from ..data.schema import dumps, write_json
+    if out:
+        write_json(out, doc)
+        print(f"wrote {out}", file=sys.stderr)
+    print(dumps(doc) if as_json else table(doc))
