@@ -48,7 +48,7 @@ def main(argv=None) -> int:
     from flashattn.env import metadata
     from flashattn.launch_bwd import attention_backward
     from flashattn.measure import timing
-    from flashattn.measure.bench import SAMPLE_MS
+    from flashattn.measure.workload import SAMPLE_MS
     from flashattn.steps import Config
     B, H, D = 4, 32, 128
     scale = 1 / math.sqrt(D)
@@ -104,14 +104,7 @@ def main(argv=None) -> int:
             for label, (fs, _) in fns.items():
                 calls[label] = (lambda fs=fs, c=[0]: (c.__setitem__(0, c[0] + 1),
                                                       fs[c[0] % len(fs)]())[1])
-            est = {}
-            for name, fn in calls.items():
-                fn()
-                torch.cuda.synchronize()
-                t0 = time.perf_counter()
-                fn()
-                torch.cuda.synchronize()
-                est[name] = (time.perf_counter() - t0) * 1e3
+            est = timing.estimate_ms(calls)
             inner = {n: max(1, min(10, round(SAMPLE_MS / max(e, 1e-3)))) for n, e in est.items()}
             inner = {n: min(inner.values()) for n in inner}      # one batch length for all
             res = timing.time_rounds(calls, rounds=a.rounds, inner=inner)

@@ -44,19 +44,10 @@ HQ, HKV, D = 32, 8, 128
 def _time(calls: dict, rounds: int, ref_name: str):
     """time_rounds over ``calls`` ({name: fn}) with one batch length; rows with the paired
     ratio to ``ref_name``."""
-    import torch
-
     from flashattn.data.stats import ratio_ci
     from flashattn.measure import timing
     from flashattn.measure.workload import SAMPLE_MS
-    est = {}
-    for name, fn in calls.items():
-        fn()
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        est[name] = (time.perf_counter() - t0) * 1e3
+    est = timing.estimate_ms(calls)
     inner = max(1, min(10, round(SAMPLE_MS / max(min(est.values()), 1e-3))))
     res = timing.time_rounds(calls, rounds=rounds, inner=inner)
     ref = res[ref_name]
