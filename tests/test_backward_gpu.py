@@ -15,11 +15,12 @@ The matrix (issue 11): causal / non-causal x Hq:Hkv 1:1, 4:1, 8:1, 32:1 x fp16 /
 set of constants costs seconds of tileiras.
 """
 import math
-import zlib
 
 import pytest
 
 torch = pytest.importorskip("torch")
+
+from criteria import seed_of  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -55,10 +56,6 @@ def matrix():
             b = 1 if max(nq, nk) > 2000 else 2
             cases.append(_case(b, hq, hkv, nq, nk, d, dtype, causal, pos))
     return cases
-
-
-def seed_of(case_id: str) -> int:
-    return zlib.crc32(case_id.encode()) % (1 << 31)
 
 
 def make_inputs(b, hq, hkv, nq, nk, d, dtype, *, seed, magnitude=1.0):

@@ -14,10 +14,9 @@ test id (``zlib.crc32``), and every failure message names its seed.
     python -m pytest -o addopts="" -m gpu tests/test_decode_gpu.py -n 8
 """
 import math
-import zlib
 
 import pytest
-from criteria import assert_flash_criterion
+from criteria import assert_flash_criterion, seed_of
 
 torch = pytest.importorskip("torch")
 
@@ -36,10 +35,6 @@ LENGTHS = (                                                       # (capacity, l
     (33000, (33000, 1)),                                          # many splits
 )
 CASES_N = 24
-
-
-def seed_of(case_id: str) -> int:
-    return zlib.crc32(case_id.encode()) % (1 << 31)
 
 
 def sampled_cases():

@@ -12,10 +12,9 @@ Inputs are seeded from the test case's id (``zlib.crc32``, the same in every pro
 unlike ``hash``), and every failure message names the seed.
 """
 import math
-import zlib
 
 import pytest
-from criteria import assert_flash_criterion
+from criteria import assert_flash_criterion, seed_of
 
 import flashattn
 from flashattn.steps import EXPERIMENTS, STEP_NAMES
@@ -68,11 +67,6 @@ def torch_same_precision(q, k, v, causal, scale, input_pos):
         rows = torch.arange(nq, device=q.device)[:, None] + input_pos
         s = s.masked_fill(torch.arange(nk, device=q.device)[None, :] > rows, -math.inf)
     return torch.softmax(s, dim=-1) @ v
-
-
-def seed_of(case_id: str) -> int:
-    """A fixed seed per test case (``hash`` of a str changes between processes)."""
-    return zlib.crc32(case_id.encode()) % (1 << 31)
 
 
 def run_step(step, q, k, v, causal, scale, input_pos):

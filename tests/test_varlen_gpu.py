@@ -15,10 +15,9 @@ fp16 and bf16, head dims 64, 128, 256 (and 80, padded). Seeds come from the test
     python -m pytest -o addopts="" -m gpu tests/test_varlen_gpu.py -n 8
 """
 import math
-import zlib
 
 import pytest
-from criteria import assert_flash_criterion
+from criteria import assert_flash_criterion, seed_of
 
 torch = pytest.importorskip("torch")
 
@@ -36,10 +35,6 @@ LENGTHS = (                                     # (lens_q, lens_k or None: the s
     ((4096, 1, 33), (4096, 5, 0)),              # an empty key sequence: zeros
 )
 CASES_N = 24
-
-
-def seed_of(case_id: str) -> int:
-    return zlib.crc32(case_id.encode()) % (1 << 31)
 
 
 def sampled_cases():
