@@ -52,6 +52,21 @@ def parse_gqa(gqa, heads: int | None = None) -> tuple[int, int] | None:
     return hq, hkv
 
 
+def _check_head_dim(D: int, Dk: int, kv: str) -> None:
+    """q's head dim D equals the keys' Dk (``kv`` names them in the message), within 1..256."""
+    if Dk != D:
+        raise ValueError(f"head dim differs: q has {D}, {kv} have {Dk}")
+    if D < 1 or D > MAX_HEAD_DIM:
+        raise ValueError(f"head dim must be between 1 and {MAX_HEAD_DIM}, got {D}")
+
+
+def _check_groups(Hq: int, Hkv: int, kv_heads: str) -> None:
+    """Hq a positive multiple of Hkv (``kv_heads`` names the latter in the message)."""
+    if Hkv < 1 or Hq < 1 or Hq % Hkv:
+        raise ValueError(f"query heads ({Hq}) must be a positive multiple of {kv_heads} "
+                         f"({Hkv}) for grouped-query attention")
+
+
 def check_shapes(q_shape, k_shape, v_shape, *, causal: bool, scale, input_pos) -> None:
     """Raise ValueError (TypeError for a bad argument type): q (B, Hq, Nq, D), k and v
     (B, Hkv, Nk, D), Hq % Hkv == 0, 1 <= D <= 256, finite scale, 0 <= input_pos <= Nk - Nq."""
@@ -65,10 +80,7 @@ def check_shapes(q_shape, k_shape, v_shape, *, causal: bool, scale, input_pos) -
     Bk, Hkv, Nk, Dk = k_shape
     if Bk != B:
         raise ValueError(f"batch size differs: q has {B}, k and v have {Bk}")
-    if Dk != D:
-        raise ValueError(f"head dim differs: q has {D}, k and v have {Dk}")
-    if D < 1 or D > MAX_HEAD_DIM:
-        raise ValueError(f"head dim must be between 1 and {MAX_HEAD_DIM}, got {D}")
+    _check_head_dim(D, Dk, "k and v")
     if Hkv == 0 and Hq != 0:
         raise ValueError(f"k and v have 0 heads but q has {Hq}")
     if Hkv and Hq % Hkv != 0:
@@ -197,13 +209,8 @@ def check_decode_shapes(q_shape, k_shape, v_shape, seqlens_shape, table_shape=No
         raise ValueError(f"decode takes 1 to {MAX_DECODE_QUERIES} new tokens per sequence "
                          f"(q's third dimension), got {Nq}; for a longer chunk use "
                          "flashattn.attention(q, k, v, causal=True, input_pos=...)")
-    if Dk != D:
-        raise ValueError(f"head dim differs: q has {D}, k_cache and v_cache have {Dk}")
-    if D < 1 or D > MAX_HEAD_DIM:
-        raise ValueError(f"head dim must be between 1 and {MAX_HEAD_DIM}, got {D}")
-    if Hkv < 1 or Hq < 1 or Hq % Hkv:
-        raise ValueError(f"query heads ({Hq}) must be a positive multiple of the cache's "
-                         f"key/value heads ({Hkv}) for grouped-query attention")
+    _check_head_dim(D, Dk, "k_cache and v_cache")
+    _check_groups(Hq, Hkv, "the cache's key/value heads")
     if tuple(seqlens_shape) != (B,):
         raise ValueError(f"cache_seqlens must have shape (B,) = ({B},), got "
                          f"{tuple(seqlens_shape)}")
@@ -383,13 +390,8 @@ def check_varlen_shapes(q_shape, k_shape, v_shape, cu_q_shape, cu_k_shape, *,
         raise ValueError(f"k and v must have the same shape, got {tuple(k_shape)} and "
                          f"{tuple(v_shape)}")
     total_k, Hkv, Dk = (int(x) for x in k_shape)
-    if Dk != D:
-        raise ValueError(f"head dim differs: q has {D}, k and v have {Dk}")
-    if D < 1 or D > MAX_HEAD_DIM:
-        raise ValueError(f"head dim must be between 1 and {MAX_HEAD_DIM}, got {D}")
-    if Hkv < 1 or Hq < 1 or Hq % Hkv:
-        raise ValueError(f"query heads ({Hq}) must be a positive multiple of key/value heads "
-                         f"({Hkv}) for grouped-query attention")
+    _check_head_dim(D, Dk, "k and v")
+    _check_groups(Hq, Hkv, "key/value heads")
     for name, s in (("cu_seqlens_q", cu_q_shape), ("cu_seqlens_k", cu_k_shape)):
         if len(s) != 1 or int(s[0]) < 2:
             raise ValueError(f"{name} must have shape (B + 1,) with B >= 1 sequences (offsets "
