@@ -137,34 +137,33 @@ def _backward_go(name, q, k, v, *, causal, scale):
 
 
 def _decode_go(name, *, cache_len, batch, heads, kv_heads, head_dim, dt):
-    """One decode step of ``name``: one new token per sequence over a full cache."""
+    """One decode step of ``name``: one new token per sequence over a full cache (the inputs of
+    ``decode-bench``: ``bench_decode._decode_set``, pages of 64 shuffled)."""
     import torch
-    dev = torch.device("cuda")
-    q = torch.randn(batch, heads, 1, head_dim, device=dev, dtype=dt)
-    k = torch.randn(batch, kv_heads, cache_len, head_dim, device=dev, dtype=dt)
-    v = torch.randn_like(k)
-    lens = torch.full((batch,), cache_len, dtype=torch.int32, device=dev)
+
     from ..decode import decode
+    from .bench_decode import _decode_set
+    if cache_len % 64:
+        raise ValueError(f"decode targets take a cache length that is a multiple of 64 (the "
+                         f"page size), got {cache_len}")
+    s = _decode_set(batch, heads, kv_heads, 1, cache_len, head_dim, dt, torch.device("cuda"),
+                    seed=0, pages=(64,) if name == "decode_paged64" else ())
+    q, k, v, lens = s["q"], s["k"], s["v"], s["lens"]
     if name == "decode":
         return lambda: decode(q, k, v, lens)
     if name == "decode_paged64":
-        page = 64
-        per = -(-cache_len // page)
-        table = torch.randperm(batch * per, device=dev).to(torch.int32).view(batch, per)
-        kp = torch.empty(batch * per, kv_heads, page, head_dim, device=dev, dtype=dt)
-        vp = torch.empty_like(kp)
-        for t, c in ((kp, k), (vp, v)):      # page j of sequence b holds its keys j*64 ...
-            src = torch.nn.functional.pad(c, (0, 0, 0, per * page - cache_len))
-            t[table.long().flatten()] = src.view(batch, kv_heads, per, page, head_dim) \
-                .permute(0, 2, 1, 3, 4).reshape(batch * per, kv_heads, page, head_dim)
+        kp, vp, table = s["paged"][64]
         return lambda: decode(q, kp, vp, lens, block_table=table)
     if name == "square_decode":
-        # The square kernel of step "best" (attention(step="best") itself takes the decode path
-        # for this shape): the step it resolves to, by name.
-        from ..api import attention
+        # The square kernel as decode-bench's square_best row launches it: step "best" resolved
+        # once, launched with that configuration (attention(step="best") takes the decode path
+        # for this shape, and attention(step=NAME) would search the configuration again).
+        from ..launch import launch
         from .bench import resolve_impl
-        step, _ = resolve_impl("best", q, k, True)
-        return lambda: attention(q, k, v, causal=True, input_pos=cache_len - 1, step=step.name)
+        step, cfg = resolve_impl("best", q, k, True)
+        out = torch.empty_like(q)
+        return lambda: launch(q, k, v, out, step, cfg, causal=True,
+                              scale=1.0 / math.sqrt(head_dim), input_pos=cache_len - 1)
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
