@@ -58,7 +58,6 @@ def decode_plan(dims, *, num_splits=None, max_seqlen=None, sm_count: int, arch=N
     rows = (dims.Hq // dims.Hkv) * dims.Nq
     page = dims.page_size if dims.paged else None
     split_c = decode_split_constants(rows=rows, head_dim=dims.D, page_size=page, arch=arch)
-    comb_c = decode_combine_constants(split_tile_m=split_c["TILE_M"], head_dim=dims.D)
     if num_splits is None:
         bound = dims.capacity if max_seqlen is None else min(int(max_seqlen), dims.capacity)
         num_splits = decode_num_splits(B=dims.B, Hkv=dims.Hkv, rows=rows, max_seqlen=bound,
@@ -69,6 +68,7 @@ def decode_plan(dims, *, num_splits=None, max_seqlen=None, sm_count: int, arch=N
     num_splits = int(num_splits)
     if num_splits > 65535:
         raise ValueError(f"num_splits must be at most 65535 (a grid axis), got {num_splits}")
+    comb_c = decode_combine_constants(head_dim=dims.D, num_splits=num_splits)
     if dims.B * dims.Hkv > 65535:
         raise ValueError(f"B x Hkv = {dims.B * dims.Hkv} exceeds 65535 (a grid axis): decode "
                          "the batch in parts")
@@ -79,8 +79,7 @@ def decode_plan(dims, *, num_splits=None, max_seqlen=None, sm_count: int, arch=N
                 combine_constants=comb_c,
                 split_grid=decode_split_grid(B=dims.B, Hkv=dims.Hkv, rows=rows,
                                              tile_m=split_c["TILE_M"], num_splits=num_splits),
-                combine_grid=decode_combine_grid(B=dims.B, Hkv=dims.Hkv, rows=rows,
-                                                 tile_m=comb_c["TILE_M"]),
+                combine_grid=decode_combine_grid(B=dims.B, Hkv=dims.Hkv, rows=rows),
                 opart_shape=opart_shape, lse_shape=lse_shape)
 
 

@@ -234,9 +234,12 @@ def test_decode_tiles(head_dim, rows):
             c = decode_split_constants(rows=rows, head_dim=head_dim, page_size=page, arch=arch)
             assert set(c) == set(DECODE_SPLIT.constants) and c["PAGED"] is (page is not None)
             assert (c["TILE_M"], c["TILE_N"], c["TILE_D"]) == (tm, tn, td)
-            cc = decode_combine_constants(split_tile_m=tm, head_dim=head_dim)
-            assert set(cc) == set(DECODE_COMBINE.constants)
-            assert tm % cc["TILE_M"] == 0 and cc["TILE_M"] * cc["TILE_D"] <= 2048
+            for splits in (1, 2, 3, 16, 17, 256):
+                cc = decode_combine_constants(head_dim=head_dim, num_splits=splits)
+                assert set(cc) == set(DECODE_COMBINE.constants) and cc["TILE_D"] == td
+                ts = cc["TILE_S"]
+                assert ts & (ts - 1) == 0 and ts * td <= max(4096, td)
+                assert ts >= min(splits, 4096 // td)                 # as many as fit
 
 
 def test_decode_tiles_refuse_bad_arguments():
@@ -268,27 +271,31 @@ def _check_split_rule(B, Hkv, rows, max_seqlen, sm_count):
     # Every split of the longest sequence gets at least one K/V tile (the kernel's dealing).
     if n_tiles:
         assert all(e > a for a, e in split_bounds(max_seqlen, s, tn))
-    # Enough programs for two waves of the SMs, unless the tiles or the cap run out first:
-    # the longest split is as short as with cdiv(2 x SMs, base) splits (or the cap, or one
+    # One wave of programs (at most one per SM), unless the tiles or the cap run out first:
+    # the longest split is as short as with floor(SMs / base) splits (or the cap, or one
     # tile each) ...
     base = _programs(B, Hkv, rows, 1)
-    want = -(-2 * sm_count // base)
+    want = max(1, sm_count // base)
     if n_tiles:
         assert -(-n_tiles // s) == -(-n_tiles // min(want, n_tiles, 256))
-    # ... and no more splits than that asks for.
-    assert s <= max(1, want)
+    # ... and no more splits than that asks for: never a partial second wave.
+    assert s <= want
+    assert s == 1 or _programs(B, Hkv, rows, s) <= sm_count
 
 
 def test_split_rule_examples_from_its_docstring():
     f = decode_num_splits
     kw = dict(Hkv=8, rows=4, head_dim=128, sm_count=132, arch="sm_90")
-    assert f(B=1, max_seqlen=128 * 1024, **kw) == 32
-    assert f(B=8, max_seqlen=32 * 1024, **kw) == 5
+    assert f(B=1, max_seqlen=128 * 1024, **kw) == 16
+    assert f(B=8, max_seqlen=32 * 1024, **kw) == 2
     assert f(B=64, max_seqlen=32 * 1024, **kw) == 1
     assert f(B=1, max_seqlen=100, **kw) == 1                 # one tile: one split
     assert f(B=1, max_seqlen=10 ** 7, Hkv=1, rows=1, head_dim=128, sm_count=132,
-             arch="sm_90") == 256                              # the cap
-    assert f(B=1, max_seqlen=128 * 1024, waves=1, **kw) == 17  # cdiv(132, 8) -> 17 runs
+             arch="sm_90") == 132                              # one program per SM
+    assert f(B=1, max_seqlen=10 ** 7, Hkv=1, rows=1, head_dim=128, sm_count=132,
+             arch="sm_90", waves=4) == 256                     # the cap
+    assert f(B=1, max_seqlen=128 * 1024, waves=2, **kw) == 32  # floor(264/8)=33: runs of 32
+    assert f(B=16, max_seqlen=128 * 1024, **kw) == 1            # 128 programs: one wave
     assert f(B=1, max_seqlen=8 * 128, min_tiles_per_split=4, **kw) == 2
 
 
@@ -371,8 +378,9 @@ def test_host_launches_compute_decode_attention(emulated_gpu, B, Hq, Hkv, Nq, D,
 def test_host_default_split_count_comes_from_the_capacity(emulated_gpu):
     q, k, v, seqlens, _ = tensors(1, 8, 8, 1, 64, 4096, lens=[10])
     emulated_gpu.decode(q, k, v, seqlens)
-    # rows 1, 8 groups: cdiv(264, 8) = 33 splits wanted, 32 tiles of 128 in the capacity.
-    assert emulated_gpu.launched[0].grid == (1, 32, 8)
+    # rows 1, 8 groups: floor(132 / 8) = 16 splits wanted (one wave), 32 tiles of 128 in the
+    # capacity: 16 runs of 2.
+    assert emulated_gpu.launched[0].grid == (1, 16, 8)
     emulated_gpu.launched.clear()
     emulated_gpu.decode(q, k, v, seqlens, max_seqlen=300)
     assert emulated_gpu.launched[0].grid == (1, 3, 8)

@@ -266,7 +266,7 @@ def test_every_arch_and_head_dim_has_a_config(arch, d):
 
 def test_grid_covers_the_longest_sequence():
     c = varlen_config("sm_90", 128)
-    assert varlen_grid(c, B=3, Hq=32, max_seqlen_q=4097) == (-(-4097 // c.TILE_M), 3, 32)
+    assert varlen_grid(c, B=3, Hq=32, max_seqlen_q=4097) == (-(-4097 // c.TILE_M), 32, 3)
     assert varlen_grid(c, B=1, Hq=1, max_seqlen_q=0) == (1, 1, 1)
 
 

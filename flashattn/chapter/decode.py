@@ -156,7 +156,7 @@ def split_plan(B: int, Nk: int, Nq: int, *, Hq: int = 32, Hkv: int = 8, D: int =
                                sm_count=sm_count, page_size=page_size, arch=arch)
     n_tiles = -(-Nk // tile_n)
     return dict(B=B, Nk=Nk, Nq=Nq, rows=rows, TILE_M=tile_m, TILE_N=tile_n,
-                base=base, wanted=-(-DECODE_WAVES * sm_count // base), tiles=n_tiles,
+                base=base, wanted=max(1, DECODE_WAVES * sm_count // base), tiles=n_tiles,
                 splits=splits, tiles_per_split=-(-n_tiles // splits), programs=base * splits,
                 waves=base * splits / sm_count)
 

@@ -111,14 +111,14 @@ def constants_for(spec: KernelSpec, step: Step, config: Config, *, head_dim: int
 # merge). Not steps: the host module flashattn/decode.py launches them, aot.compile_spec compiles
 # them. Their integer tables (block table, lengths) are int32 arrays (``Array(..., "int32")``).
 DECODE_MAX_TILE_M = 64        # rows (query heads x new tokens of a group) per program
-DECODE_WAVES = 2              # the split rule aims at this many programs per SM
+DECODE_WAVES = 1              # the split rule fills at most this many programs per SM (E18)
 DECODE_MAX_SPLITS = 256       # beyond this, partials and the combine's loop outweigh the gain
 # Launch hints of decode_split_kernel per architecture (none: the compiler's choice). On sm_90
 # the kernel takes 255 registers, one program per SM; occupancy=2 compiles to 128 registers
-# without spills (E16's lead: more loads in flight per SM). To be measured
-# (experiments/decode_sweep.py) before any entry is added.
+# without spills, and E18 timed it: no gain at the grid the split rule picks (one wave), so
+# no entry.
 DECODE_SPLIT_HINTS: dict[str, dict] = {}
-DECODE_COMBINE_ELEMS = 2048   # fp32 values per combine tile (its loop keeps two such tiles)
+DECODE_COMBINE_CHUNK = 4096   # fp32 values of the partial outputs one combine step loads
 
 
 DECODE_SPLIT = KernelSpec(
@@ -132,7 +132,7 @@ DECODE_SPLIT = KernelSpec(
 DECODE_COMBINE = KernelSpec(
     "decode_combine", "flashattn.kernels.decode", "decode_combine_kernel",
     arrays=(Array("Opart", 4, "float32"), Array("Lse", 3, "float32"), Array("Out", 4)),
-    scalars=(), constants=("TILE_M", "TILE_D"))
+    scalars=(), constants=("TILE_D", "TILE_S"))
 
 DECODE = {"decode_split": DECODE_SPLIT, "decode_combine": DECODE_COMBINE}
 
@@ -182,12 +182,18 @@ def decode_split_constants(*, rows: int, head_dim: int, page_size: int | None,
                 PAGED=page_size is not None)
 
 
-def decode_combine_constants(*, split_tile_m: int, head_dim: int) -> dict:
-    """The constants of ``decode_combine_kernel`` by name: the split kernel's row tile
-    (``split_tile_m``), or fewer rows (a power of two, so a divisor of it) so that a tile holds
-    at most ``DECODE_COMBINE_ELEMS`` fp32 values."""
+def decode_combine_constants(*, head_dim: int, num_splits: int = 1) -> dict:
+    """The constants of ``decode_combine_kernel`` by name (one program per packed row).
+
+    TILE_S: the splits merged per step, the split count rounded up to a power of two, as many
+    as keep the ``TILE_S x TILE_D`` partial outputs within ``DECODE_COMBINE_CHUNK`` fp32 values
+    (at least 1).
+    """
     td = tile_d_for(head_dim)
-    return dict(TILE_M=max(1, min(int(split_tile_m), DECODE_COMBINE_ELEMS // td)), TILE_D=td)
+    if int(num_splits) < 1:
+        raise ValueError(f"num_splits must be positive, got {num_splits}")
+    tile_s = min(1 << (int(num_splits) - 1).bit_length(), max(1, DECODE_COMBINE_CHUNK // td))
+    return dict(TILE_D=td, TILE_S=tile_s)
 
 
 def decode_row_blocks(rows: int, tile_m: int) -> int:
@@ -202,9 +208,9 @@ def decode_split_grid(*, B: int, Hkv: int, rows: int, tile_m: int,
     return (decode_row_blocks(rows, tile_m), int(num_splits), int(B) * int(Hkv))
 
 
-def decode_combine_grid(*, B: int, Hkv: int, rows: int, tile_m: int) -> tuple[int, int, int]:
-    """(row blocks of the combine's TILE_M, B * Hkv, 1)."""
-    return (decode_row_blocks(rows, tile_m), int(B) * int(Hkv), 1)
+def decode_combine_grid(*, B: int, Hkv: int, rows: int) -> tuple[int, int, int]:
+    """(rows, B * Hkv, 1): one program per packed row."""
+    return (int(rows), int(B) * int(Hkv), 1)
 
 
 def decode_partial_shapes(*, num_splits: int, B: int, Hkv: int, rows: int, tile_m: int,
@@ -220,21 +226,26 @@ def decode_num_splits(*, B: int, Hkv: int, rows: int, max_seqlen: int, head_dim:
                       sm_count: int, page_size: int | None = None, arch: str | None = None,
                       waves: int = DECODE_WAVES, min_tiles_per_split: int = 1,
                       max_splits: int = DECODE_MAX_SPLITS) -> int:
-    """How many splits of the KV length: enough programs to fill the GPU, no empty work.
+    """How many splits of the KV length: one whole wave of programs, no empty work.
 
-    Without splitting, the grid has ``base = B * Hkv * row_blocks`` programs; a decode step is
-    memory-bound, so every SM should be streaming K/V: ask for ``waves x sm_count`` programs,
-    i.e. ``cdiv(waves * sm_count, base)`` splits (two waves let a second program hide the first
-    one's tail). Bounded above by the K/V tiles of the longest sequence over
+    Without splitting, the grid has ``base = B * Hkv * row_blocks`` programs. A decode step is
+    memory-bound and every program streams its run of the cache at about the same rate, so the
+    step takes as long as the SM with the most programs: the grid should fill the SMs once and
+    not spill a partial second wave onto some of them. So ``floor(waves * sm_count / base)``
+    splits (at least 1) with ``waves = 1``: E18 timed 1, 2, 4 and 8 waves, rounded up and
+    down, on the H200, and one program per SM, rounded down, was the fastest or within the
+    noise of it at every shape (B=8, 32K: 2 splits 0.247 ms, 5 splits 0.286 ms, 16 splits
+    0.276 ms). Bounded above by the K/V tiles of the longest sequence over
     ``min_tiles_per_split`` (a split with no tile is pure overhead: a partial written and read
-    back) and by ``max_splits``; at least 1; then lowered to the number of runs the kernel
-    actually deals (``cdiv(n, cdiv(n, splits))`` for ``n`` tiles), so the longest sequence
-    leaves no split empty. ``max_seqlen`` is the bound the host knows: the cache capacity under
-    CUDA-graph capture, the actual longest length otherwise (shorter sequences leave their
-    trailing splits empty, which cost one partial each).
+    back) and by ``max_splits``; then lowered to the number of runs the kernel actually deals
+    (``cdiv(n, cdiv(n, splits))`` for ``n`` tiles), so the longest sequence leaves no split
+    empty. ``max_seqlen`` is the bound the host knows: the cache capacity under CUDA-graph
+    capture, the actual longest length otherwise (shorter sequences leave their trailing splits
+    empty, which cost one partial each).
 
     H100/H200 (132 SMs), GQA 32:8, Nq=1, D=128 (rows 4: one row block; 128-key tiles): B=1 and
-    128K keys -> 32 splits of 32 tiles; B=8 and 32K -> 5 splits; B=64 -> 1 (512 programs).
+    128K keys -> 16 splits of 64 tiles (128 programs); B=8 and 32K -> 2 splits; B=64 -> 1 (512
+    programs: more than one wave without splitting).
     """
     for name, x in (("B", B), ("Hkv", Hkv), ("rows", rows), ("sm_count", sm_count),
                     ("waves", waves), ("min_tiles_per_split", min_tiles_per_split),
@@ -245,7 +256,7 @@ def decode_num_splits(*, B: int, Hkv: int, rows: int, max_seqlen: int, head_dim:
         raise ValueError(f"max_seqlen must be >= 0, got {max_seqlen}")
     tile_m, tile_n = decode_tiles(rows=rows, head_dim=head_dim, page_size=page_size, arch=arch)
     base = int(B) * int(Hkv) * decode_row_blocks(rows, tile_m)
-    want = -(-int(waves) * int(sm_count) // base)
+    want = int(waves) * int(sm_count) // base
     n_tiles = -(-int(max_seqlen) // tile_n)
     splits = max(1, min(want, n_tiles // int(min_tiles_per_split), int(max_splits)))
     if n_tiles:
@@ -414,9 +425,10 @@ def varlen_constants(config: Config, *, head_dim: int, causal: bool) -> dict:
 
 
 def varlen_grid(config: Config, *, B: int, Hq: int, max_seqlen_q: int) -> tuple[int, int, int]:
-    """(query tiles of the longest sequence, B, Hq): programs past a shorter sequence's end
-    exit at once."""
-    return (max(1, -(-int(max_seqlen_q) // config.TILE_M)), int(B), int(Hq))
+    """(query tiles of the longest sequence, Hq, B): programs past a shorter sequence's end
+    exit at once; the heads of a sequence are adjacent in launch order (GQA groups share K/V
+    in L2)."""
+    return (max(1, -(-int(max_seqlen_q) // config.TILE_M)), int(Hq), int(B))
 
 
 SPECS.update(VARLEN)

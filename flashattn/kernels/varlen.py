@@ -9,7 +9,10 @@ packed tensors head-major (a free view, ``q.permute(1, 0, 2)``)::
     K, V:    (Hkv, total_k, D)        k, v (total_k, Hkv, D) viewed head-major
     CuSeqlensQ, CuSeqlensK: (B + 1,) int32, non-decreasing, starting at 0
 
-Grid: ``(cdiv(max_seqlen_q, TILE_M), B, Hq)``: one program per (query tile, sequence, head). A
+Grid: ``(cdiv(max_seqlen_q, TILE_M), Hq, B)``: one program per (query tile, head, sequence), the
+heads of one sequence side by side in launch order, so the query heads of a GQA group run at the
+same time and share their K/V tiles through L2 (E18: with the sequences side by side instead, the
+H200 read the K/V of 32 sequences of 1K from DRAM 2.1 times over). A
 program reads its sequence's offsets from the device tensors, views the sequence's rows with
 ``Array.slice`` (so a tile past the sequence's end reads zeros from the padding, never the next
 sequence's tokens, and a store past it is dropped), and exits at once when the sequence has
@@ -56,9 +59,9 @@ def varlen_fwd_kernel(Q, K, V, Out, CuSeqlensQ, CuSeqlensK,
     max_seqlen_k: the longest lengths the caller declared (the grid is sized by the first; a
     longer sequence means corrupt offsets).
     """
-    # --- Program id -> (query tile, sequence, head); GQA maps Hq heads onto Hkv ---
-    seq = ct.bid(1)
-    head = ct.bid(2)
+    # --- Program id -> (query tile, head, sequence); GQA maps Hq heads onto Hkv ---
+    head = ct.bid(1)
+    seq = ct.bid(2)
     kv_head = head // group_size
     qk_scale = qk_scale * INV_LOG_2                                  # softmax in base 2
 

@@ -346,36 +346,42 @@ def emulate_split_kernel(grid, Q, K, V, BlockTable, SeqLens, Opart, Lse, qk_scal
             Lse[split, bh, bid_m * TILE_M:(bid_m + 1) * TILE_M] = lse[:, 0]
 
 
-def emulate_combine_kernel(grid, Opart, Lse, Out, TILE_M, TILE_D):
-    """``decode_combine_kernel`` on NumPy arrays: an online softmax over the splits (base 2);
-    writes ``Out`` (B, Hkv, rows, D) in place, dropping rows and columns past its shape."""
-    m_blocks, _, _ = grid
+def emulate_combine_kernel(grid, Opart, Lse, Out, TILE_D, TILE_S=1):
+    """``decode_combine_kernel`` on NumPy arrays, one program per packed row: an online softmax
+    over the splits (base 2), ``TILE_S`` splits per step (those past the last read as
+    ``lse = -inf``, ``o = 0``, the kernel's padding); writes ``Out`` (B, Hkv, rows, D) in place,
+    dropping columns past D."""
+    rows_grid, _, _ = grid
     num_splits = Opart.shape[0]
     _, num_kv_heads, rows, D = Out.shape
+    s_pad = -(-num_splits // TILE_S) * TILE_S
     with np.errstate(invalid="ignore", over="ignore"):
-        for bid_m, bh in np.ndindex(m_blocks, grid[1]):
+        for row, bh in np.ndindex(rows_grid, grid[1]):
             b, kv_head = divmod(bh, num_kv_heads)
-            sl = slice(bid_m * TILE_M, (bid_m + 1) * TILE_M)
-            m = np.full((TILE_M, 1), -np.inf, Opart.dtype)
-            l = np.zeros((TILE_M, 1), Opart.dtype)
-            acc = np.zeros((TILE_M, TILE_D), Opart.dtype)
-            for s in range(num_splits):
-                lse = Lse[s, bh, sl][:, None]
-                o = Opart[s, bh, sl]
-                m_new = np.fmax(m, lse)                # the GPU's max drops a NaN operand
+            lse_all = np.full((s_pad, 1), -np.inf, Opart.dtype)
+            o_all = np.zeros((s_pad, TILE_D), Opart.dtype)
+            lse_all[:num_splits, 0] = Lse[:, bh, row]
+            o_all[:num_splits] = Opart[:, bh, row]
+            m = np.full((1, 1), -np.inf, Opart.dtype)
+            l = np.zeros((1, 1), Opart.dtype)
+            acc = np.zeros((1, TILE_D), Opart.dtype)
+            for c in range(s_pad // TILE_S):
+                lse = lse_all[c * TILE_S:(c + 1) * TILE_S]
+                o = o_all[c * TILE_S:(c + 1) * TILE_S]
+                # The GPU's max drops a NaN operand (fmax); a NaN partial still makes w NaN.
+                m_new = np.fmax(m, np.fmax.reduce(lse, axis=0, keepdims=True))
                 m_use = np.where(np.isneginf(m_new), 0.0, m_new)
                 alpha, w = np.exp2(m - m_use), np.exp2(lse - m_use)
-                l = l * alpha + w
-                acc = acc * alpha + w * o
+                l = l * alpha + w.sum(axis=0, keepdims=True)
+                acc = acc * alpha + (w * o).sum(axis=0, keepdims=True)
                 m = m_new
-            out = acc / np.where(l > 0, l, 1.0)
-            n = min(TILE_M, rows - bid_m * TILE_M)
-            Out[b, kv_head, sl][:n] = out[:n, :D]
+            if row < rows:
+                Out[b, kv_head, row] = (acc / np.where(l > 0, l, 1.0))[0, :D]
 
 
 def emulate_decode(q, k_cache, v_cache, cache_seqlens, block_table=None, *, scale=None,
                    num_splits: int = 1, tile_m: int = 16, tile_n: int = 64,
-                   combine_tile_m: int | None = None, return_partials: bool = False):
+                   combine_tile_s: int = 1, return_partials: bool = False):
     """``decode_split_kernel`` then ``decode_combine_kernel`` (kernels/decode.py), in NumPy,
     with the host's layout (the GQA group's heads packed as rows) and *no host check of the
     values*: a length outside ``[0, capacity]`` or a page id out of range makes that sequence's
@@ -408,8 +414,7 @@ def emulate_decode(q, k_cache, v_cache, cache_seqlens, block_table=None, *, scal
                          table, lens, Opart, Lse, scale, Nq, tile_m, tile_n, TD,
                          block_table is not None)
     out = np.zeros((B, Hkv, rows, D), dt)
-    ctm = tile_m if combine_tile_m is None else combine_tile_m
-    emulate_combine_kernel((-(-rows // ctm), B * Hkv, 1), Opart, Lse, out, ctm, TD)
+    emulate_combine_kernel((rows, B * Hkv, 1), Opart, Lse, out, TD, combine_tile_s)
     out = out.reshape(B, Hq, Nq, D)
     if return_partials:
         return out, Opart, Lse

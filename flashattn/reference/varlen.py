@@ -110,7 +110,7 @@ def emulate_varlen_kernel(grid, Q, K, V, Out, CuSeqlensQ, CuSeqlensK, qk_scale, 
     total_q, total_k, D = Q.shape[1], K.shape[1], Q.shape[2]
     scale2 = float(qk_scale) / math.log(2)
     with np.errstate(invalid="ignore", over="ignore"):
-        for bid0, seq, head in np.ndindex(*grid):
+        for bid0, head, seq in np.ndindex(*grid):
             kv_head = head // group_size
             raw = [int(CuSeqlensQ[seq]), int(CuSeqlensQ[seq + 1]), int(CuSeqlensK[seq]),
                    int(CuSeqlensK[seq + 1])]
@@ -181,7 +181,7 @@ def emulate_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
     qn, kn, vn = _float(q, dt), _float(k, dt), _float(v, dt)
     out = np.zeros(qn.shape, dt)
     scale = 1.0 / math.sqrt(dims.D) if scale is None else float(scale)
-    grid = (max(1, -(-max_seqlen_q // tile_m)), dims.B, dims.Hq)
+    grid = (max(1, -(-max_seqlen_q // tile_m)), dims.Hq, dims.B)
     emulate_varlen_kernel(grid, qn.transpose(1, 0, 2), kn.transpose(1, 0, 2),
                           vn.transpose(1, 0, 2), out.transpose(1, 0, 2), _np(cu_seqlens_q),
                           _np(cu_seqlens_k), scale, dims.Hq // dims.Hkv, max_seqlen_q,
