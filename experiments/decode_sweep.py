@@ -18,12 +18,10 @@ longest, equal total tokens (32K): mixes equal_8x4096 and equal_32x1024, where p
 0.94x and 0.76x the padded kernel in E16 with its fixed 128x128 ``nww=8`` tile. Prediction: the
 square kernel's own choice (64x128 ``occ=2``) closes most of the gap.
 
-combine (E18b, after E18a's verdict made the rule one wave rounded down and the combine merge
-``TILE_S`` splits per step): the split count of the rule, the same with the combine's old
-one-split-per-step loop (``TILE_S = 1``, via ``kernels.DECODE_COMBINE_CHUNK``), and twice and
-half the rule's splits, against SDPA's flash and cuDNN back ends, B in {1, 8, 64}, 4K-128K.
-Prediction (the B=1 profile: the combine took 26 us of 150 at 32 splits, one dependent load per
-split): at B=1 the chunked combine saves ~0.5 us per split; at B=8 (2 splits) nothing.
+combine (E18b; the part ran at commit 0447127 and was removed with the kernel it tested,
+``experiments/data/26-decode-sweep/combine.json``): the split count of the rule, the same with
+the combine's one-split-per-step loop, and twice and half the rule's splits, against SDPA's
+flash and cuDNN back ends, B in {1, 8, 64}, 4K-128K.
 
 (E18a ran ``splits`` when the rule rounded up; it now rounds down, so a re-run dedupes the
 ``_floor`` rows.)
@@ -144,72 +142,6 @@ def run_splits(rounds: int) -> list[dict]:
     return rows
 
 
-COMBINE_SHAPES = [(1, 4096), (1, 32768), (1, 131072), (8, 4096), (8, 32768), (8, 131072),
-                  (64, 32768)]
-
-
-def _with_chunk(chunk: int, fn):
-    """Call ``fn`` with ``kernels.DECODE_COMBINE_CHUNK`` set to ``chunk`` (restored after)."""
-    from flashattn import kernels
-    old = kernels.DECODE_COMBINE_CHUNK
-    kernels.DECODE_COMBINE_CHUNK = chunk
-    try:
-        return fn()
-    finally:
-        kernels.DECODE_COMBINE_CHUNK = old
-
-
-def run_combine(rounds: int) -> list[dict]:
-    import torch
-
-    from flashattn.decode import decode
-    from flashattn.kernels import decode_num_splits
-    from flashattn.measure.bench_decode import hbm_peak
-    from flashattn.measure.libraries import library_fn
-    peak = hbm_peak(torch.cuda.get_device_name())
-    sm = torch.cuda.get_device_properties(0).multi_processor_count
-    rows = []
-    for B, N in COMBINE_SHAPES:
-        g = torch.Generator(device="cuda").manual_seed(B * 7 + N)
-        q = torch.randn(B, HQ, 1, D, generator=g, device="cuda", dtype=torch.float16)
-        k, v = (torch.randn(B, HKV, N, D, generator=g, device="cuda", dtype=torch.float16)
-                for _ in range(2))
-        lens = torch.full((B,), N, dtype=torch.int32, device="cuda")
-        rule = decode_num_splits(B=B, Hkv=HKV, rows=HQ // HKV, max_seqlen=N, head_dim=D,
-                                 sm_count=sm, arch="sm_90")
-        splits = {"rule": rule, "rule_s1": rule, "rule_x2": 2 * rule, "rule_half": rule // 2}
-        calls = {"rule": lambda: decode(q, k, v, lens),
-                 "rule_s1": lambda: _with_chunk(1, lambda: decode(q, k, v, lens)),
-                 "rule_x2": lambda: decode(q, k, v, lens, num_splits=2 * rule)}
-        if rule >= 2:
-            calls["rule_half"] = lambda: decode(q, k, v, lens, num_splits=rule // 2)
-        for lib in ("sdpa_flash", "sdpa_cudnn"):
-            try:
-                fn, ctx = library_fn(lib, q, k, v, causal=False, scale=1 / math.sqrt(D))
-                with ctx():
-                    fn()
-
-                def call(fn=fn, ctx=ctx):
-                    with ctx():
-                        return fn()
-                calls[lib] = call
-            except Exception as e:          # a back end that refuses the shape: a row
-                rows.append(dict(B=B, Nk=N, impl=lib, error=f"{type(e).__name__}: {e}"[:200]))
-        ref = calls["rule"]().float()
-        errs = {n: (calls[n]().float() - ref).abs().max().item() for n in calls}
-        got = _time(calls, rounds, "sdpa_cudnn" if "sdpa_cudnn" in calls else "rule")
-        kv_bytes = 2 * B * HKV * N * D * 2
-        for name, t in got.items():
-            gbps = kv_bytes / (t["median_ms"] * 1e-3) / 1e9
-            rows.append(dict(B=B, Nk=N, impl=name, num_splits=splits.get(name),
-                             max_abs_diff=errs[name], gbps=gbps,
-                             frac_peak=gbps / (peak[0] * 1e3) if peak[0] else None, **t))
-            r = next(t[k] for k in t if k.startswith("ratio_") and not k.endswith(("_lo", "_hi")))
-            print(f"B={B} Nk={N} {name:10s} splits={splits.get(name)!s:>4} "
-                  f"{t['median_ms']:.4f} ms {gbps:6.0f} GB/s  x ref {r:.3f}", flush=True)
-    return rows
-
-
 def run_varlen(rounds: int) -> list[dict]:
     import torch
 
@@ -254,7 +186,7 @@ def run_varlen(rounds: int) -> list[dict]:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--part", choices=("splits", "combine", "varlen"), required=True)
+    p.add_argument("--part", choices=("splits", "varlen"), required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--rounds", type=int, default=15)
     a = p.parse_args(argv)
@@ -264,7 +196,7 @@ def main(argv=None) -> int:
         return 1
     from flashattn.env import metadata
     t0 = time.perf_counter()
-    rows = {"splits": run_splits, "combine": run_combine, "varlen": run_varlen}[a.part](a.rounds)
+    rows = {"splits": run_splits, "varlen": run_varlen}[a.part](a.rounds)
     meta = metadata("python experiments/decode_sweep.py " + " ".join(argv or sys.argv[1:]))
     meta["seconds"] = round(time.perf_counter() - t0, 1)
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)

@@ -11,7 +11,8 @@
 
 Two launches: ``decode_split_kernel`` (one program per row block x split x (batch, kv head),
 partial outputs and log-sum-exps in fp32 scratch) and ``decode_combine_kernel`` (the exact LSE
-merge, the output in q's dtype). See ``flashattn/kernels/decode.py`` for the algorithm and
+merge, the output in q's dtype); one launch when the split rule picks one split (large batches
+fill the GPU without splitting): the split kernel writes the output (``FINAL``). See ``flashattn/kernels/decode.py`` for the algorithm and
 ``flashattn.reference.decode`` for its CPU reference.
 
 Public as ``flashattn.decode`` since its GPU tests (``tests/test_decode_gpu.py``: Nq 1-16,
@@ -68,7 +69,10 @@ def decode_plan(dims, *, num_splits=None, max_seqlen=None, sm_count: int, arch=N
     num_splits = int(num_splits)
     if num_splits > 65535:
         raise ValueError(f"num_splits must be at most 65535 (a grid axis), got {num_splits}")
-    comb_c = decode_combine_constants(head_dim=dims.D, num_splits=num_splits)
+    if num_splits == 1:
+        # One split: its normalised partial is the answer; the split kernel writes it.
+        split_c = dict(split_c, FINAL=True)
+    comb_c = decode_combine_constants(split_tile_m=split_c["TILE_M"], head_dim=dims.D)
     if dims.B * dims.Hkv > 65535:
         raise ValueError(f"B x Hkv = {dims.B * dims.Hkv} exceeds 65535 (a grid axis): decode "
                          "the batch in parts")
@@ -79,7 +83,8 @@ def decode_plan(dims, *, num_splits=None, max_seqlen=None, sm_count: int, arch=N
                 combine_constants=comb_c,
                 split_grid=decode_split_grid(B=dims.B, Hkv=dims.Hkv, rows=rows,
                                              tile_m=split_c["TILE_M"], num_splits=num_splits),
-                combine_grid=decode_combine_grid(B=dims.B, Hkv=dims.Hkv, rows=rows),
+                combine_grid=(None if num_splits == 1 else decode_combine_grid(
+                    B=dims.B, Hkv=dims.Hkv, rows=rows, tile_m=comb_c["TILE_M"])),
                 opart_shape=opart_shape, lse_shape=lse_shape)
 
 
@@ -146,17 +151,22 @@ def decode(q, k_cache, v_cache, cache_seqlens, *, block_table=None, scale=None,
     else:
         table = block_table if block_table.stride(-1) == 1 else block_table.contiguous()
     seqlens = cache_seqlens if cache_seqlens.stride(-1) == 1 else cache_seqlens.contiguous()
-    opart = torch.empty(plan["opart_shape"], dtype=torch.float32, device=q.device)
-    lse = torch.empty(plan["lse_shape"], dtype=torch.float32, device=q.device)
+    final = plan["combine_grid"] is None
+    # FINAL (one split): the split kernel writes out itself; Opart and Lse are never touched.
+    opart = torch.empty((1, 1, 1, 1) if final else plan["opart_shape"], dtype=torch.float32,
+                        device=q.device)
+    lse = torch.empty((1, 1, 1) if final else plan["lse_shape"], dtype=torch.float32,
+                      device=q.device)
     stream = torch.cuda.current_stream(q.device)
     split_kernel = hinted(DECODE_SPLIT.kernel(), DECODE_SPLIT_HINTS.get(arch, {}))
     ct.launch(stream, plan["split_grid"], split_kernel,
               DECODE_SPLIT.args(dict(Q=q_rows, K=k_cache, V=v_cache, BlockTable=table,
-                                     SeqLens=seqlens, Opart=opart, Lse=lse),
+                                     SeqLens=seqlens, Opart=opart, Lse=lse, Out=out_rows),
                                 dict(qk_scale=scale, num_q=Nq), plan["split_constants"]))
-    ct.launch(stream, plan["combine_grid"], DECODE_COMBINE.kernel(),
-              DECODE_COMBINE.args(dict(Opart=opart, Lse=lse, Out=out_rows), {},
-                                  plan["combine_constants"]))
+    if not final:
+        ct.launch(stream, plan["combine_grid"], DECODE_COMBINE.kernel(),
+                  DECODE_COMBINE.args(dict(Opart=opart, Lse=lse, Out=out_rows), {},
+                                      plan["combine_constants"]))
     return out
 
 

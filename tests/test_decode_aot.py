@@ -37,7 +37,7 @@ CASES = _cases()
 
 def _label(d, g, nq, page, c):
     return (f"D={d} G={g} Nq={nq} " + (f"page={page}" if page else "contiguous") +
-            f" {c.get('TILE_M', c.get('TILE_S'))}x{c.get('TILE_N', '-')}")
+            f" {c['TILE_M']}x{c.get('TILE_N', '-')}")
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +47,11 @@ def reports():
         c = decode_split_constants(rows=g * nq, head_dim=d, page_size=page, arch=arch)
         out[("split", arch, d, g, nq, page)] = compile_spec(
             DECODE_SPLIT, arch, c, dtype="float16", label=_label(d, g, nq, page, c))
-        cc = decode_combine_constants(head_dim=d, num_splits=16)
+        # One split: the kernel stores the output itself (FINAL); compiled for every case too.
+        cf = dict(c, FINAL=True)
+        out[("final", arch, d, g, nq, page)] = compile_spec(
+            DECODE_SPLIT, arch, cf, dtype="float16", label=_label(d, g, nq, page, c) + " final")
+        cc = decode_combine_constants(split_tile_m=c["TILE_M"], head_dim=d)
         out[("combine", arch, d, g, nq, page)] = compile_spec(
             DECODE_COMBINE, arch, cc, dtype="float16", label=_label(d, g, nq, page, cc))
     print("\n" + format_table(list(out.values())))
@@ -57,7 +61,7 @@ def reports():
 @pytest.mark.parametrize("arch,d,g,nq,page", CASES,
                          ids=[f"{a}-d{d}-g{g}-nq{n}-{p or 'contig'}" for a, d, g, n, p in CASES])
 def test_decode_kernels_compile(reports, arch, d, g, nq, page):
-    for kind in ("split", "combine"):
+    for kind in ("split", "final", "combine"):
         r = reports[(kind, arch, d, g, nq, page)]
         assert not r.error, f"{kind}: {r.error}"
         assert r.registers > 0 and r.sass_lines > 50
@@ -77,6 +81,6 @@ def test_split_kernel_uses_tensor_memory_loads_on_hopper(reports):
 def test_bfloat16_compiles():
     for spec, c in ((DECODE_SPLIT, decode_split_constants(rows=4, head_dim=128, page_size=64,
                                                          arch="sm_90")),
-                    (DECODE_COMBINE, decode_combine_constants(head_dim=128, num_splits=16))):
+                    (DECODE_COMBINE, decode_combine_constants(split_tile_m=16, head_dim=128))):
         r = compile_spec(spec, "sm_90", c, dtype="bfloat16")
         assert not r.error, r.error

@@ -213,7 +213,7 @@ def test_decode_signature_declares_int32_tables():
     by_name = dict(zip(DECODE_SPLIT.params, params))
     assert by_name["BlockTable"].dtype == ct.int32 and by_name["SeqLens"].dtype == ct.int32
     assert by_name["Opart"].dtype == ct.float32 and by_name["Q"].dtype == ct.bfloat16
-    assert [p.value for p in params[-4:]] == [c[n] for n in DECODE_SPLIT.constants]
+    assert [p.value for p in params[-5:]] == [c[n] for n in DECODE_SPLIT.constants]
 
 
 @pytest.mark.parametrize("head_dim", [16, 64, 80, 128, 256])
@@ -233,13 +233,11 @@ def test_decode_tiles(head_dim, rows):
                 assert page % tn == 0                    # a tile never straddles two pages
             c = decode_split_constants(rows=rows, head_dim=head_dim, page_size=page, arch=arch)
             assert set(c) == set(DECODE_SPLIT.constants) and c["PAGED"] is (page is not None)
+            assert c["FINAL"] is False
             assert (c["TILE_M"], c["TILE_N"], c["TILE_D"]) == (tm, tn, td)
-            for splits in (1, 2, 3, 16, 17, 256):
-                cc = decode_combine_constants(head_dim=head_dim, num_splits=splits)
-                assert set(cc) == set(DECODE_COMBINE.constants) and cc["TILE_D"] == td
-                ts = cc["TILE_S"]
-                assert ts & (ts - 1) == 0 and ts * td <= max(4096, td)
-                assert ts >= min(splits, 4096 // td)                 # as many as fit
+            cc = decode_combine_constants(split_tile_m=tm, head_dim=head_dim)
+            assert set(cc) == set(DECODE_COMBINE.constants)
+            assert tm % cc["TILE_M"] == 0 and cc["TILE_M"] * cc["TILE_D"] <= 2048
 
 
 def test_decode_tiles_refuse_bad_arguments():
@@ -347,6 +345,8 @@ CASES = [  # B, Hq, Hkv, Nq, D, paged, lens, num_splits
     (2, 32, 1, 4, 80, True, [100, 5], 3),
     (2, 16, 1, 16, 32, True, [128, 16], 2),        # 256 rows: 4 row blocks
     (1, 4, 4, 2, 128, False, [77], 7),
+    (2, 32, 8, 4, 64, True, [128, 3], 1),           # one split: one launch (FINAL)
+    (2, 8, 8, 1, 128, False, [0, 128], 1),
 ]
 
 
@@ -363,13 +363,16 @@ def test_host_launches_compute_decode_attention(emulated_gpu, B, Hq, Hkv, Nq, D,
     ref = decode_attention(q, k, v, seqlens, block_table=table)
     err = (out.float() - ref).abs().max().item()
     assert err < 2e-3, err
-    split, combine = emulated_gpu.launched
-    assert split.kernel is DECODE_SPLIT.kernel() and combine.kernel is DECODE_COMBINE.kernel()
+    split, *rest = emulated_gpu.launched
+    final = split.grid[1] == 1
+    assert split.kernel is DECODE_SPLIT.kernel()
+    # One split: the split kernel writes the output (FINAL), no combine; otherwise a combine.
+    assert [r.kernel for r in rest] == ([] if final else [DECODE_COMBINE.kernel()])
     rows = Hq // Hkv * Nq
     c = decode_split_constants(rows=rows, head_dim=D, page_size=32 if paged else None,
-                               arch="sm_90")
-    assert split.args[-4:] == [c[n] for n in DECODE_SPLIT.constants]
-    assert split.args[7] == pytest.approx(1 / math.sqrt(D)) and split.args[8] == Nq
+                               arch="sm_90", final=final)
+    assert split.args[-5:] == [c[n] for n in DECODE_SPLIT.constants]
+    assert split.args[8] == pytest.approx(1 / math.sqrt(D)) and split.args[9] == Nq
     if splits is not None:
         assert split.grid[1] == splits
     assert split.grid == (-(-rows // c["TILE_M"]), split.grid[1], B * Hkv)

@@ -264,15 +264,13 @@ def test_emulated_kernels_match_the_reference(hq, hkv, nq, d, page, tm, tn, spli
     lens = np.array([0, 1, nq, 97, 130], np.int32)
     q, k, v = make(len(lens), hq, hkv, nq, d, 130, seed=hq + nq + d, dtype=np.float32)
     ref = decode_attention(q, *poison_tail(k, v, lens), lens)
-    # The combine merges 1, 2, 4 or 8 splits per step (a last step past the splits included).
-    ts = 1 << (splits % 4)
     if page is None:
         out = emulate_decode(q, *poison_tail(k, v, lens), lens, num_splits=splits, tile_m=tm,
-                             tile_n=tn, combine_tile_s=ts)
+                             tile_n=tn)
     else:
         kp, vp, table = to_paged(k, v, lens, page, seed=d)
         out = emulate_decode(q, kp, vp, lens, table, num_splits=splits, tile_m=tm, tile_n=tn,
-                             combine_tile_s=ts)
+                             combine_tile_m=max(1, tm // 2))
     assert np.isfinite(out).all(), "garbage past a sequence reached the output"
     np.testing.assert_allclose(out, ref, atol=2e-6)
 

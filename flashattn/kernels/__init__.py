@@ -118,21 +118,21 @@ DECODE_MAX_SPLITS = 256       # beyond this, partials and the combine's loop out
 # without spills, and E18 timed it: no gain at the grid the split rule picks (one wave), so
 # no entry.
 DECODE_SPLIT_HINTS: dict[str, dict] = {}
-DECODE_COMBINE_CHUNK = 4096   # fp32 values of the partial outputs one combine step loads
+DECODE_COMBINE_ELEMS = 2048   # fp32 values per combine tile (its loop keeps two such tiles)
 
 
 DECODE_SPLIT = KernelSpec(
     "decode_split", "flashattn.kernels.decode", "decode_split_kernel",
     arrays=(Array("Q", 4), Array("K", 4), Array("V", 4), Array("BlockTable", 2, "int32"),
             Array("SeqLens", 1, "int32"), Array("Opart", 4, "float32"),
-            Array("Lse", 3, "float32")),
+            Array("Lse", 3, "float32"), Array("Out", 4)),
     scalars=(("qk_scale", float), ("num_q", int)),
-    constants=("TILE_M", "TILE_N", "TILE_D", "PAGED"))
+    constants=("TILE_M", "TILE_N", "TILE_D", "PAGED", "FINAL"))
 
 DECODE_COMBINE = KernelSpec(
     "decode_combine", "flashattn.kernels.decode", "decode_combine_kernel",
     arrays=(Array("Opart", 4, "float32"), Array("Lse", 3, "float32"), Array("Out", 4)),
-    scalars=(), constants=("TILE_D", "TILE_S"))
+    scalars=(), constants=("TILE_M", "TILE_D"))
 
 DECODE = {"decode_split": DECODE_SPLIT, "decode_combine": DECODE_COMBINE}
 
@@ -175,25 +175,20 @@ def decode_tiles(*, rows: int, head_dim: int, page_size: int | None = None,
 
 
 def decode_split_constants(*, rows: int, head_dim: int, page_size: int | None,
-                           arch: str | None = None) -> dict:
-    """The constants of ``decode_split_kernel`` by name; ``page_size=None``: contiguous cache."""
+                           arch: str | None = None, final: bool = False) -> dict:
+    """The constants of ``decode_split_kernel`` by name; ``page_size=None``: contiguous cache;
+    ``final``: one split, the kernel writes the output (no combine)."""
     tile_m, tile_n = decode_tiles(rows=rows, head_dim=head_dim, page_size=page_size, arch=arch)
     return dict(TILE_M=tile_m, TILE_N=tile_n, TILE_D=tile_d_for(head_dim),
-                PAGED=page_size is not None)
+                PAGED=page_size is not None, FINAL=bool(final))
 
 
-def decode_combine_constants(*, head_dim: int, num_splits: int = 1) -> dict:
-    """The constants of ``decode_combine_kernel`` by name (one program per packed row).
-
-    TILE_S: the splits merged per step, the split count rounded up to a power of two, as many
-    as keep the ``TILE_S x TILE_D`` partial outputs within ``DECODE_COMBINE_CHUNK`` fp32 values
-    (at least 1).
-    """
+def decode_combine_constants(*, split_tile_m: int, head_dim: int) -> dict:
+    """The constants of ``decode_combine_kernel`` by name: the split kernel's row tile
+    (``split_tile_m``), or fewer rows (a power of two, so a divisor of it) so that a tile holds
+    at most ``DECODE_COMBINE_ELEMS`` fp32 values."""
     td = tile_d_for(head_dim)
-    if int(num_splits) < 1:
-        raise ValueError(f"num_splits must be positive, got {num_splits}")
-    tile_s = min(1 << (int(num_splits) - 1).bit_length(), max(1, DECODE_COMBINE_CHUNK // td))
-    return dict(TILE_D=td, TILE_S=tile_s)
+    return dict(TILE_M=max(1, min(int(split_tile_m), DECODE_COMBINE_ELEMS // td)), TILE_D=td)
 
 
 def decode_row_blocks(rows: int, tile_m: int) -> int:
@@ -208,9 +203,9 @@ def decode_split_grid(*, B: int, Hkv: int, rows: int, tile_m: int,
     return (decode_row_blocks(rows, tile_m), int(num_splits), int(B) * int(Hkv))
 
 
-def decode_combine_grid(*, B: int, Hkv: int, rows: int) -> tuple[int, int, int]:
-    """(rows, B * Hkv, 1): one program per packed row."""
-    return (int(rows), int(B) * int(Hkv), 1)
+def decode_combine_grid(*, B: int, Hkv: int, rows: int, tile_m: int) -> tuple[int, int, int]:
+    """(row blocks of the combine's TILE_M, B * Hkv, 1)."""
+    return (decode_row_blocks(rows, tile_m), int(B) * int(Hkv), 1)
 
 
 def decode_partial_shapes(*, num_splits: int, B: int, Hkv: int, rows: int, tile_m: int,

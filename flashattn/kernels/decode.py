@@ -8,7 +8,9 @@ and each query head of a GQA group would read the same K/V again. Here:
   query ``i`` of head ``kv_head * G + g``), so each K/V tile is read once per group;
 * the cache length is split across programs (``decode_split_kernel``), each writing a partial
   output and its log-sum-exp; ``decode_combine_kernel`` merges them with the exact LSE algebra:
-  ``lse = log2(sum_s 2^lse_s)``, ``o = sum_s 2^(lse_s - lse) o_s``;
+  ``lse = log2(sum_s 2^lse_s)``, ``o = sum_s 2^(lse_s - lse) o_s``; with one split (large
+  batches fill the GPU without splitting) the split kernel writes the output itself (``FINAL``)
+  and the combine does not run;
 * the per-sequence lengths (and the block table) are read from device tensors inside the kernel,
   so one launch can be captured in a CUDA graph and replayed while the lengths change.
 
@@ -22,6 +24,7 @@ tensors)::
     SeqLens: (B,) int32                       keys of sequence b: 0 .. SeqLens[b] - 1
     Opart:   (num_splits, B * Hkv, M_pad, TILE_D) fp32   normalised partial outputs
     Lse:     (num_splits, B * Hkv, M_pad) fp32            partial log-sum-exps, base 2
+             (FINAL: small placeholders, never read or written)
 
 Query row ``i`` of a sequence sits at position ``SeqLens[b] - Nq + i`` (the new tokens are the
 last ``Nq`` entries of the cache) and sees keys ``0 .. SeqLens[b] - Nq + i``; a row that sees no
@@ -48,15 +51,17 @@ INV_LOG_2 = 1.0 / math.log(2)  # exp(x) = exp2(x * log2(e))
 
 
 @ct.kernel
-def decode_split_kernel(Q, K, V, BlockTable, SeqLens, Opart, Lse,
+def decode_split_kernel(Q, K, V, BlockTable, SeqLens, Opart, Lse, Out,
                         qk_scale: float, num_q: int,
                         TILE_M: ConstInt, TILE_N: ConstInt, TILE_D: ConstInt,
-                        PAGED: ConstBool):
+                        PAGED: ConstBool, FINAL: ConstBool):
     """Partial attention of one GQA group over one run of the cache.
 
     Grid: ``(cdiv(G * Nq, TILE_M), num_splits, B * Hkv)``. qk_scale: the softmax scale (natural
     units); num_q: Nq. With PAGED, ``page_size = K.shape[2]`` is a multiple of TILE_N, so a K/V
-    tile never straddles two pages.
+    tile never straddles two pages. With FINAL (one split: the partial is the answer) the
+    program writes its normalised output to ``Out`` in Out's dtype and no combine runs; Opart
+    and Lse are then not touched. Otherwise ``Out`` is not touched.
     """
     # --- Program id -> (row block, split, batch, kv head) ---
     bid_m = ct.bid(0)
@@ -145,46 +150,46 @@ def decode_split_kernel(Q, K, V, BlockTable, SeqLens, Opart, Lse,
         # A length past the cache or a page id out of range: NaN, never a wrong number.
         o = ct.full((TILE_M, TILE_D), math.nan, dtype=ct.float32)
         lse = ct.full((TILE_M, 1), math.nan, dtype=ct.float32)
-    ct.store(Opart, index=(split, bh, bid_m, 0), tile=o.reshape((1, 1, TILE_M, TILE_D)))
-    ct.store(Lse, index=(split, bh, bid_m), tile=lse.reshape((1, 1, TILE_M)))
+    if FINAL:
+        # Rows past G * Nq and columns past D are dropped by the store (as in the combine).
+        ct.store(Out, index=(batch_idx, kv_head, bid_m, 0),
+                 tile=o.reshape((1, 1, TILE_M, TILE_D)).astype(Out.dtype))
+    else:
+        ct.store(Opart, index=(split, bh, bid_m, 0), tile=o.reshape((1, 1, TILE_M, TILE_D)))
+        ct.store(Lse, index=(split, bh, bid_m), tile=lse.reshape((1, 1, TILE_M)))
 
 
 @ct.kernel
-def decode_combine_kernel(Opart, Lse, Out, TILE_D: ConstInt, TILE_S: ConstInt):
-    """Merge the splits' partial outputs of one row: the LSE algebra, ``TILE_S`` splits a step.
+def decode_combine_kernel(Opart, Lse, Out, TILE_M: ConstInt, TILE_D: ConstInt):
+    """Merge the splits' partial outputs: the LSE algebra, as an online softmax over splits.
 
-    Grid: ``(G * Nq, B * Hkv, 1)``: one program per packed row. Each step loads the
-    log-sum-exps ``[TILE_S, 1]`` and partial outputs ``[TILE_S, TILE_D]`` of ``TILE_S`` splits
-    (splits past the last read ``lse = -inf`` and ``o = 0``: weight 0), reduces them over the
-    split axis, and folds the result into a running (max, sum, output) as the online softmax of
-    chapter 2 does with key tiles. So the loop is ``cdiv(num_splits, TILE_S)`` steps long, not
-    ``num_splits`` (E18: with one dependent load per split the combine was latency-bound).
-    Out is written in its own dtype; columns past D are dropped by the store. A row whose
-    splits all have ``lse = -inf`` (no visible key) gets 0; a NaN partial stays NaN.
+    Grid: ``(cdiv(G * Nq, TILE_M), B * Hkv, 1)``. Out is written in its own dtype; rows past
+    G * Nq and columns past D are dropped by the store. A row whose splits all have
+    ``lse = -inf`` (no visible key) gets 0; a NaN partial stays NaN.
     """
-    row = ct.bid(0)
+    bid_m = ct.bid(0)
     bh = ct.bid(1)
     num_splits = Opart.shape[0]
     num_kv_heads = Out.shape[1]
     batch_idx = bh // num_kv_heads
     kv_head = bh % num_kv_heads
 
-    m = ct.full((1, 1), -math.inf, dtype=ct.float32)                 # running max of lse_s
-    l = ct.full((1, 1), 0.0, dtype=ct.float32)                       # sum of 2^(lse_s - m)
-    acc = ct.full((1, TILE_D), 0.0, dtype=ct.float32)               # sum of 2^(lse_s - m) o_s
-    for c in range(ct.cdiv(num_splits, TILE_S)):
-        lse = ct.load(Lse, index=(c, bh, row), shape=(TILE_S, 1, 1),
-                      padding_mode=ct.PaddingMode.NEG_INF).reshape((TILE_S, 1))
-        o = ct.load(Opart, index=(c, bh, row, 0), shape=(TILE_S, 1, 1, TILE_D),
-                    padding_mode=ct.PaddingMode.ZERO).reshape((TILE_S, TILE_D))
-        m_new = max(m, ct.max(lse, axis=0, keepdims=True))           # [1, 1]
+    m = ct.full((TILE_M, 1), -math.inf, dtype=ct.float32)            # running max of lse_s
+    l = ct.full((TILE_M, 1), 0.0, dtype=ct.float32)                  # sum of 2^(lse_s - m)
+    acc = ct.full((TILE_M, TILE_D), 0.0, dtype=ct.float32)          # sum of 2^(lse_s - m) o_s
+    for s in range(num_splits):
+        lse = ct.load(Lse, index=(s, bh, bid_m), shape=(1, 1, TILE_M))
+        lse = lse.reshape((TILE_M, 1))                               # [TILE_M, 1]
+        o = ct.load(Opart, index=(s, bh, bid_m, 0), shape=(1, 1, TILE_M, TILE_D))
+        o = o.reshape((TILE_M, TILE_D))                              # [TILE_M, TILE_D]
+        m_new = max(m, lse)                                          # [TILE_M, 1]
         m_use = ct.where(m_new == -math.inf, 0.0, m_new)             # all -inf so far: weights 0
-        alpha = ct.exp2(m - m_use)                                   # [1, 1]
-        w = ct.exp2(lse - m_use)                                     # [TILE_S, 1]
-        l = l * alpha + ct.sum(w, axis=0, keepdims=True)             # [1, 1]
-        acc = acc * alpha + ct.sum(w * o, axis=0, keepdims=True)    # [1, TILE_D]
+        alpha = ct.exp2(m - m_use)                                   # [TILE_M, 1]
+        w = ct.exp2(lse - m_use)                                     # [TILE_M, 1]
+        l = l * alpha + w
+        acc = acc * alpha + w * o                                    # [TILE_M, TILE_D]
         m = m_new
 
-    out = ct.truediv(acc, ct.where(l > 0.0, l, 1.0))                # [1, TILE_D]
-    out = out.reshape((1, 1, 1, TILE_D)).astype(Out.dtype)
-    ct.store(Out, index=(batch_idx, kv_head, row, 0), tile=out)
+    out = ct.truediv(acc, ct.where(l > 0.0, l, 1.0))                # [TILE_M, TILE_D]
+    out = out.reshape((1, 1, TILE_M, TILE_D)).astype(Out.dtype)
+    ct.store(Out, index=(batch_idx, kv_head, bid_m, 0), tile=out)

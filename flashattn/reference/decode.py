@@ -279,17 +279,19 @@ def online_step(qk, m_i, l_i, acc, v, scale2):
     return m_ij, l_i * alpha + p.sum(axis=1, keepdims=True), acc * alpha + p @ v
 
 
-def emulate_split_kernel(grid, Q, K, V, BlockTable, SeqLens, Opart, Lse, qk_scale, num_q,
-                         TILE_M, TILE_N, TILE_D, PAGED):
+def emulate_split_kernel(grid, Q, K, V, BlockTable, SeqLens, Opart, Lse, Out, qk_scale, num_q,
+                         TILE_M, TILE_N, TILE_D, PAGED, FINAL=False):
     """``decode_split_kernel`` on NumPy arrays in the kernel's layout, program by program.
 
     Arguments in the kernel's order (``grid`` first); Opart and Lse are written in place and
-    the arithmetic is done in Opart's dtype. Follows the kernel line by line: the split rule
+    the arithmetic is done in Opart's dtype; with FINAL (one split) the normalised output is
+    written to ``Out`` (B, Hkv, rows, D) instead, rows and columns past its shape dropped, and
+    the arithmetic is done in float64 if Out is float64, else float32. Follows the kernel line by line: the split rule
     read from each length, tiles loaded with zero padding, the mask only on tiles past
     ``len - Nq + 1``, -inf selected (not added), V rows past the length zeroed, and the
     device-side guards (a length outside ``[0, capacity]`` or a page id out of range: NaN).
     """
-    dt = Opart.dtype
+    dt = (np.float64 if Out.dtype == np.float64 else np.float32) if FINAL else Opart.dtype
     m_blocks, num_splits, _ = grid
     num_pages, num_kv_heads, page_size, D = K.shape
     capacity = BlockTable.shape[1] * page_size if PAGED else page_size
@@ -342,46 +344,45 @@ def emulate_split_kernel(grid, Q, K, V, BlockTable, SeqLens, Opart, Lse, qk_scal
             lse = np.where(has, m_i + np.log2(np.where(has, l_i, 1.0)), -np.inf)
             if bad:
                 o, lse = np.full_like(o, np.nan), np.full_like(lse, np.nan)
-            Opart[split, bh, bid_m * TILE_M:(bid_m + 1) * TILE_M] = o
-            Lse[split, bh, bid_m * TILE_M:(bid_m + 1) * TILE_M] = lse[:, 0]
+            if FINAL:
+                rows = Out.shape[2]
+                n = max(0, min(TILE_M, rows - bid_m * TILE_M))
+                Out[b, kv_head, bid_m * TILE_M:bid_m * TILE_M + n] = o[:n, :D]
+            else:
+                Opart[split, bh, bid_m * TILE_M:(bid_m + 1) * TILE_M] = o
+                Lse[split, bh, bid_m * TILE_M:(bid_m + 1) * TILE_M] = lse[:, 0]
 
 
-def emulate_combine_kernel(grid, Opart, Lse, Out, TILE_D, TILE_S=1):
-    """``decode_combine_kernel`` on NumPy arrays, one program per packed row: an online softmax
-    over the splits (base 2), ``TILE_S`` splits per step (those past the last read as
-    ``lse = -inf``, ``o = 0``, the kernel's padding); writes ``Out`` (B, Hkv, rows, D) in place,
-    dropping columns past D."""
-    rows_grid, _, _ = grid
+def emulate_combine_kernel(grid, Opart, Lse, Out, TILE_M, TILE_D):
+    """``decode_combine_kernel`` on NumPy arrays: an online softmax over the splits (base 2);
+    writes ``Out`` (B, Hkv, rows, D) in place, dropping rows and columns past its shape."""
+    m_blocks, _, _ = grid
     num_splits = Opart.shape[0]
     _, num_kv_heads, rows, D = Out.shape
-    s_pad = -(-num_splits // TILE_S) * TILE_S
     with np.errstate(invalid="ignore", over="ignore"):
-        for row, bh in np.ndindex(rows_grid, grid[1]):
+        for bid_m, bh in np.ndindex(m_blocks, grid[1]):
             b, kv_head = divmod(bh, num_kv_heads)
-            lse_all = np.full((s_pad, 1), -np.inf, Opart.dtype)
-            o_all = np.zeros((s_pad, TILE_D), Opart.dtype)
-            lse_all[:num_splits, 0] = Lse[:, bh, row]
-            o_all[:num_splits] = Opart[:, bh, row]
-            m = np.full((1, 1), -np.inf, Opart.dtype)
-            l = np.zeros((1, 1), Opart.dtype)
-            acc = np.zeros((1, TILE_D), Opart.dtype)
-            for c in range(s_pad // TILE_S):
-                lse = lse_all[c * TILE_S:(c + 1) * TILE_S]
-                o = o_all[c * TILE_S:(c + 1) * TILE_S]
-                # The GPU's max drops a NaN operand (fmax); a NaN partial still makes w NaN.
-                m_new = np.fmax(m, np.fmax.reduce(lse, axis=0, keepdims=True))
+            sl = slice(bid_m * TILE_M, (bid_m + 1) * TILE_M)
+            m = np.full((TILE_M, 1), -np.inf, Opart.dtype)
+            l = np.zeros((TILE_M, 1), Opart.dtype)
+            acc = np.zeros((TILE_M, TILE_D), Opart.dtype)
+            for s in range(num_splits):
+                lse = Lse[s, bh, sl][:, None]
+                o = Opart[s, bh, sl]
+                m_new = np.fmax(m, lse)                # the GPU's max drops a NaN operand
                 m_use = np.where(np.isneginf(m_new), 0.0, m_new)
                 alpha, w = np.exp2(m - m_use), np.exp2(lse - m_use)
-                l = l * alpha + w.sum(axis=0, keepdims=True)
-                acc = acc * alpha + (w * o).sum(axis=0, keepdims=True)
+                l = l * alpha + w
+                acc = acc * alpha + w * o
                 m = m_new
-            if row < rows:
-                Out[b, kv_head, row] = (acc / np.where(l > 0, l, 1.0))[0, :D]
+            out = acc / np.where(l > 0, l, 1.0)
+            n = min(TILE_M, rows - bid_m * TILE_M)
+            Out[b, kv_head, sl][:n] = out[:n, :D]
 
 
 def emulate_decode(q, k_cache, v_cache, cache_seqlens, block_table=None, *, scale=None,
                    num_splits: int = 1, tile_m: int = 16, tile_n: int = 64,
-                   combine_tile_s: int = 1, return_partials: bool = False):
+                   combine_tile_m: int | None = None, return_partials: bool = False):
     """``decode_split_kernel`` then ``decode_combine_kernel`` (kernels/decode.py), in NumPy,
     with the host's layout (the GQA group's heads packed as rows) and *no host check of the
     values*: a length outside ``[0, capacity]`` or a page id out of range makes that sequence's
@@ -410,11 +411,16 @@ def emulate_decode(q, k_cache, v_cache, cache_seqlens, block_table=None, *, scal
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
     Opart = np.zeros((num_splits, B * Hkv, m_blocks * tile_m, TD), dt)
     Lse = np.zeros((num_splits, B * Hkv, m_blocks * tile_m), dt)
-    emulate_split_kernel((m_blocks, num_splits, B * Hkv), qn.reshape(B, Hkv, rows, D), kn, vn,
-                         table, lens, Opart, Lse, scale, Nq, tile_m, tile_n, TD,
-                         block_table is not None)
     out = np.zeros((B, Hkv, rows, D), dt)
-    emulate_combine_kernel((rows, B * Hkv, 1), Opart, Lse, out, TD, combine_tile_s)
+    # One split: the split kernel writes the output itself (FINAL), as the host launches it
+    # (the partials are then computed too when asked for, for return_partials).
+    final = num_splits == 1 and not return_partials
+    emulate_split_kernel((m_blocks, num_splits, B * Hkv), qn.reshape(B, Hkv, rows, D), kn, vn,
+                         table, lens, Opart, Lse, out, scale, Nq, tile_m, tile_n, TD,
+                         block_table is not None, final)
+    if not final:
+        ctm = tile_m if combine_tile_m is None else combine_tile_m
+        emulate_combine_kernel((-(-rows // ctm), B * Hkv, 1), Opart, Lse, out, ctm, TD)
     out = out.reshape(B, Hq, Nq, D)
     if return_partials:
         return out, Opart, Lse
