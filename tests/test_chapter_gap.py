@@ -128,3 +128,28 @@ def test_memory_units_from_the_recorded_report():
     assert (units.max() <= busiest + 1e-6).all()
     with pytest.raises(KeyError, match="not in the report"):
         gap.memory_units(report, ["no_such_step"])
+
+
+def _run(doc, rows):
+    """An experiment run's rows: (impl, N, samples, config)."""
+    return pd.DataFrame([dict(document=doc, workload="w-" + doc, impl=i, Nq=n, samples_ms=s,
+                              config=c, tflops=100.0) for i, n, s, c in rows])
+
+
+def test_revisit_table_pairs_against_the_tile_and_cudnn():
+    ref, cfg = gap.WG128, "128x128:occ=1:nww=8"
+    base = [1.0, 1.1, 0.9, 1.0, 1.05]
+    rows = [(ref, 4096, base, "128x128"), (ref + "#2", 4096, base, "128x128"),
+            ("sdpa_cudnn", 4096, [t / 2 for t in base], ""),
+            (f"pair@{cfg}", 4096, [t * 0.5 for t in base], "128x128"),      # twice as fast
+            (f"persistent@{cfg}", 4096, [t * 2 for t in base], "128x128"),  # twice as slow
+            ("best", 4096, base, "64x128")]
+    t = gap.revisit_table({"13.4": _run("causal", rows), "13.5": _run("full", rows[:3])})
+    a = t[t.compiler == "13.4"].set_index("impl")
+    assert a.loc["pair", "x_ref"] == (2.0, 2.0, 2.0) and a.loc["pair", "call"] == "faster"
+    assert a.loc["persistent", "call"] == "slower" and a.loc["best", "call"] == "no effect detected"
+    assert a.loc["warp_groups", "call"] == "reference"
+    assert a.loc["warp_groups", "x_cudnn"] == (0.5, 0.5, 0.5)
+    assert bool(a["causal"].all()) and "arch_tuned" not in a.index   # absent rows are skipped
+    b = t[t.compiler == "13.5"]
+    assert list(b["impl"]) == ["warp_groups"] and not b["causal"].any()

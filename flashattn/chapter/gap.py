@@ -227,3 +227,44 @@ def target_table(results, impl: str = "best", targets=TARGETS, peak: float = PEA
                      "cuDNN % of peak": 100 * ref["tflops"] / peak,
                      "target": tgt, "status": status, "margin %": 100 * (x - tgt)})
     return pd.DataFrame(rows)
+
+
+# --- E19/E20: the refuted experiments at 128-row warp-group tiles, per compiler ----------------
+WG128 = "warp_groups@128x128:occ=1:nww=8"
+REVISITED = ("pair", "lazy_rescale", "exp_poly", "persistent")
+
+
+def revisit_table(runs: dict, ref: str = WG128, variants=REVISITED,
+                  config: str = "128x128:occ=1:nww=8", documents=("causal", "full")):
+    """One row per (compiler, causal, N, implementation) of experiment runs made with
+    ``experiments/e19_run.sh``: the speed over cuDNN and over ``ref`` (the 128-row tile with
+    two consumer warp groups), each paired by round (ratio, lo, hi); the resolution (the
+    control ``ref#2`` against ``ref``) and the call against ``ref``.
+
+    runs: {compiler label: experiment DataFrame (``Results.experiment``)}; documents: the
+    runs' documents to read (file stems), causal first.
+    """
+    import pandas as pd
+    impls = ("best", "arch_tuned", ref, *(f"{v}@{config}" for v in variants))
+    rows = []
+    for label, df in runs.items():
+        for doc in documents:
+            b = df[df["document"] == doc]
+            if b.empty:
+                continue
+            wl = b["workload"].iloc[0]
+            for n in sorted(b["Nq"].unique()):
+                res = resolution(b, n, wl, controls=((ref + "#2", ref),))
+                for impl in impls:
+                    sel = (b["impl"] == impl) & (b["Nq"] == n)
+                    if not sel.any():
+                        continue
+                    mine = impl == ref
+                    e = (1.0, 1.0, 1.0) if mine else paired(b, impl, ref, n, wl)
+                    rows.append(dict(
+                        compiler=label, causal=doc.startswith("causal"), N=int(n),
+                        impl=impl.split("@")[0], config=b.loc[sel, "config"].iloc[0],
+                        tflops=float(b.loc[sel, "tflops"].iloc[0]),
+                        x_cudnn=paired(b, impl, "sdpa_cudnn", n, wl), x_ref=e, resolution=res,
+                        call="reference" if mine else call(e, res)))
+    return pd.DataFrame(rows)
