@@ -176,12 +176,13 @@ def decode(q, k_cache, v_cache, cache_seqlens, *, block_table=None, scale=None,
 # leaves most SMs idle and reads each K/V tile once per query head of a GQA group (issue 12:
 # 0.12x PyTorch at B=1, 128K keys). ``python -m flashattn decode-bench --part crossover`` times
 # both for Nq in {1, 4, 16} and Nk from 128 to 8K. Measured on the H200
-# (results/h200/decode/crossover-varlen.json, B=8, GQA 32:8, D=128, fp16): the decode path is
-# faster than the square kernel for Nq = 1 and 4 from Nk = 2048 up (1.08-1.27x), not at
-# Nk = 1024 (0.92-0.94x); for Nq = 16 the square kernel is faster at every Nk measured
+# (results/h200/decode/crossover-varlen.json, B=8, GQA 32:8, D=128, fp16, with the one-wave split
+# rule): the decode path is faster than the square kernel for Nq = 1 and 4 from Nk = 1024 up
+# (1.09-1.51x), not at 256 and 512 (0.90-0.98x; at 128 it reads 1.02-1.13x, a point the rule
+# leaves to the square kernel); for Nq = 16 the square kernel is faster at every Nk measured
 # (128 .. 8192). Nq 5 .. 15 was not measured: left to the square kernel.
 DECODE_PATH_MAX_NQ = 4
-DECODE_PATH_MIN_NK = 2048
+DECODE_PATH_MIN_NK = 1024
 DECODE_PATH_MAX_GRID = 65535  # B x Hkv: one grid axis of the split kernel
 
 

@@ -40,7 +40,7 @@ def test_flashattn_decode_is_the_public_function():
     (dict(Nq=4), False, 0, False),                     # non-causal rows > 1: not decode's mask
     (dict(Nq=16, B=8), True, 0, False),                # the square kernel is faster there
     (dict(Nq=17), True, 0, False),                     # past the decode kernels' Nq
-    (dict(Nk=1024), True, 1023, False),                # a short cache: the square kernel
+    (dict(Nk=512), True, 511, False),                  # a short cache: the square kernel
     (dict(Nk=host.DECODE_PATH_MIN_NK, Nq=1), True, host.DECODE_PATH_MIN_NK - 1, True),
     (dict(dtype=torch.float32), True, 32767, False),   # attention refuses it anyway
     (dict(device="cpu"), True, 32767, False),
