@@ -8,6 +8,8 @@ rules of ``flashattn.kernels`` (no GPU):
     decode.intensity(G=4, Nq=1)             # FLOP per byte of K/V read: G * Nq
     decode.split_table(d)                   # what decode_num_splits picks for the measured shapes
     decode.results_table(d), decode.targets(d)
+    decode.split_sweep(), decode.combine_sweep()   # experiments E18a and E18b (26-decode-sweep)
+    decode.kernel_times(d, "decode-b1"), decode.varlen_profile(d)
     decode.bandwidth_figure(d), decode.roofline_figure(d)
 
 Columns of the decode rows (``flashattn.data.schema``, DECODE_FIELDS): ``median_ms`` (GPU time
@@ -32,9 +34,12 @@ __all__ = ["DecodeData", "load", "intensity", "ridge", "gqa_bytes", "split_plan"
            "results_table", "targets", "target_summary", "crossover_table", "path_table",
            "host_table", "varlen_table", "paging_cost", "profile_frame", "bandwidth_figure",
            "roofline_figure", "crossover_figure", "kernel_listing", "merge_demo", "live_step",
-           "OURS", "TORCH", "LABELS", "PEAK_TFLOPS"]
+           "split_sweep", "split_sweep_table", "combine_sweep", "combine_sweep_table",
+           "combine_run_comparison", "kernel_times", "varlen_profile", "varlen_tile_sweep",
+           "SWEEP_RUN", "OURS", "TORCH", "LABELS", "PEAK_TFLOPS"]
 
 PEAK_TFLOPS = 989.0          # H100/H200 dense fp16 tensor-core peak (datasheet), the roofline roof
+SWEEP_RUN = "26-decode-sweep"  # experiments/data/<run>/: E18a (splits), E18b (combine), varlen
 OURS = ("decode", "decode_paged16", "decode_paged64")
 TORCH = ("sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "sdpa_math", "flex")
 LABELS = {"decode": "decode (ours, contiguous)", "decode_paged16": "decode (ours, pages of 16)",
@@ -54,7 +59,10 @@ class DecodeData:
     decode: every row of the decode part (errors included: ``error`` not null); crossover,
     varlen, host: the rows of those parts; meta: the decode document's metadata (GPU, peak);
     profile: the long Nsight Compute frame of ``profiles/decode`` (``step``, ``kernel``, metric
-    columns); profile_meta: its metadata.
+    columns); profile_meta: its metadata; profiles: the further profiles by name (wide frames,
+    one row per step and kernel): ``"decode-b1"`` (B=1, 128K), ``"varlen"`` (32 x 1K, causal)
+    and ``"varlen-before"`` (the same, recorded before E18's varlen grid and tile,
+    ``experiments/data/26-decode-sweep/profiles-before/varlen/``).
     """
     decode: pd.DataFrame
     crossover: pd.DataFrame
@@ -63,6 +71,7 @@ class DecodeData:
     meta: dict
     profile: pd.DataFrame = field(default_factory=pd.DataFrame)
     profile_meta: dict = field(default_factory=dict)
+    profiles: dict = field(default_factory=dict)
 
     @property
     def ok(self) -> pd.DataFrame:
@@ -102,16 +111,28 @@ def load(gpu: str = DEFAULT_GPU, root=None) -> DecodeData:
     dec = read_json(base / "decode" / "decode.json")
     cv = to_frame(read_json(base / "decode" / "crossover-varlen.json"))
     host = to_frame(read_json(base / "decode" / "host.json"))
-    prof, prof_meta = pd.DataFrame(), {}
+    prof, prof_meta, profiles = pd.DataFrame(), {}, {}
     try:
         from ..data.results import load as load_results
         r = load_results(gpu) if root is None else load_results(gpu, root=root)
         prof, _units, _rules, prof_meta = r.profile_at("decode")
+        for name in ("decode-b1", "varlen"):
+            p = r.profile_at(name)[0]
+            if not p.empty:
+                profiles[name] = p
     except Exception:        # a dataset without the profile: the tables that need it say so
         pass
+    if root is None:
+        try:
+            from ..data.results import load_experiment_profile
+            profiles["varlen-before"] = load_experiment_profile(
+                SWEEP_RUN, "profiles-before/varlen/summary.json")
+        except (FileNotFoundError, ValueError):
+            pass
     return DecodeData(decode=to_frame(dec), crossover=cv[cv["part"] == "crossover"].copy(),
                       varlen=cv[cv["part"] == "varlen"].copy(), host=host,
-                      meta=dict(dec.get("meta", {})), profile=prof, profile_meta=prof_meta or {})
+                      meta=dict(dec.get("meta", {})), profile=prof, profile_meta=prof_meta or {},
+                      profiles=profiles)
 
 
 # ---------------------------------------------------------------------------------------------
