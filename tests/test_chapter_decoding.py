@@ -91,7 +91,10 @@ def test_crossover_and_the_decode_path(d):
     assert (x.loc["Nq=16"] < 1).all()
     p = decode.path_table()
     assert p.loc[f"Nq={DECODE_PATH_MAX_NQ}", "32K"] == "decode"
-    assert p.loc["Nq=16", "32K"] == "square" and p.loc["Nq=1", "1K"] == "square"
+    assert p.loc["Nq=16", "32K"] == "square"
+    for col in p.columns:          # the path follows the length threshold for Nq <= MAX_NQ
+        n = int(col.rstrip("K")) * (1024 if col.endswith("K") else 1)
+        assert p.loc["Nq=1", col] == ("decode" if n >= DECODE_PATH_MIN_NK else "square")
 
 
 def test_host_table_graph_cuts_overhead(d):
@@ -136,3 +139,115 @@ def test_figures(d):
     for fig in (decode.bandwidth_figure(d), decode.roofline_figure(d), decode.crossover_figure(d)):
         assert "H200" in (fig._suptitle.get_text() if fig._suptitle else fig.axes[0].get_title())
         plt.close(fig)
+
+
+# ---------------------------------------------------------------------------------------------
+# E18 (experiments/data/26-decode-sweep): split count, combine, varlen grid and tile
+# ---------------------------------------------------------------------------------------------
+def test_split_sweep_marks_todays_rule():
+    s = decode.split_sweep()
+    ours = s[s["waves"].notna()]
+    assert set(s["impl"]) >= {"waves1", "waves1_floor", "waves2", "sdpa_cudnn", "sdpa_flash"}
+    for (B, Nk), g in s.groupby(["B", "Nk"]):
+        rule = g[g["rule"]]
+        assert len(rule) == 1
+        r = rule.iloc[0]
+        plan = decode.split_plan(B, Nk, 1)
+        assert r.splits == plan["splits"] and r.waves == 1 and r.occupancy == 1
+        assert r.programs == plan["programs"] <= 132      # one wave at most
+        assert math.isclose(r.x_rule, 1.0)
+        assert math.isclose(g.loc[g.impl == "sdpa_cudnn", "x_cudnn"].iloc[0], 1.0)
+    # floor rows were timed only where the rounding changes the count: fewer splits than "up"
+    for (B, Nk, w), g in ours[ours.occupancy == 1].groupby(["B", "Nk", "waves"]):
+        if set(g.rounding) == {"up", "down"}:
+            assert g[g.rounding == "down"].splits.iloc[0] < g[g.rounding == "up"].splits.iloc[0]
+    assert (ours["programs"] == [decode.split_plan(b, n, 1)["base"] * k
+                                 for b, n, k in zip(ours.B, ours.Nk, ours.splits)]).all()
+    # The measured reason for the rule: at one program per SM no variant beat it.
+    assert (ours[ours.occupancy == 1].x_rule >= 1.0).all()
+
+
+def test_split_sweep_table_fills_deduped_floor_rows():
+    t = decode.split_sweep_table()
+    assert list(t.index.get_level_values("B").unique()) == [1, 8]
+    assert t.loc[(8, "32K"), "rule: splits"] == 2
+    assert t.loc[(8, "32K"), "1 wave ↑"].endswith("(3)")
+    # B=1, 32K: two waves rounded down and up give the same dealt count, timed once
+    assert t.loc[(1, "32K"), "2 waves ↓"] == t.loc[(1, "32K"), "2 waves ↑"]
+    assert t.loc[(1, "4K"), "8 waves ↑"] == "–"            # capped by the key tiles: not timed
+
+
+def test_split_sweep_without_the_rule_row_raises(tmp_path):
+    import json
+    from flashattn.data.results import load_experiment_file
+    doc = load_experiment_file(decode.SWEEP_RUN, "splits.json")
+    doc["rows"] = [r for r in doc["rows"] if not (r["B"] == 8 and r["Nk"] == 32768
+                                                  and r["impl"] == "waves1_floor")]
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "splits.json").write_text(json.dumps(doc))
+    with pytest.raises(ValueError, match="B=8, Nk=32768"):
+        decode.split_sweep("run", root=tmp_path)
+
+
+def test_combine_sweep_ran_todays_split_count():
+    c = decode.combine_sweep()
+    assert (c.loc[c.impl == "sdpa_cudnn", "x_cudnn"] == 1.0).all()
+    t = decode.combine_sweep_table(c)
+    for (B, nk), r in t.iterrows():
+        n = int(nk.rstrip("K")) * 1024
+        assert r["splits"] == decode.split_plan(B, n, 1)["splits"]
+    assert {"TILE_S splits per step", "one split per step"} <= set(t.columns)
+
+
+def test_combine_run_comparison_counts_programs(d):
+    cr = decode.combine_run_comparison(d)
+    assert len(cr) == len(d.ok[d.ok.impl == "decode"])
+    assert np.allclose(cr["one-row / final"], cr["one-row ms"] / cr["final ms"])
+    B, Nq = cr.index.get_level_values("B"), cr.index.get_level_values("Nq")
+    assert (cr["combine programs (one-row)"] == B * 32 * Nq).all()
+    # no combine at one split (FINAL); otherwise one program per (sequence, K/V head) here
+    assert ((cr["combine programs (final)"] == 0) == (cr["splits"] == 1)).all()
+    multi = cr[cr["splits"] > 1]
+    assert (multi["combine programs (final)"] == multi.index.get_level_values("B") * 8).all()
+
+
+def test_kernel_times_of_the_profiles(d):
+    k1 = decode.kernel_times(d, "decode-b1")
+    assert k1.loc[("decode", "decode_split_kernel"), "programs"] == \
+        decode.split_plan(1, 131072, 1)["programs"]
+    assert k1.loc[("decode", "decode_combine_kernel"), "programs"] == 8
+    k8 = decode.kernel_times(d, "decode")
+    assert k8.loc[("decode", "decode_split_kernel"), "programs"] == \
+        decode.split_plan(8, 32768, 1)["programs"]
+    assert (k8["µs"] > 0).all()
+    with pytest.raises(KeyError, match="no recorded profile"):
+        decode.kernel_times(d, "nope")
+
+
+def test_varlen_profile_before_and_now(d):
+    from flashattn.kernels import varlen_config
+    vp = decode.varlen_profile(d)
+    assert set(vp.index.get_level_values("recording")) == {"before", "now"}
+    # 32 sequences of 1K, 32 heads: one program per (query tile, head, sequence)
+    tm = varlen_config("sm_90", 128).TILE_M
+    assert vp.loc[("now", "varlen"), "programs"] == 32 * 32 * (1024 // tm)
+    # the padded square kernel is the control: its DRAM bytes did not change
+    sq = vp.xs("varlen_square_padded", level="step")["DRAM read MB"]
+    assert math.isclose(sq["before"], sq["now"], rel_tol=0.01)
+    empty = decode.DecodeData(*(pd.DataFrame(),) * 4, meta={})
+    with pytest.raises(KeyError):
+        decode.varlen_profile(empty)
+
+
+def test_varlen_tile_sweep_reads_json_and_log(tmp_path):
+    t = decode.varlen_tile_sweep()
+    assert len(t) == 8 and list(t.columns) == ["grid (tiles, B, Hq)", "grid (tiles, Hq, B)"]
+    assert t.notna().all().all() and (t > 0).all().all()
+    assert set(t.index.get_level_values("mix")) == {"equal_8x4096", "equal_32x1024"}
+    import shutil
+    from flashattn.data.results import experiments_root
+    (tmp_path / "run").mkdir()
+    shutil.copy(experiments_root() / decode.SWEEP_RUN / "varlen.json", tmp_path / "run")
+    (tmp_path / "run" / "varlen-grid.log").write_text("# nothing timed\n")
+    with pytest.raises(ValueError, match="no timing lines"):
+        decode.varlen_tile_sweep("run", root=tmp_path)
