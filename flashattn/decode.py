@@ -12,8 +12,9 @@
 Two launches: ``decode_split_kernel`` (one program per row block x split x (batch, kv head),
 partial outputs and log-sum-exps in fp32 scratch) and ``decode_combine_kernel`` (the exact LSE
 merge, the output in q's dtype); one launch when the split rule picks one split (large batches
-fill the GPU without splitting): the split kernel writes the output (``FINAL``). See ``flashattn/kernels/decode.py`` for the algorithm and
-``flashattn.reference.decode`` for its CPU reference.
+fill the GPU without splitting): the split kernel writes the output (``FINAL``). See
+``flashattn/kernels/decode.py`` for the algorithm and ``flashattn.reference.decode`` for its CPU
+reference.
 
 Public as ``flashattn.decode`` since its GPU tests (``tests/test_decode_gpu.py``: Nq 1-16,
 ragged lengths with 0 and 1, pages of 16-256 tokens, GQA 1:1 to 32:1, fp16/bf16, D 64-256, CUDA

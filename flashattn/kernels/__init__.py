@@ -391,9 +391,9 @@ VARLEN = {"varlen_fwd": VARLEN_FWD}
 
 # Tiles and hints per architecture and padded head dim (TILE_D up to the key): the forward
 # steps' configurations (steps.py: warp_groups' first on Hopper, arch_tuned's elsewhere),
-# smaller where the compiler report showed spills (tests/test_varlen_aot.py prints it). Not
-# measured on a GPU yet: the varlen benchmark (measure/bench_decode.py) compares them with the
-# padded square kernel.
+# smaller where the compiler report showed spills (tests/test_varlen_aot.py prints it). Only
+# sm_90 at D=128 was timed (E18, below); the others are not measured yet (the varlen benchmark,
+# measure/bench_decode.py, compares them with the padded square kernel).
 VARLEN_CONFIGS: dict[str, dict[int, Config]] = {
     # sm_90, D=128: E18 timed four tiles against the padded square kernel (equal 8x4096 and
     # 32x1024): 64x128 occupancy=2 the fastest or tied (0.951 / 0.881 of the square kernel,
