@@ -1,10 +1,12 @@
 """Markdown tables of the recorded dataset for the issues' closing notes (CPU only):
 
-    python experiments/note_tables.py [control|ladder|targets|all]
+    python experiments/note_tables.py [control|ladder|targets|forward|backward|decode|all]
 
 control: the control's gap (best vs best#2, paired by round) at every N of every workload;
 ladder:  the Hopper ladder (step x N x causal: TFLOPS with its 95 % interval, ratio to cuDNN);
 targets: best against cuDNN with its interval and the fraction of the H200's dense fp16 peak;
+forward: arch_tuned, warp_groups and best per workload and N (issue 10): TFLOPS, % of peak,
+         x cuDNN, x FA2 (SDPA's flash back end) and x FlexAttention, each paired by round;
 backward: the backward alone and forward + backward (issue 11), ours against cuDNN and FA2;
 decode:   decode latency, bandwidth and fraction of HBM peak per shape (issue 12), and varlen.
 """
@@ -89,6 +91,33 @@ def targets(r) -> str:
     return "\n".join(out)
 
 
+def forward(r) -> str:
+    """The Hopper steps after arch_tuned against the libraries recorded in the same run."""
+    from flashattn.data.stats import ratio_ci
+    out = ["| workload | N | step | config | TFLOPS | % of peak | × cuDNN [95 % CI] | "
+           "× FA2 [95 % CI] | × Flex [95 % CI] |", "|---|---|---|---|---|---|---|---|---|"]
+
+    def vs(rows, x, lib, n):
+        y = rows.get((lib, n))
+        if not _ok(y):
+            return "–"
+        v, lo, hi = ratio_ci(y["samples_ms"], x["samples_ms"])
+        return f"{v:.3f} [{lo:.3f}, {hi:.3f}]"
+
+    for w in r.workloads:
+        rows = _rows(r, w)
+        for n in sorted({k[1] for k in rows}):
+            for impl in ("arch_tuned", "warp_groups", "best"):
+                x = rows.get((impl, n))
+                if not _ok(x):
+                    continue
+                out.append(f"| {w} | {n} | {impl} | {x['config']} | {x['tflops']:.1f} | "
+                           f"{100 * x['tflops'] / PEAK_TFLOPS:.1f} | "
+                           f"{vs(rows, x, 'sdpa_cudnn', n)} | {vs(rows, x, 'sdpa_flash', n)} | "
+                           f"{vs(rows, x, 'flex', n)} |")
+    return "\n".join(out)
+
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -142,6 +171,7 @@ def main(argv):
     r = results.load("h200")
     what = argv[0] if argv else "all"
     for name, fn in (("control", control), ("ladder", ladder), ("targets", targets),
+                     ("forward", forward),
                      ("backward", backward), ("decode", decode)):
         if what in (name, "all"):
             print(f"## {name}\n\n{fn(r)}\n")
