@@ -2,16 +2,26 @@
 
     out = attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                            causal=True)
+    dq, dk, dv = attention_varlen_backward(q, k, v, out, dout, cu_seqlens_q, cu_seqlens_k,
+                                           max_seqlen_q, max_seqlen_k, causal=True)
 
-The interface of FlashAttention's ``flash_attn_varlen_func`` (forward only): sequence ``b`` is
-rows ``cu_seqlens_q[b] .. cu_seqlens_q[b+1] - 1`` of q and rows ``cu_seqlens_k[b] ..
-cu_seqlens_k[b+1] - 1`` of k and v. One launch of ``varlen_fwd_kernel``
+The interface of FlashAttention's ``flash_attn_varlen_func``: sequence ``b`` is rows
+``cu_seqlens_q[b] .. cu_seqlens_q[b+1] - 1`` of q and rows ``cu_seqlens_k[b] ..
+cu_seqlens_k[b+1] - 1`` of k and v. The forward is one launch of ``varlen_fwd_kernel``
 (``flashattn/kernels/varlen.py``), one program per (query tile, sequence, head); its CPU
 reference is ``flashattn.reference.varlen_attention``.
 
+The backward (``attention_varlen_backward``; ``attention_varlen`` is differentiable through
+``torch.autograd`` when q, k or v requires grad) is a first version composed from the verified
+square kernels, not a packed kernel: for each sequence it launches the square forward
+(``flashattn.autograd.attention_forward``, to recompute that sequence's output and LSE) and the
+square backward (``flashattn.launch_bwd.attention_backward``). Correct, but B host-loop
+iterations of an extra forward and three backward kernels each: far from the speed of a packed
+backward kernel, which is future work. Its CPU reference is
+``flashattn.reference.varlen.varlen_attention_backward``.
+
 Not exported from ``flashattn`` yet: it becomes public once its GPU tests
-(``tests/test_varlen_gpu.py``) have passed on a GPU. The backward pass is not implemented for
-packed sequences (``flashattn.launch_bwd`` takes the padded layout).
+(``tests/test_varlen_gpu.py``) have passed on a GPU.
 """
 from __future__ import annotations
 
@@ -21,7 +31,7 @@ import math
 from .contract import check_varlen_tensors
 from .kernels import VARLEN_FWD, hinted, varlen_config, varlen_constants, varlen_grid
 
-__all__ = ["attention_varlen", "varlen_plan"]
+__all__ = ["attention_varlen", "attention_varlen_backward", "varlen_plan"]
 
 
 @functools.lru_cache(maxsize=None)
@@ -84,10 +94,33 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
         (total_q, Hq, D) in q's dtype. A row that sees no key (an empty key sequence, or
         causal with ``len_q > len_k``) is 0, as FlashAttention's.
 
+    Differentiable: with grad mode on and q, k or v requiring grad, the call goes through a
+    ``torch.autograd.Function`` whose backward is ``attention_varlen_backward`` (the square
+    kernels once per sequence: see the module docstring); cu_seqlens and the other arguments
+    get no gradient. ``out=`` is refused there (RuntimeError, as PyTorch's ``out=`` functions
+    refuse autograd). Otherwise the kernel is launched directly, as before.
+
     Raises:
         TypeError, ValueError: as ``flashattn.contract.check_varlen_tensors``; bad offsets (with
             ``check_values``) name the offset and the rule it breaks.
+        RuntimeError: ``out=`` while q, k or v requires grad (and grad mode is on).
     """
+    import torch
+    if torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in (q, k, v)):
+        if out is not None:
+            raise RuntimeError(
+                "attention_varlen(): out= does not support automatic differentiation, but one "
+                "of q, k, v requires grad; drop out= (or call it under torch.no_grad())")
+        return _autograd_function().apply(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                          max_seqlen_k, causal, scale, check_values, config)
+    return _forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                    causal=causal, scale=scale, check_values=check_values, config=config,
+                    out=out)
+
+
+def _forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal,
+             scale, check_values, config, out):
+    """``attention_varlen`` without autograd: the checks and the kernel's launch."""
     import cuda.tile as ct
     import torch
     from .contract import check_causal
@@ -125,3 +158,145 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
         ct.launch(torch.cuda.current_stream(q.device), plan["grid"],
                   hinted(VARLEN_FWD.kernel(), plan["config"].hints()), args)
     return out
+
+
+# --- the backward: the square kernels, once per sequence ----------------------------------------
+def check_varlen_grad_tensors(q, out, dout) -> None:
+    """out and dout: torch tensors of q's shape, dtype and device (any strides: copied)."""
+    import torch
+    for name, t in (("out", out), ("dout", dout)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if tuple(t.shape) != tuple(q.shape):
+            raise ValueError(f"{name} must have the shape of q {tuple(q.shape)} (total_q, Hq, "
+                             f"D), got {tuple(t.shape)}")
+        if t.dtype != q.dtype:
+            raise TypeError(f"{name} must have q's dtype {q.dtype}, got {t.dtype}")
+        if t.device != q.device:
+            raise ValueError(f"{name} is on {t.device}, q on {q.device}: one device")
+
+
+def _square(t):
+    """(len, H, D) rows of one sequence -> a contiguous (1, H, len, D) copy."""
+    return t.permute(1, 0, 2).unsqueeze(0).contiguous()
+
+
+def _sequence_backward(q, k, v, dout, *, causal: bool, scale: float, input_pos: int):
+    """(dq, dk, dv) of one sequence, (len, H, D) each, where every query row sees a key: the
+    square forward recomputes its output and LSE, the square backward differentiates it. The
+    two are looked up on their modules at each call (the CPU tests replace them)."""
+    from . import autograd, launch_bwd
+    q4, k4, v4, do4 = (_square(t) for t in (q, k, v, dout))
+    out4, lse = autograd.attention_forward(q4, k4, v4, causal=causal, scale=scale,
+                                           input_pos=input_pos)
+    grads = launch_bwd.attention_backward(q4, k4, v4, out4, do4, lse, causal=causal,
+                                          scale=scale, input_pos=input_pos)
+    return tuple(g[0].permute(1, 0, 2) for g in grads)
+
+
+def attention_varlen_backward(q, k, v, out, dout, cu_seqlens_q, cu_seqlens_k,
+                              max_seqlen_q: int, max_seqlen_k: int, *, causal: bool = False,
+                              scale: float | None = None, check_values: bool = True):
+    """dQ, dK, dV of ``attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, ...)``.
+
+    A first version composed from the verified square kernels, not a packed backward kernel:
+    for each sequence (a host loop over the offsets, read once) it launches the square forward
+    (``flashattn.autograd.attention_forward``) to recompute the sequence's output and LSE, then
+    the square backward (``flashattn.launch_bwd.attention_backward``). B sequences cost B extra
+    forwards and 3B backward launches, plus copies of each sequence's rows into (1, H, len, D):
+    correct, but not the speed a packed backward kernel would have (future work). It reads the
+    offsets on the host (a synchronisation), so it cannot run under CUDA-graph capture.
+
+    Per sequence with ``len_q`` queries and ``len_k`` keys (bottom-right causal alignment, as
+    the forward):
+
+    * ``len_q == 0``: nothing; ``len_k == 0``: its dq rows are 0, and nothing reaches dk, dv;
+    * causal with ``len_q > len_k``: the first ``len_q - len_k`` rows see no key (dq 0); the
+      last ``len_k`` rows are a square causal problem at ``input_pos = 0``;
+    * otherwise the square problem of all its rows, ``input_pos = len_k - len_q`` if causal
+      (0 if not: every row sees every key).
+
+    Args:
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale: the
+            forward's (``attention_varlen``).
+        out: the forward's output, (total_q, Hq, D) in q's dtype. Checked; the gradients use
+            each sequence's recomputed output (consistent with its recomputed LSE).
+        dout: the gradient of the loss with respect to out, (total_q, Hq, D) in q's dtype.
+            Any strides for out and dout (each sequence's rows are copied).
+        check_values: accepted for the forward's signature. The backward always reads the
+            offsets on the host (its loop needs them) and always checks them: a bad offset is
+            a ValueError, never a silent wrong gradient.
+
+    Returns:
+        (dq, dk, dv) packed as q, k, v (contiguous), in their dtype; dk and dv summed over each
+        GQA group. Rows of dq that see no key, and key rows no query sees, are 0.
+
+    Raises:
+        TypeError, ValueError: as the forward (``contract.check_varlen_tensors``), out or dout
+            not of q's shape, dtype and device, bad offsets, or a call under CUDA-graph capture.
+    """
+    import torch
+
+    from .contract import check_causal, check_varlen_values
+    causal = check_causal(causal)
+    if not isinstance(check_values, bool):
+        raise TypeError(f"check_values must be True or False, got {check_values!r}")
+    dims = check_varlen_tensors(q, k, v, cu_seqlens_q, cu_seqlens_k,
+                                max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
+                                causal=causal, scale=scale, check_values=False)
+    check_varlen_grad_tensors(q, out, dout)
+    if cu_seqlens_q.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        raise ValueError("attention_varlen_backward reads cu_seqlens on the host (it loops over "
+                         "the sequences), which CUDA-graph capture does not allow")
+    offsets = torch.stack([cu_seqlens_q, cu_seqlens_k]).tolist()      # one host read
+    cq, ck = offsets
+    check_varlen_values(cq, ck, dims, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
+    dq, dk, dv = (torch.zeros(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
+    scale = 1.0 / math.sqrt(dims.D) if scale is None else float(scale)
+    with torch.no_grad():
+        for b in range(dims.B):
+            len_q, len_k = cq[b + 1] - cq[b], ck[b + 1] - ck[b]
+            if len_q == 0 or len_k == 0:
+                continue                                 # no query, or no key: gradients 0
+            blind = len_q - len_k if causal and len_q > len_k else 0   # rows that see no key
+            rows, keys = slice(cq[b] + blind, cq[b + 1]), slice(ck[b], ck[b + 1])
+            input_pos = len_k - (len_q - blind) if causal else 0
+            dq[rows], dk[keys], dv[keys] = _sequence_backward(
+                q[rows].detach(), k[keys].detach(), v[keys].detach(), dout[rows].detach(),
+                causal=causal, scale=scale, input_pos=input_pos)
+    return dq, dk, dv
+
+
+@functools.lru_cache(maxsize=None)
+def _autograd_function():
+    """The ``torch.autograd.Function`` of ``attention_varlen`` (built on first use, so that
+    importing this module does not import torch)."""
+    import torch
+    from torch.autograd.function import once_differentiable
+
+    class AttentionVarlen(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                    causal, scale, check_values, config):
+            out = _forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                           causal=causal, scale=scale, check_values=check_values,
+                           config=config, out=None)
+            ctx.save_for_backward(q, k, v, out, cu_seqlens_q, cu_seqlens_k)
+            ctx.args = (max_seqlen_q, max_seqlen_k, causal, scale)
+            return out
+
+        @staticmethod
+        @once_differentiable
+        def backward(ctx, dout):
+            q, k, v, out, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
+            need = ctx.needs_input_grad[:3]
+            grads = (None, None, None)
+            if any(need):
+                max_seqlen_q, max_seqlen_k, causal, scale = ctx.args
+                grads = attention_varlen_backward(q, k, v, out, dout, cu_seqlens_q,
+                                                  cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                                  causal=causal, scale=scale)
+                grads = tuple(g if n else None for g, n in zip(grads, need))
+            return (*grads, None, None, None, None, None, None, None, None)
+
+    return AttentionVarlen

@@ -218,3 +218,55 @@ def unpack(x, cu_seqlens, max_len: int | None = None, *, fill=0.0):
         out[b, :, :e - a] = x[a:e].transpose(0, 1) if hasattr(x, "detach") else \
             np.asarray(x)[a:e].transpose(1, 0, 2)
     return out
+
+
+# --- the backward ----------------------------------------------------------------------------------
+def varlen_attention_backward(q, k, v, dout, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None,
+                              max_seqlen_k=None, *, causal: bool = False, scale=None):
+    """Exact gradients (dq, dk, dv) of ``varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k,
+    causal=, scale=)`` for the upstream gradient ``dout`` (total_q, Hq, D), one sequence and
+    one head at a time (the reference of ``flashattn.varlen.attention_varlen_backward``).
+
+    With P the softmax of each row's visible scaled scores (bottom-right causal mask; a row
+    that sees no key has P = 0, so its dq is 0 and it adds nothing to dk, dv)::
+
+        dV = P^T dO    dP = dO V^T    dS = P o (dP - rowsum(P o dP))
+        dQ = scale * dS K             dK = scale * dS^T Q
+
+    dk and dv sum the query heads of each GQA group. Returns arrays shaped as q, k, v, in
+    float64 if an input is float64, else float32; torch tensors on q's device for torch inputs,
+    NumPy arrays otherwise. Raises as ``varlen_attention``, and ValueError for a dout not of
+    q's shape.
+    """
+    cq, ck = _np(cu_seqlens_q).astype(np.int64), _np(cu_seqlens_k).astype(np.int64)
+    mq = int(np.diff(cq).max(initial=0)) if max_seqlen_q is None else max_seqlen_q
+    mk = int(np.diff(ck).max(initial=0)) if max_seqlen_k is None else max_seqlen_k
+    dims = check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=mq, max_seqlen_k=mk,
+                        causal=causal, scale=scale, check_values=True)
+    if tuple(dout.shape) != tuple(q.shape):
+        raise ValueError(f"dout must have the shape of q {tuple(q.shape)}, got "
+                         f"{tuple(dout.shape)}")
+    dt = _compute_dtype(q, k, v, dout)
+    qn, kn, vn, don = (_float(t, dt) for t in (q, k, v, dout))
+    scale = 1.0 / math.sqrt(dims.D) if scale is None else float(scale)
+    G = dims.Hq // dims.Hkv
+    dq, dk, dv = np.zeros(qn.shape, dt), np.zeros(kn.shape, dt), np.zeros(vn.shape, dt)
+    for b in range(dims.B):
+        qs, ks = slice(cq[b], cq[b + 1]), slice(ck[b], ck[b + 1])
+        lq, lk = cq[b + 1] - cq[b], ck[b + 1] - ck[b]
+        if lq == 0 or lk == 0:
+            continue
+        visible = varlen_visible(lq, lk, causal)                        # (lq, lk)
+        for h in range(dims.Hq):
+            qh, kh, vh, doh = qn[qs, h], kn[ks, h // G], vn[ks, h // G], don[qs, h]
+            s = np.where(visible, (qh @ kh.T) * scale, -np.inf)          # (lq, lk)
+            m = s.max(axis=1, keepdims=True, initial=-np.inf)
+            p = np.where(visible, np.exp(s - np.where(np.isneginf(m), 0.0, m)), 0.0)
+            l = p.sum(axis=1, keepdims=True)
+            p = p / np.where(l > 0, l, 1.0)                               # 0 rows stay 0
+            dp = doh @ vh.T                                               # (lq, lk)
+            ds = p * (dp - (p * dp).sum(axis=1, keepdims=True))
+            dq[qs, h] = scale * (ds @ kh)
+            dk[ks, h // G] += scale * (ds.T @ qh)
+            dv[ks, h // G] += p.T @ doh
+    return _wrap(dq, q), _wrap(dk, q), _wrap(dv, q)
