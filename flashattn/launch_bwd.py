@@ -41,21 +41,27 @@ def check_backward(q, k, v, out, dout, lse, *, causal, scale, input_pos) -> None
     check_backward_tensors(q, out, dout, lse)
 
 
-def check_backward_tensors(q, out, dout, lse) -> None:
-    """out and dout of q's shape, dtype and device; lse a float32 (B, Hq, Nq) tensor there."""
+def check_like_q(q, layout: str = "", **tensors) -> None:
+    """Each of ``tensors`` (by name: out, dout, ...) a torch tensor of q's shape, dtype and
+    device (any strides). ``layout`` names q's axes in the shape message, e.g. "(total_q, Hq,
+    D)". Raises TypeError/ValueError naming the tensor and the problem."""
     import torch
-
-    from .launch import check_lse_out
-    for name, t in (("out", out), ("dout", dout)):
+    for name, t in tensors.items():
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         if tuple(t.shape) != tuple(q.shape):
-            raise ValueError(f"{name} must have the shape of q {tuple(q.shape)}, got "
-                             f"{tuple(t.shape)}")
+            raise ValueError(f"{name} must have the shape of q {tuple(q.shape)}"
+                             f"{' ' + layout if layout else ''}, got {tuple(t.shape)}")
         if t.dtype != q.dtype:
             raise TypeError(f"{name} must have q's dtype {q.dtype}, got {t.dtype}")
         if t.device != q.device:
             raise ValueError(f"{name} is on {t.device}, q on {q.device}: one device")
+
+
+def check_backward_tensors(q, out, dout, lse) -> None:
+    """out and dout of q's shape, dtype and device; lse a float32 (B, Hq, Nq) tensor there."""
+    from .launch import check_lse_out
+    check_like_q(q, out=out, dout=dout)
     check_lse_out(q, lse, contiguous=False)      # the forward's LSE; copied if not contiguous
 
 

@@ -163,17 +163,8 @@ def _forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
 # --- the backward: the square kernels, once per sequence ----------------------------------------
 def check_varlen_grad_tensors(q, out, dout) -> None:
     """out and dout: torch tensors of q's shape, dtype and device (any strides: copied)."""
-    import torch
-    for name, t in (("out", out), ("dout", dout)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if tuple(t.shape) != tuple(q.shape):
-            raise ValueError(f"{name} must have the shape of q {tuple(q.shape)} (total_q, Hq, "
-                             f"D), got {tuple(t.shape)}")
-        if t.dtype != q.dtype:
-            raise TypeError(f"{name} must have q's dtype {q.dtype}, got {t.dtype}")
-        if t.device != q.device:
-            raise ValueError(f"{name} is on {t.device}, q on {q.device}: one device")
+    from .launch_bwd import check_like_q
+    check_like_q(q, "(total_q, Hq, D)", out=out, dout=dout)
 
 
 def _square(t):
