@@ -18,10 +18,13 @@ longest, equal total tokens (32K): mixes equal_8x4096 and equal_32x1024, where p
 0.94x and 0.76x the padded kernel in E16 with its fixed 128x128 ``nww=8`` tile. Prediction: the
 square kernel's own choice (64x128 ``occ=2``) closes most of the gap.
 
-combine (E18b; the part ran at commit 0447127 and was removed with the kernel it tested,
-``experiments/data/26-decode-sweep/combine.json``): the split count of the rule, the same with
-the combine's one-split-per-step loop, and twice and half the rule's splits, against SDPA's
-flash and cuDNN back ends, B in {1, 8, 64}, 4K-128K.
+combine: E18b's part (commit 0447127, ``experiments/data/26-decode-sweep/combine.json``) timed
+the one-row combine as the only combine. Now (E21, prepared, not yet run) it times the multi-row
+combine (``block``, the default) against the one-row combine (``row``, switched on with
+``kernels.DECODE_ROW_COMBINE_MAX``) in the same rounds, B in {1, 2, 4, 8}, Nq in {1, 4},
+4K-128K, with SDPA's flash and cuDNN back ends for Nq=1. Prediction (E18b and the decode-b1
+profile): ``row`` faster at B=1 (the combine's 8 programs each loop over 16 splits), ``block``
+at B=8 (256+ one-row programs); the switch point in between sets ``DECODE_ROW_COMBINE_MAX``.
 
 (E18a ran ``splits`` when the rule rounded up; it now rounds down, so a re-run dedupes the
 ``_floor`` rows.)
@@ -142,6 +145,70 @@ def run_splits(rounds: int) -> list[dict]:
     return rows
 
 
+COMBINE_SHAPES = [(b, nq, n) for b in (1, 2, 4, 8) for nq in (1, 4) for n in (4096, 32768, 131072)]
+
+
+def _with_row_combine(limit: int, fn):
+    """Call ``fn`` with ``kernels.DECODE_ROW_COMBINE_MAX = limit`` (restored after)."""
+    from flashattn import kernels
+    old = kernels.DECODE_ROW_COMBINE_MAX
+    kernels.DECODE_ROW_COMBINE_MAX = limit
+    try:
+        return fn()
+    finally:
+        kernels.DECODE_ROW_COMBINE_MAX = old
+
+
+def run_combine(rounds: int) -> list[dict]:
+    """E21 (prepared): the one-row combine against the multi-row one, per shape; the SDPA back
+    ends beside them for one new token (no mask needed)."""
+    import torch
+
+    from flashattn.decode import decode
+    from flashattn.kernels import decode_num_splits
+    from flashattn.measure.bench_decode import hbm_peak
+    from flashattn.measure.libraries import library_fn
+    peak = hbm_peak(torch.cuda.get_device_name())
+    sm = torch.cuda.get_device_properties(0).multi_processor_count
+    rows = []
+    for B, nq, N in COMBINE_SHAPES:
+        g = torch.Generator(device="cuda").manual_seed(B * 7 + N + nq)
+        q = torch.randn(B, HQ, nq, D, generator=g, device="cuda", dtype=torch.float16)
+        k, v = (torch.randn(B, HKV, N, D, generator=g, device="cuda", dtype=torch.float16)
+                for _ in range(2))
+        lens = torch.full((B,), N, dtype=torch.int32, device="cuda")
+        splits = decode_num_splits(B=B, Hkv=HKV, rows=HQ // HKV * nq, max_seqlen=N, head_dim=D,
+                                   sm_count=sm, arch="sm_90")
+        calls = {"block": lambda: _with_row_combine(0, lambda: decode(q, k, v, lens)),
+                 "row": lambda: _with_row_combine(10 ** 9, lambda: decode(q, k, v, lens))}
+        for lib in (("sdpa_flash", "sdpa_cudnn") if nq == 1 else ()):
+            try:
+                fn, ctx = library_fn(lib, q, k, v, causal=False, scale=1 / math.sqrt(D))
+                with ctx():
+                    fn()
+
+                def call(fn=fn, ctx=ctx):
+                    with ctx():
+                        return fn()
+                calls[lib] = call
+            except Exception as e:          # a back end that refuses the shape: a row
+                rows.append(dict(B=B, Nq=nq, Nk=N, impl=lib,
+                                 error=f"{type(e).__name__}: {e}"[:200]))
+        ref = calls["block"]().float()
+        errs = {n: (calls[n]().float() - ref).abs().max().item() for n in calls}
+        got = _time(calls, rounds, "block")
+        kv_bytes = 2 * B * HKV * N * D * 2
+        for name, t in got.items():
+            gbps = kv_bytes / (t["median_ms"] * 1e-3) / 1e9
+            rows.append(dict(B=B, Nq=nq, Nk=N, impl=name, num_splits=splits,
+                             programs=B * HKV * (HQ // HKV) * nq, max_abs_diff=errs[name],
+                             gbps=gbps, frac_peak=gbps / (peak[0] * 1e3) if peak[0] else None,
+                             **t))
+            print(f"B={B} Nq={nq} Nk={N} splits={splits} {name:10s} {t['median_ms']:.4f} ms "
+                  f"{gbps:6.0f} GB/s  x block {t['ratio_block']:.3f}", flush=True)
+    return rows
+
+
 def run_varlen(rounds: int) -> list[dict]:
     import torch
 
@@ -186,7 +253,7 @@ def run_varlen(rounds: int) -> list[dict]:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--part", choices=("splits", "varlen"), required=True)
+    p.add_argument("--part", choices=("splits", "combine", "varlen"), required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--rounds", type=int, default=15)
     a = p.parse_args(argv)
@@ -196,7 +263,7 @@ def main(argv=None) -> int:
         return 1
     from flashattn.env import metadata
     t0 = time.perf_counter()
-    rows = {"splits": run_splits, "varlen": run_varlen}[a.part](a.rounds)
+    rows = {"splits": run_splits, "combine": run_combine, "varlen": run_varlen}[a.part](a.rounds)
     meta = metadata("python experiments/decode_sweep.py " + " ".join(argv or sys.argv[1:]))
     meta["seconds"] = round(time.perf_counter() - t0, 1)
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)

@@ -38,9 +38,10 @@ import functools
 import math
 
 from .contract import check_decode_tensors
-from .kernels import (DECODE_COMBINE, DECODE_SPLIT, DECODE_SPLIT_HINTS,
-                      decode_combine_constants, decode_combine_grid, decode_num_splits,
-                      decode_partial_shapes, decode_split_constants, decode_split_grid, hinted)
+from .kernels import (DECODE_COMBINE, DECODE_COMBINE_ROW, DECODE_SPLIT, DECODE_SPLIT_HINTS,
+                      decode_combine_constants, decode_combine_grid, decode_combine_kind,
+                      decode_combine_row_constants, decode_num_splits, decode_partial_shapes,
+                      decode_split_constants, decode_split_grid, hinted)
 
 __all__ = ["decode", "decode_plan", "prefer_decode", "attention_via_decode",
            "DECODE_PATH_MAX_NQ", "DECODE_PATH_MIN_NK"]
@@ -70,10 +71,14 @@ def decode_plan(dims, *, num_splits=None, max_seqlen=None, sm_count: int, arch=N
     num_splits = int(num_splits)
     if num_splits > 65535:
         raise ValueError(f"num_splits must be at most 65535 (a grid axis), got {num_splits}")
-    if num_splits == 1:
+    kind = decode_combine_kind(B=dims.B, Hkv=dims.Hkv, rows=rows, num_splits=num_splits)
+    if kind is None:
         # One split: its normalised partial is the answer; the split kernel writes it.
         split_c = dict(split_c, FINAL=True)
-    comb_c = decode_combine_constants(split_tile_m=split_c["TILE_M"], head_dim=dims.D)
+    if kind == "row":
+        comb_c = decode_combine_row_constants(head_dim=dims.D, num_splits=num_splits)
+    else:
+        comb_c = decode_combine_constants(split_tile_m=split_c["TILE_M"], head_dim=dims.D)
     if dims.B * dims.Hkv > 65535:
         raise ValueError(f"B x Hkv = {dims.B * dims.Hkv} exceeds 65535 (a grid axis): decode "
                          "the batch in parts")
@@ -84,8 +89,9 @@ def decode_plan(dims, *, num_splits=None, max_seqlen=None, sm_count: int, arch=N
                 combine_constants=comb_c,
                 split_grid=decode_split_grid(B=dims.B, Hkv=dims.Hkv, rows=rows,
                                              tile_m=split_c["TILE_M"], num_splits=num_splits),
-                combine_grid=(None if num_splits == 1 else decode_combine_grid(
-                    B=dims.B, Hkv=dims.Hkv, rows=rows, tile_m=comb_c["TILE_M"])),
+                combine=kind,
+                combine_grid=(None if kind is None else decode_combine_grid(
+                    B=dims.B, Hkv=dims.Hkv, rows=rows, tile_m=comb_c.get("TILE_M", 1))),
                 opart_shape=opart_shape, lse_shape=lse_shape)
 
 
@@ -165,9 +171,10 @@ def decode(q, k_cache, v_cache, cache_seqlens, *, block_table=None, scale=None,
                                      SeqLens=seqlens, Opart=opart, Lse=lse, Out=out_rows),
                                 dict(qk_scale=scale, num_q=Nq), plan["split_constants"]))
     if not final:
-        ct.launch(stream, plan["combine_grid"], DECODE_COMBINE.kernel(),
-                  DECODE_COMBINE.args(dict(Opart=opart, Lse=lse, Out=out_rows), {},
-                                      plan["combine_constants"]))
+        spec = DECODE_COMBINE_ROW if plan["combine"] == "row" else DECODE_COMBINE
+        ct.launch(stream, plan["combine_grid"], spec.kernel(),
+                  spec.args(dict(Opart=opart, Lse=lse, Out=out_rows), {},
+                            plan["combine_constants"]))
     return out
 
 

@@ -11,7 +11,8 @@ must also keep every variant free of register spills.
 import pytest
 
 from flashattn.aot import compile_spec, format_table
-from flashattn.kernels import (DECODE_COMBINE, DECODE_SPLIT, decode_combine_constants,
+from flashattn.kernels import (DECODE_COMBINE, DECODE_COMBINE_ROW, DECODE_SPLIT,
+                               decode_combine_constants, decode_combine_row_constants,
                                decode_split_constants)
 
 pytestmark = pytest.mark.slow
@@ -51,6 +52,9 @@ def reports():
         cf = dict(c, FINAL=True)
         out[("final", arch, d, g, nq, page)] = compile_spec(
             DECODE_SPLIT, arch, cf, dtype="float16", label=_label(d, g, nq, page, c) + " final")
+        cr = decode_combine_row_constants(head_dim=d, num_splits=16)
+        out[("combine_row", arch, d, g, nq, page)] = compile_spec(
+            DECODE_COMBINE_ROW, arch, cr, dtype="float16", label=_label(d, g, nq, page, c) + " row")
         cc = decode_combine_constants(split_tile_m=c["TILE_M"], head_dim=d)
         out[("combine", arch, d, g, nq, page)] = compile_spec(
             DECODE_COMBINE, arch, cc, dtype="float16", label=_label(d, g, nq, page, cc))
@@ -61,7 +65,7 @@ def reports():
 @pytest.mark.parametrize("arch,d,g,nq,page", CASES,
                          ids=[f"{a}-d{d}-g{g}-nq{n}-{p or 'contig'}" for a, d, g, n, p in CASES])
 def test_decode_kernels_compile(reports, arch, d, g, nq, page):
-    for kind in ("split", "final", "combine"):
+    for kind in ("split", "final", "combine", "combine_row"):
         r = reports[(kind, arch, d, g, nq, page)]
         assert not r.error, f"{kind}: {r.error}"
         assert r.registers > 0 and r.sass_lines > 50

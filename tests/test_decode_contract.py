@@ -11,7 +11,7 @@ import pytest
 from flashattn import contract
 from flashattn.contract import (DecodeDims, check_decode, check_decode_shapes,
                                 check_decode_tensors, check_decode_values)
-from flashattn.kernels import (DECODE, DECODE_COMBINE, DECODE_SPLIT, SPECS,
+from flashattn.kernels import (DECODE, DECODE_COMBINE, DECODE_COMBINE_ROW, DECODE_SPLIT, SPECS,
                                decode_combine_constants, decode_num_splits,
                                decode_partial_shapes, decode_split_constants, decode_tiles)
 from flashattn.reference import decode_attention, split_bounds
@@ -199,6 +199,7 @@ def test_kernel_contract_refuses_what_the_kernels_cannot_take():
 # --- specs, tiles, grids and the split rule ---------------------------------------------------------
 def test_decode_specs_are_registered_and_match_their_kernels():
     assert SPECS["decode_split"] is DECODE_SPLIT and SPECS["decode_combine"] is DECODE_COMBINE
+    assert SPECS["decode_combine_row"] is DECODE_COMBINE_ROW
     for spec in DECODE.values():
         spec.check_signature()
         assert spec.module == "flashattn.kernels.decode"
@@ -319,7 +320,8 @@ def emulated_gpu(monkeypatch):
     ct = pytest.importorskip("cuda.tile")
     import importlib
     host = importlib.import_module("flashattn.decode")   # flashattn.decode is the function
-    from flashattn.reference import emulate_combine_kernel, emulate_split_kernel
+    from flashattn.reference import (emulate_combine_kernel, emulate_combine_row_kernel,
+                                     emulate_split_kernel)
     launched = []
 
     def fake_launch(stream, grid, kernel, args):
@@ -328,6 +330,8 @@ def emulated_gpu(monkeypatch):
             emulate_split_kernel(grid, *args)
         elif kernel is DECODE_COMBINE.kernel():
             emulate_combine_kernel(grid, *args)
+        elif kernel is DECODE_COMBINE_ROW.kernel():
+            emulate_combine_row_kernel(grid, *args)
         else:
             raise AssertionError(f"unexpected kernel {kernel}")
         launched.append(SimpleNamespace(grid=grid, kernel=kernel, args=args))
@@ -416,3 +420,50 @@ def test_host_refuses_a_bad_out(emulated_gpu):
     q, k, v, seqlens, _ = tensors()
     with pytest.raises(ValueError, match="out must be"):
         emulated_gpu.decode(q, k, v, seqlens, out=torch.empty(2, 8, 1, 64))
+
+
+# --- the one-row combine (decode_combine_row_kernel): off by default, chosen by shape -------------
+@pytest.mark.parametrize("head_dim", [16, 64, 80, 128, 256])
+def test_row_combine_constants(head_dim):
+    from flashattn.kernels import decode_combine_row_constants
+    td = contract.tile_d_for(head_dim)
+    for splits in (1, 2, 3, 16, 17, 256):
+        c = decode_combine_row_constants(head_dim=head_dim, num_splits=splits)
+        assert set(c) == set(DECODE_COMBINE_ROW.constants) and c["TILE_D"] == td
+        ts = c["TILE_S"]
+        assert ts & (ts - 1) == 0 and ts * td <= max(4096, td)
+        assert ts >= min(splits, 4096 // td)                   # as many as fit
+    with pytest.raises(ValueError, match="num_splits"):
+        decode_combine_row_constants(head_dim=head_dim, num_splits=0)
+
+
+def test_combine_kind():
+    from flashattn import kernels
+    from flashattn.kernels import decode_combine_kind
+    assert kernels.DECODE_ROW_COMBINE_MAX == 0                # off until measured
+    assert decode_combine_kind(B=1, Hkv=8, rows=4, num_splits=16) == "block"
+    assert decode_combine_kind(B=1, Hkv=8, rows=4, num_splits=1) is None
+    assert decode_combine_kind(B=1, Hkv=8, rows=4, num_splits=16, row_max=32) == "row"
+    assert decode_combine_kind(B=2, Hkv=8, rows=4, num_splits=16, row_max=32) == "block"
+
+
+@pytest.mark.parametrize("B,Hq,Hkv,Nq,D,paged,lens,splits", CASES)
+def test_host_row_combine_computes_decode_attention(emulated_gpu, monkeypatch, B, Hq, Hkv, Nq,
+                                                    D, paged, lens, splits):
+    from flashattn import kernels
+    monkeypatch.setattr(kernels, "DECODE_ROW_COMBINE_MAX", 10 ** 6)
+    torch.manual_seed(B * 100 + Hq + Nq + 1)
+    q, k, v, seqlens, table = tensors(B, Hq, Hkv, Nq, D, 128, paged=paged, page=32, pages=11,
+                                      max_pages=4, lens=lens)
+    if paged:
+        table = torch.randperm(11, dtype=torch.int32)[:B * 4].reshape(B, 4).contiguous()
+    out = emulated_gpu.decode(q, k, v, seqlens, block_table=table, num_splits=splits)
+    ref = decode_attention(q, k, v, seqlens, block_table=table)
+    assert (out.float() - ref).abs().max().item() < 2e-3
+    split, *rest = emulated_gpu.launched
+    if split.grid[1] == 1:
+        assert rest == []                                      # FINAL: no combine at all
+    else:
+        (comb,) = rest
+        rows = Hq // Hkv * Nq
+        assert comb.kernel is DECODE_COMBINE_ROW.kernel() and comb.grid == (rows, B * Hkv, 1)

@@ -155,6 +155,20 @@ def test_any_split_count_gives_the_same_answer(num_splits, request):
     check(out, q, k, v, lens, table, 128 ** -0.5, 1e-3, seed=seed)
 
 
+@pytest.mark.parametrize("num_splits", [2, 7, 16, 64, 300])
+@pytest.mark.parametrize("nq", [1, 4, 16])
+def test_row_combine_gives_the_same_answer(num_splits, nq, monkeypatch, request):
+    # The one-row combine (off by default: kernels.DECODE_ROW_COMBINE_MAX), switched on; 300
+    # splits of 1000 keys leave most splits empty and need several TILE_S steps.
+    from flashattn import kernels
+    monkeypatch.setattr(kernels, "DECODE_ROW_COMBINE_MAX", 10 ** 6)
+    seed = seed_of(request.node.callspec.id)
+    q, k, v, lens, table = make_cache((1000, 0, 1, 130), 32, 8, nq, 128, "float16", 1000, 64,
+                                      seed=seed)
+    out = run(q, k, v, lens, table, num_splits=num_splits)
+    check(out, q, k, v, lens, table, 128 ** -0.5, 1e-3, seed=seed)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_large_logits_stay_finite(dtype):
     seed = 7

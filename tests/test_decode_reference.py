@@ -275,6 +275,24 @@ def test_emulated_kernels_match_the_reference(hq, hkv, nq, d, page, tm, tn, spli
     np.testing.assert_allclose(out, ref, atol=2e-6)
 
 
+@pytest.mark.parametrize("hq,hkv,nq,d,page,tm,tn,splits", EMULATED)
+@pytest.mark.parametrize("tile_s", [1, 2, 8])
+def test_emulated_row_combine_matches_the_reference(hq, hkv, nq, d, page, tm, tn, splits, tile_s):
+    # The one-row combine, tile_s splits a step (a last step past the splits included).
+    lens = np.array([0, 1, nq, 97, 130], np.int32)
+    q, k, v = make(len(lens), hq, hkv, nq, d, 130, seed=hq + nq + d, dtype=np.float32)
+    ref = decode_attention(q, *poison_tail(k, v, lens), lens)
+    if page is None:
+        out = emulate_decode(q, *poison_tail(k, v, lens), lens, num_splits=splits, tile_m=tm,
+                             tile_n=tn, combine_tile_s=tile_s)
+    else:
+        kp, vp, table = to_paged(k, v, lens, page, seed=d)
+        out = emulate_decode(q, kp, vp, lens, table, num_splits=splits, tile_m=tm, tile_n=tn,
+                             combine_tile_s=tile_s)
+    assert np.isfinite(out).all()
+    np.testing.assert_allclose(out, ref, atol=2e-6)
+
+
 def test_emulated_partials_use_base_two_lse():
     lens = np.array([50], np.int32)
     q, k, v = make(1, 2, 1, 1, 16, 50, seed=9)

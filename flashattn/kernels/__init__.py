@@ -119,6 +119,13 @@ DECODE_MAX_SPLITS = 256       # beyond this, partials and the combine's loop out
 # no entry.
 DECODE_SPLIT_HINTS: dict[str, dict] = {}
 DECODE_COMBINE_ELEMS = 2048   # fp32 values per combine tile (its loop keeps two such tiles)
+DECODE_COMBINE_CHUNK = 4096   # fp32 partial-output values one step of the one-row combine loads
+# The one-row combine (decode_combine_row_kernel) runs when B x Hkv x rows is at most this many
+# programs. E18b: it took B=1 from 0.85-0.97x cuDNN to 0.95-0.98x, but at B=64, Nq=4 it
+# launched 8192 programs and was 1.8x slower than the multi-row combine. 0: never, until the
+# switch point is timed (experiments/decode_sweep.py --part combine) and the dataset
+# re-recorded with it.
+DECODE_ROW_COMBINE_MAX = 0
 
 
 DECODE_SPLIT = KernelSpec(
@@ -134,7 +141,13 @@ DECODE_COMBINE = KernelSpec(
     arrays=(Array("Opart", 4, "float32"), Array("Lse", 3, "float32"), Array("Out", 4)),
     scalars=(), constants=("TILE_M", "TILE_D"))
 
-DECODE = {"decode_split": DECODE_SPLIT, "decode_combine": DECODE_COMBINE}
+DECODE_COMBINE_ROW = KernelSpec(
+    "decode_combine_row", "flashattn.kernels.decode", "decode_combine_row_kernel",
+    arrays=(Array("Opart", 4, "float32"), Array("Lse", 3, "float32"), Array("Out", 4)),
+    scalars=(), constants=("TILE_D", "TILE_S"))
+
+DECODE = {"decode_split": DECODE_SPLIT, "decode_combine": DECODE_COMBINE,
+          "decode_combine_row": DECODE_COMBINE_ROW}
 
 
 # Register budget of the split kernel, in elements of TILE_M x TILE_N x TILE_D: the largest
@@ -189,6 +202,29 @@ def decode_combine_constants(*, split_tile_m: int, head_dim: int) -> dict:
     at most ``DECODE_COMBINE_ELEMS`` fp32 values."""
     td = tile_d_for(head_dim)
     return dict(TILE_M=max(1, min(int(split_tile_m), DECODE_COMBINE_ELEMS // td)), TILE_D=td)
+
+
+def decode_combine_row_constants(*, head_dim: int, num_splits: int) -> dict:
+    """The constants of ``decode_combine_row_kernel`` by name. TILE_S: the splits merged per
+    step, the split count rounded up to a power of two, as many as keep the ``TILE_S x TILE_D``
+    partial outputs within ``DECODE_COMBINE_CHUNK`` fp32 values (at least 1)."""
+    td = tile_d_for(head_dim)
+    if int(num_splits) < 1:
+        raise ValueError(f"num_splits must be positive, got {num_splits}")
+    tile_s = min(1 << (int(num_splits) - 1).bit_length(), max(1, DECODE_COMBINE_CHUNK // td))
+    return dict(TILE_D=td, TILE_S=tile_s)
+
+
+def decode_combine_kind(*, B: int, Hkv: int, rows: int, num_splits: int,
+                        row_max: int | None = None) -> str | None:
+    """Which merge a decode call launches: None (one split: the split kernel writes the
+    output), "row" (``decode_combine_row_kernel``, one program per packed row) when
+    ``B x Hkv x rows <= row_max`` (default ``DECODE_ROW_COMBINE_MAX``), else "block"
+    (``decode_combine_kernel``, one program per row block)."""
+    if int(num_splits) == 1:
+        return None
+    limit = DECODE_ROW_COMBINE_MAX if row_max is None else int(row_max)
+    return "row" if int(B) * int(Hkv) * int(rows) <= limit else "block"
 
 
 def decode_row_blocks(rows: int, tile_m: int) -> int:
@@ -263,7 +299,8 @@ def decode_num_splits(*, B: int, Hkv: int, rows: int, max_seqlen: int, head_dim:
 SPECS.update(DECODE)
 __all__ += ["DECODE", "DECODE_SPLIT", "DECODE_COMBINE", "decode_tiles",
             "decode_split_constants", "decode_combine_constants", "decode_split_grid",
-            "DECODE_SPLIT_HINTS",
+            "DECODE_SPLIT_HINTS", "DECODE_COMBINE_ROW", "decode_combine_row_constants",
+            "decode_combine_kind",
             "decode_combine_grid", "decode_partial_shapes", "decode_num_splits"]
 # === end of decoding ============================================================================
 

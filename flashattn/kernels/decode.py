@@ -193,3 +193,47 @@ def decode_combine_kernel(Opart, Lse, Out, TILE_M: ConstInt, TILE_D: ConstInt):
     out = ct.truediv(acc, ct.where(l > 0.0, l, 1.0))                # [TILE_M, TILE_D]
     out = out.reshape((1, 1, TILE_M, TILE_D)).astype(Out.dtype)
     ct.store(Out, index=(batch_idx, kv_head, bid_m, 0), tile=out)
+
+
+@ct.kernel
+def decode_combine_row_kernel(Opart, Lse, Out, TILE_D: ConstInt, TILE_S: ConstInt):
+    """Merge the splits' partial outputs of one row: the LSE algebra, ``TILE_S`` splits a step.
+
+    Grid: ``(G * Nq, B * Hkv, 1)``: one program per packed row. Each step loads the
+    log-sum-exps ``[TILE_S, 1]`` and partial outputs ``[TILE_S, TILE_D]`` of ``TILE_S`` splits
+    (splits past the last read ``lse = -inf`` and ``o = 0``: weight 0), reduces them over the
+    split axis, and folds the result into a running (max, sum, output) as the online softmax of
+    chapter 2 does with key tiles. So the loop is ``cdiv(num_splits, TILE_S)`` steps long, not
+    ``num_splits``. The alternative to ``decode_combine_kernel`` for few rows and many splits
+    (E18b: faster at B=1, slower with thousands of rows); the host picks it with
+    ``kernels.decode_combine_kind``, which never does until ``DECODE_ROW_COMBINE_MAX`` is set
+    from a measurement.
+    Out is written in its own dtype; columns past D are dropped by the store. A row whose
+    splits all have ``lse = -inf`` (no visible key) gets 0; a NaN partial stays NaN.
+    """
+    row = ct.bid(0)
+    bh = ct.bid(1)
+    num_splits = Opart.shape[0]
+    num_kv_heads = Out.shape[1]
+    batch_idx = bh // num_kv_heads
+    kv_head = bh % num_kv_heads
+
+    m = ct.full((1, 1), -math.inf, dtype=ct.float32)                 # running max of lse_s
+    l = ct.full((1, 1), 0.0, dtype=ct.float32)                       # sum of 2^(lse_s - m)
+    acc = ct.full((1, TILE_D), 0.0, dtype=ct.float32)               # sum of 2^(lse_s - m) o_s
+    for c in range(ct.cdiv(num_splits, TILE_S)):
+        lse = ct.load(Lse, index=(c, bh, row), shape=(TILE_S, 1, 1),
+                      padding_mode=ct.PaddingMode.NEG_INF).reshape((TILE_S, 1))
+        o = ct.load(Opart, index=(c, bh, row, 0), shape=(TILE_S, 1, 1, TILE_D),
+                    padding_mode=ct.PaddingMode.ZERO).reshape((TILE_S, TILE_D))
+        m_new = max(m, ct.max(lse, axis=0, keepdims=True))           # [1, 1]
+        m_use = ct.where(m_new == -math.inf, 0.0, m_new)             # all -inf so far: weights 0
+        alpha = ct.exp2(m - m_use)                                   # [1, 1]
+        w = ct.exp2(lse - m_use)                                     # [TILE_S, 1]
+        l = l * alpha + ct.sum(w, axis=0, keepdims=True)             # [1, 1]
+        acc = acc * alpha + ct.sum(w * o, axis=0, keepdims=True)    # [1, TILE_D]
+        m = m_new
+
+    out = ct.truediv(acc, ct.where(l > 0.0, l, 1.0))                # [1, TILE_D]
+    out = out.reshape((1, 1, 1, TILE_D)).astype(Out.dtype)
+    ct.store(Out, index=(batch_idx, kv_head, row, 0), tile=out)

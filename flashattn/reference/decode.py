@@ -8,7 +8,8 @@ The references of ``flashattn.decode`` (issue 12) and of its two kernels:
     merge_partials(o_parts, lse_parts)             the exact LSE merge of the partials
     split_kv_attention(...)                        partials + merge: equals decode_attention
     emulate_decode(...)                            the two kernels, tile by tile, with their guards
-    emulate_split_kernel, emulate_combine_kernel   each kernel on its own arguments and grid
+    emulate_split_kernel, emulate_combine_kernel, emulate_combine_row_kernel
+                                                 each kernel on its own arguments and grid
     gather_cache(cache, block_table, seqlen, b)    a sequence's keys (or values) out of the cache
 
 Shapes (``Hq = G * Hkv``; query head ``h`` reads key/value head ``h // G``)::
@@ -42,7 +43,7 @@ from ..contract import check_decode
 
 __all__ = ["decode_attention", "split_bounds", "split_partials", "merge_partials",
            "split_kv_attention", "gather_cache", "decode_visible", "emulate_decode",
-           "emulate_split_kernel", "emulate_combine_kernel"]
+           "emulate_split_kernel", "emulate_combine_kernel", "emulate_combine_row_kernel"]
 
 
 def _np(x):
@@ -380,9 +381,43 @@ def emulate_combine_kernel(grid, Opart, Lse, Out, TILE_M, TILE_D):
             Out[b, kv_head, sl][:n] = out[:n, :D]
 
 
+def emulate_combine_row_kernel(grid, Opart, Lse, Out, TILE_D, TILE_S):
+    """``decode_combine_row_kernel`` on NumPy arrays, one program per packed row: an online softmax
+    over the splits (base 2), ``TILE_S`` splits per step (those past the last read as
+    ``lse = -inf``, ``o = 0``, the kernel's padding); writes ``Out`` (B, Hkv, rows, D) in place,
+    dropping columns past D."""
+    rows_grid, _, _ = grid
+    num_splits = Opart.shape[0]
+    _, num_kv_heads, rows, D = Out.shape
+    s_pad = -(-num_splits // TILE_S) * TILE_S
+    with np.errstate(invalid="ignore", over="ignore"):
+        for row, bh in np.ndindex(rows_grid, grid[1]):
+            b, kv_head = divmod(bh, num_kv_heads)
+            lse_all = np.full((s_pad, 1), -np.inf, Opart.dtype)
+            o_all = np.zeros((s_pad, TILE_D), Opart.dtype)
+            lse_all[:num_splits, 0] = Lse[:, bh, row]
+            o_all[:num_splits] = Opart[:, bh, row]
+            m = np.full((1, 1), -np.inf, Opart.dtype)
+            l = np.zeros((1, 1), Opart.dtype)
+            acc = np.zeros((1, TILE_D), Opart.dtype)
+            for c in range(s_pad // TILE_S):
+                lse = lse_all[c * TILE_S:(c + 1) * TILE_S]
+                o = o_all[c * TILE_S:(c + 1) * TILE_S]
+                # The GPU's max drops a NaN operand (fmax); a NaN partial still makes w NaN.
+                m_new = np.fmax(m, np.fmax.reduce(lse, axis=0, keepdims=True))
+                m_use = np.where(np.isneginf(m_new), 0.0, m_new)
+                alpha, w = np.exp2(m - m_use), np.exp2(lse - m_use)
+                l = l * alpha + w.sum(axis=0, keepdims=True)
+                acc = acc * alpha + (w * o).sum(axis=0, keepdims=True)
+                m = m_new
+            if row < rows:
+                Out[b, kv_head, row] = (acc / np.where(l > 0, l, 1.0))[0, :D]
+
+
 def emulate_decode(q, k_cache, v_cache, cache_seqlens, block_table=None, *, scale=None,
                    num_splits: int = 1, tile_m: int = 16, tile_n: int = 64,
-                   combine_tile_m: int | None = None, return_partials: bool = False):
+                   combine_tile_m: int | None = None, combine_tile_s: int | None = None,
+                   return_partials: bool = False):
     """``decode_split_kernel`` then ``decode_combine_kernel`` (kernels/decode.py), in NumPy,
     with the host's layout (the GQA group's heads packed as rows) and *no host check of the
     values*: a length outside ``[0, capacity]`` or a page id out of range makes that sequence's
@@ -418,7 +453,10 @@ def emulate_decode(q, k_cache, v_cache, cache_seqlens, block_table=None, *, scal
     emulate_split_kernel((m_blocks, num_splits, B * Hkv), qn.reshape(B, Hkv, rows, D), kn, vn,
                          table, lens, Opart, Lse, out, scale, Nq, tile_m, tile_n, TD,
                          block_table is not None, final)
-    if not final:
+    if not final and combine_tile_s is not None:
+        # The one-row combine, combine_tile_s splits per step.
+        emulate_combine_row_kernel((rows, B * Hkv, 1), Opart, Lse, out, TD, combine_tile_s)
+    elif not final:
         ctm = tile_m if combine_tile_m is None else combine_tile_m
         emulate_combine_kernel((-(-rows // ctm), B * Hkv, 1), Opart, Lse, out, ctm, TD)
     out = out.reshape(B, Hq, Nq, D)
