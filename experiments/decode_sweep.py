@@ -74,16 +74,29 @@ def _time(calls: dict, rounds: int, ref_name: str):
 def _with_hints(hints: dict, fn):
     """Call ``fn`` with ``kernels.DECODE_SPLIT_HINTS["sm_90"]`` set to ``hints`` (restored after:
     a captured CUDA graph keeps the kernel it launched)."""
+    from unittest import mock
+
     from flashattn import kernels
-    old = kernels.DECODE_SPLIT_HINTS.get("sm_90")
-    kernels.DECODE_SPLIT_HINTS["sm_90"] = hints
-    try:
+    with mock.patch.dict(kernels.DECODE_SPLIT_HINTS, {"sm_90": hints}):
         return fn()
-    finally:
-        if old is None:
-            kernels.DECODE_SPLIT_HINTS.pop("sm_90", None)
-        else:
-            kernels.DECODE_SPLIT_HINTS["sm_90"] = old
+
+
+def _add_libraries(calls: dict, rows: list, libs, q, k, v, **shape):
+    """Add each of ``libs`` (SDPA back ends, no mask) to ``calls`` after one trial run; a back
+    end that refuses the shape becomes an error row with the ``shape`` keys."""
+    from flashattn.measure.libraries import library_fn
+    for lib in libs:
+        try:
+            fn, ctx = library_fn(lib, q, k, v, causal=False, scale=1 / math.sqrt(D))
+            with ctx():
+                fn()
+
+            def call(fn=fn, ctx=ctx):
+                with ctx():
+                    return fn()
+            calls[lib] = call
+        except Exception as e:          # a back end that refuses the shape: a row
+            rows.append(dict(**shape, impl=lib, error=f"{type(e).__name__}: {e}"[:200]))
 
 
 def run_splits(rounds: int) -> list[dict]:
@@ -92,7 +105,6 @@ def run_splits(rounds: int) -> list[dict]:
     from flashattn.decode import decode
     from flashattn.kernels import decode_num_splits
     from flashattn.measure.bench_decode import hbm_peak
-    from flashattn.measure.libraries import library_fn
     peak = hbm_peak(torch.cuda.get_device_name())
     sm = torch.cuda.get_device_properties(0).multi_processor_count
     rows = []
@@ -119,18 +131,7 @@ def run_splits(rounds: int) -> list[dict]:
                 splits[name + "_occ2"] = n
                 calls[name + "_occ2"] = (lambda n=n: _with_hints(
                     {"occupancy": 2}, lambda: decode(q, k, v, lens, num_splits=n)))
-        for lib in ("sdpa_flash", "sdpa_cudnn"):
-            try:
-                fn, ctx = library_fn(lib, q, k, v, causal=False, scale=1 / math.sqrt(D))
-                with ctx():
-                    fn()
-
-                def call(fn=fn, ctx=ctx):
-                    with ctx():
-                        return fn()
-                calls[lib] = call
-            except Exception as e:          # a back end that refuses the shape: a row
-                rows.append(dict(B=B, Nk=N, impl=lib, error=f"{type(e).__name__}: {e}"[:200]))
+        _add_libraries(calls, rows, ("sdpa_flash", "sdpa_cudnn"), q, k, v, B=B, Nk=N)
         ref = decode(q, k, v, lens).float()
         errs = {n: (calls[n]().float() - ref).abs().max().item() for n in calls}
         got = _time(calls, rounds, "sdpa_flash" if "sdpa_flash" in calls else "waves2")
@@ -150,13 +151,11 @@ COMBINE_SHAPES = [(b, nq, n) for b in (1, 2, 4, 8) for nq in (1, 4) for n in (40
 
 def _with_row_combine(limit: int, fn):
     """Call ``fn`` with ``kernels.DECODE_ROW_COMBINE_MAX = limit`` (restored after)."""
+    from unittest import mock
+
     from flashattn import kernels
-    old = kernels.DECODE_ROW_COMBINE_MAX
-    kernels.DECODE_ROW_COMBINE_MAX = limit
-    try:
+    with mock.patch.object(kernels, "DECODE_ROW_COMBINE_MAX", limit):
         return fn()
-    finally:
-        kernels.DECODE_ROW_COMBINE_MAX = old
 
 
 def run_combine(rounds: int) -> list[dict]:
@@ -167,7 +166,6 @@ def run_combine(rounds: int) -> list[dict]:
     from flashattn.decode import decode
     from flashattn.kernels import decode_num_splits
     from flashattn.measure.bench_decode import hbm_peak
-    from flashattn.measure.libraries import library_fn
     peak = hbm_peak(torch.cuda.get_device_name())
     sm = torch.cuda.get_device_properties(0).multi_processor_count
     rows = []
@@ -181,19 +179,8 @@ def run_combine(rounds: int) -> list[dict]:
                                    sm_count=sm, arch="sm_90")
         calls = {"block": lambda: _with_row_combine(0, lambda: decode(q, k, v, lens)),
                  "row": lambda: _with_row_combine(10 ** 9, lambda: decode(q, k, v, lens))}
-        for lib in (("sdpa_flash", "sdpa_cudnn") if nq == 1 else ()):
-            try:
-                fn, ctx = library_fn(lib, q, k, v, causal=False, scale=1 / math.sqrt(D))
-                with ctx():
-                    fn()
-
-                def call(fn=fn, ctx=ctx):
-                    with ctx():
-                        return fn()
-                calls[lib] = call
-            except Exception as e:          # a back end that refuses the shape: a row
-                rows.append(dict(B=B, Nq=nq, Nk=N, impl=lib,
-                                 error=f"{type(e).__name__}: {e}"[:200]))
+        _add_libraries(calls, rows, ("sdpa_flash", "sdpa_cudnn") if nq == 1 else (), q, k, v,
+                       B=B, Nq=nq, Nk=N)
         ref = calls["block"]().float()
         errs = {n: (calls[n]().float() - ref).abs().max().item() for n in calls}
         got = _time(calls, rounds, "block")

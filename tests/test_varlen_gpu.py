@@ -51,12 +51,17 @@ def sampled_cases():
         d = HEAD_DIMS[(c // 3) % len(HEAD_DIMS)]
         causal = bool(c % 2) ^ bool((c // 4) % 2)
         lens_q, lens_k = LENGTHS[c % len(LENGTHS)]
-        cases.append(pytest.param(hq, hkv, dtype, d, causal, lens_q, lens_k,
-                                  id=f"h{hq}:{hkv}-{dtype[:2]}-d{d}-"
-                                     f"{'causal' if causal else 'full'}-"
-                                     f"q{'_'.join(map(str, lens_q))}"
-                                     + (f"-k{'_'.join(map(str, lens_k))}" if lens_k else "")))
+        cases.append(_case(hq, hkv, dtype, d, causal, lens_q, lens_k))
     return cases
+
+
+def _case(hq, hkv, dtype, d, causal, lens_q, lens_k, prefix=""):
+    """One parametrised case, its id naming heads, dtype, head dim, mask and lengths."""
+    return pytest.param(hq, hkv, dtype, d, causal, lens_q, lens_k,
+                        id=f"{prefix}h{hq}:{hkv}-{dtype[:2]}-d{d}-"
+                           f"{'causal' if causal else 'full'}-"
+                           f"q{'_'.join(map(str, lens_q))}"
+                           + (f"-k{'_'.join(map(str, lens_k))}" if lens_k else ""))
 
 
 def make_packed(lens_q, lens_k, hq, hkv, d, dtype, *, seed, magnitude=1.0):
@@ -221,11 +226,7 @@ def backward_cases():
         dtype = DTYPES[c // (2 * len(BWD_LENGTHS))]
         hq, hkv = BWD_HEADS[c % len(BWD_HEADS)]
         d = BWD_HEAD_DIMS[(c // 2) % len(BWD_HEAD_DIMS)]
-        cases.append(pytest.param(hq, hkv, dtype, d, causal, lens_q, lens_k,
-                                  id=f"bwd-h{hq}:{hkv}-{dtype[:2]}-d{d}-"
-                                     f"{'causal' if causal else 'full'}-"
-                                     f"q{'_'.join(map(str, lens_q))}"
-                                     + (f"-k{'_'.join(map(str, lens_k))}" if lens_k else "")))
+        cases.append(_case(hq, hkv, dtype, d, causal, lens_q, lens_k, prefix="bwd-"))
     return cases
 
 
