@@ -150,11 +150,13 @@ COMBINE_SHAPES = [(b, nq, n) for b in (1, 2, 4, 8) for nq in (1, 4) for n in (40
 
 
 def _with_row_combine(limit: int, fn):
-    """Call ``fn`` with ``kernels.DECODE_ROW_COMBINE_MAX = limit`` (restored after)."""
+    """Call ``fn`` with ``kernels.DECODE_ROW_COMBINE_MAX = limit`` and no least split count
+    (restored after): 0 forces the multi-row combine, a huge limit the one-row combine."""
     from unittest import mock
 
     from flashattn import kernels
-    with mock.patch.object(kernels, "DECODE_ROW_COMBINE_MAX", limit):
+    with mock.patch.object(kernels, "DECODE_ROW_COMBINE_MAX", limit), \
+            mock.patch.object(kernels, "DECODE_ROW_COMBINE_MIN_SPLITS", 2):
         return fn()
 
 

@@ -422,7 +422,7 @@ def test_host_refuses_a_bad_out(emulated_gpu):
         emulated_gpu.decode(q, k, v, seqlens, out=torch.empty(2, 8, 1, 64))
 
 
-# --- the one-row combine (decode_combine_row_kernel): off by default, chosen by shape -------------
+# --- the one-row combine (decode_combine_row_kernel): chosen by shape (E21) -------------
 @pytest.mark.parametrize("head_dim", [16, 64, 80, 128, 256])
 def test_row_combine_constants(head_dim):
     from flashattn.kernels import decode_combine_row_constants
@@ -440,11 +440,16 @@ def test_row_combine_constants(head_dim):
 def test_combine_kind():
     from flashattn import kernels
     from flashattn.kernels import decode_combine_kind
-    assert kernels.DECODE_ROW_COMBINE_MAX == 0                # off until measured
-    assert decode_combine_kind(B=1, Hkv=8, rows=4, num_splits=16) == "block"
+    # E21's switch: few rows (one wave) and many splits -> one program per row.
+    assert (kernels.DECODE_ROW_COMBINE_MAX, kernels.DECODE_ROW_COMBINE_MIN_SPLITS) == (128, 8)
+    assert decode_combine_kind(B=1, Hkv=8, rows=4, num_splits=16) == "row"     # B=1 Nq=1
+    assert decode_combine_kind(B=1, Hkv=8, rows=16, num_splits=16) == "row"    # B=1 Nq=4
+    assert decode_combine_kind(B=2, Hkv=8, rows=4, num_splits=8) == "row"      # B=2 Nq=1
+    assert decode_combine_kind(B=2, Hkv=8, rows=16, num_splits=8) == "block"   # 256 rows
+    assert decode_combine_kind(B=4, Hkv=8, rows=4, num_splits=4) == "block"    # 4 splits
     assert decode_combine_kind(B=1, Hkv=8, rows=4, num_splits=1) is None
-    assert decode_combine_kind(B=1, Hkv=8, rows=4, num_splits=16, row_max=32) == "row"
-    assert decode_combine_kind(B=2, Hkv=8, rows=4, num_splits=16, row_max=32) == "block"
+    assert decode_combine_kind(B=1, Hkv=8, rows=4, num_splits=16, row_max=0) == "block"
+    assert decode_combine_kind(B=2, Hkv=8, rows=4, num_splits=2, min_splits=2) == "row"
 
 
 @pytest.mark.parametrize("B,Hq,Hkv,Nq,D,paged,lens,splits", CASES)
@@ -452,6 +457,7 @@ def test_host_row_combine_computes_decode_attention(emulated_gpu, monkeypatch, B
                                                     D, paged, lens, splits):
     from flashattn import kernels
     monkeypatch.setattr(kernels, "DECODE_ROW_COMBINE_MAX", 10 ** 6)
+    monkeypatch.setattr(kernels, "DECODE_ROW_COMBINE_MIN_SPLITS", 2)
     torch.manual_seed(B * 100 + Hq + Nq + 1)
     q, k, v, seqlens, table = tensors(B, Hq, Hkv, Nq, D, 128, paged=paged, page=32, pages=11,
                                       max_pages=4, lens=lens)

@@ -120,12 +120,16 @@ DECODE_MAX_SPLITS = 256       # beyond this, partials and the combine's loop out
 DECODE_SPLIT_HINTS: dict[str, dict] = {}
 DECODE_COMBINE_ELEMS = 2048   # fp32 values per combine tile (its loop keeps two such tiles)
 DECODE_COMBINE_CHUNK = 4096   # fp32 partial-output values one step of the one-row combine loads
-# The one-row combine (decode_combine_row_kernel) runs when B x Hkv x rows is at most this many
-# programs. E18b: it took B=1 from 0.85-0.97x cuDNN to 0.95-0.98x, but at B=64, Nq=4 it
-# launched 8192 programs and was 1.8x slower than the multi-row combine. 0: never, until the
-# switch point is timed (experiments/decode_sweep.py --part combine) and the dataset
-# re-recorded with it.
-DECODE_ROW_COMBINE_MAX = 0
+# The one-row combine (decode_combine_row_kernel) runs when B x Hkv x rows (its programs) is at
+# most DECODE_ROW_COMBINE_MAX and there are at least DECODE_ROW_COMBINE_MIN_SPLITS splits; else
+# the multi-row combine, whose programs walk the splits one by one. E21 (experiments/data/
+# 30-decode-combine/, both in the same rounds, Nq=1 and 4, 4K-128K): one-row programs won
+# wherever the rows fit one wave and the splits were many (B=1, 16 splits, 32 and 128 rows:
+# 1.05-1.48x; B=2, 8 splits, 64 rows: 1.00-1.06x) and lost otherwise (B=2 Nq=4, 256 rows:
+# 0.91-0.99x; B=4, 4 splits, 128 rows: 0.96-1.00x; B=8: 0.75-1.00x). E18b: 8192 of them
+# (B=64, Nq=4) were 1.8x slower.
+DECODE_ROW_COMBINE_MAX = 128
+DECODE_ROW_COMBINE_MIN_SPLITS = 8
 
 
 DECODE_SPLIT = KernelSpec(
@@ -216,15 +220,19 @@ def decode_combine_row_constants(*, head_dim: int, num_splits: int) -> dict:
 
 
 def decode_combine_kind(*, B: int, Hkv: int, rows: int, num_splits: int,
-                        row_max: int | None = None) -> str | None:
+                        row_max: int | None = None, min_splits: int | None = None) -> str | None:
     """Which merge a decode call launches: None (one split: the split kernel writes the
     output), "row" (``decode_combine_row_kernel``, one program per packed row) when
-    ``B x Hkv x rows <= row_max`` (default ``DECODE_ROW_COMBINE_MAX``), else "block"
-    (``decode_combine_kernel``, one program per row block)."""
+    ``B x Hkv x rows <= row_max`` (default ``DECODE_ROW_COMBINE_MAX``) and ``num_splits >=
+    min_splits`` (default ``DECODE_ROW_COMBINE_MIN_SPLITS``), else "block"
+    (``decode_combine_kernel``, one program per row block). E21 measured the switch."""
     if int(num_splits) == 1:
         return None
     limit = DECODE_ROW_COMBINE_MAX if row_max is None else int(row_max)
-    return "row" if int(B) * int(Hkv) * int(rows) <= limit else "block"
+    least = DECODE_ROW_COMBINE_MIN_SPLITS if min_splits is None else int(min_splits)
+    if int(B) * int(Hkv) * int(rows) <= limit and int(num_splits) >= least:
+        return "row"
+    return "block"
 
 
 def decode_row_blocks(rows: int, tile_m: int) -> int:

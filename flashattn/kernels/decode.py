@@ -206,8 +206,7 @@ def decode_combine_row_kernel(Opart, Lse, Out, TILE_D: ConstInt, TILE_S: ConstIn
     chapter 2 does with key tiles. So the loop is ``cdiv(num_splits, TILE_S)`` steps long, not
     ``num_splits``. The alternative to ``decode_combine_kernel`` for few rows and many splits
     (E18b: faster at B=1, slower with thousands of rows); the host picks it with
-    ``kernels.decode_combine_kind``, which never does until ``DECODE_ROW_COMBINE_MAX`` is set
-    from a measurement.
+    ``kernels.decode_combine_kind`` (few rows and many splits: E21).
     Out is written in its own dtype; columns past D are dropped by the store. A row whose
     splits all have ``lse = -inf`` (no visible key) gets 0; a NaN partial stays NaN.
     """
