@@ -26,6 +26,15 @@ combine (``block``, the default) against the one-row combine (``row``, switched 
 profile): ``row`` faster at B=1 (the combine's 8 programs each loop over 16 splits), ``block``
 at B=8 (256+ one-row programs); the switch point in between sets ``DECODE_ROW_COMBINE_MAX``.
 
+qtiles (E22, prepared): ``attention_varlen`` with ``Q_TILES`` = 1, 2, 4, 8, 16 query tiles per
+program (``kernels.VARLEN_Q_TILES["sm_90"]``), the default configuration, causal and not, against the
+padded square kernel in the same rounds, mixes equal 8x4096, 32x1024, 128x256, uniform 1-4096
+and skewed. Question (E17): the varlen kernel builds four tensor maps per program, the square
+kernel none; is that the 5-15 % it loses on equal lengths? Prediction: if so, the gap shrinks
+as ``Q_TILES`` grows (the maps are built once per ``Q_TILES`` tiles), most at 32x1024 and
+128x256 (short programs), until too few programs are left to fill the GPU or balance causal
+work (at 8x4096, ``Q_TILES`` = 16 leaves 4 x 32 x 8 = 1024 programs).
+
 (E18a ran ``splits`` when the rule rounded up; it now rounds down, so a re-run dedupes the
 ``_floor`` rows.)
 
@@ -49,6 +58,8 @@ WAVES = (1, 2, 4, 8)
 SPLIT_SHAPES = [(b, n) for b in (1, 8) for n in (4096, 32768, 131072)]
 VARLEN_CONFIGS = ("128x128 occ=1 nww=8", "64x128 occ=2", "128x64 occ=1 nww=8", "64x64 occ=2")
 VARLEN_MIXES = ("equal_8x4096", "equal_32x1024")
+QTILES = (1, 2, 4, 8, 16)
+QTILES_MIXES = ("equal_8x4096", "equal_32x1024", "equal_128x256", "uniform_1_4096", "skewed")
 HQ, HKV, D = 32, 8, 128
 
 
@@ -240,9 +251,56 @@ def run_varlen(rounds: int) -> list[dict]:
     return rows
 
 
+def run_qtiles(rounds: int) -> list[dict]:
+    """E22: query tiles per varlen program, against the padded square kernel."""
+    from unittest import mock
+
+    import torch
+
+    from flashattn import kernels
+    from flashattn.launch import launch
+    from flashattn.measure.bench import resolve_impl
+    from flashattn.measure.bench_decode import varlen_mix
+    from flashattn.reference import unpack
+    from flashattn.varlen import attention_varlen
+    rows = []
+    scale = 1 / math.sqrt(D)
+    for mix, causal in itertools.product(QTILES_MIXES, (True, False)):
+        lens = varlen_mix(mix, 32768)
+        T, N = sum(lens), max(lens)
+        g = torch.Generator(device="cuda").manual_seed(T + N)
+        q = torch.randn(T, HQ, D, generator=g, device="cuda", dtype=torch.float16)
+        k, v = (torch.randn(T, HKV, D, generator=g, device="cuda", dtype=torch.float16)
+                for _ in range(2))
+        cu = torch.tensor([0, *itertools.accumulate(lens)], dtype=torch.int32, device="cuda")
+        qp, kp, vp = (unpack(t, cu, N) for t in (q, k, v))
+        outp = torch.empty_like(qp)
+        step, cfg = resolve_impl("best", qp, kp, causal)
+        calls = {"square_padded": lambda: launch(qp, kp, vp, outp, step, cfg, causal=causal,
+                                                 scale=scale)}
+
+        def packed(qt, causal=causal):
+            with mock.patch.object(kernels, "VARLEN_Q_TILES", {"sm_90": qt}):
+                return attention_varlen(q, k, v, cu, cu, N, N, causal=causal, scale=scale,
+                                        check_values=False)
+        for qt in QTILES:
+            calls[f"varlen q_tiles={qt}"] = (lambda qt=qt: packed(qt))
+        ref = calls["varlen q_tiles=1"]().float()
+        errs = {n: (calls[n]().float() - ref).abs().max().item()
+                for n in calls if n != "square_padded"}
+        got = _time(calls, rounds, "square_padded")
+        for name, t in got.items():
+            rows.append(dict(mix=mix, causal=causal, B=len(lens), max_len=N, impl=name,
+                             square_config=f"{step.name}: {cfg.label()}",
+                             max_abs_diff=errs.get(name), **t))
+            print(f"{mix} causal={causal} {name:20s} {t['median_ms']:.4f} ms  x padded "
+                  f"{t['ratio_square_padded']:.3f}", flush=True)
+    return rows
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--part", choices=("splits", "combine", "varlen"), required=True)
+    p.add_argument("--part", choices=("splits", "combine", "varlen", "qtiles"), required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--rounds", type=int, default=15)
     a = p.parse_args(argv)
@@ -252,7 +310,8 @@ def main(argv=None) -> int:
         return 1
     from flashattn.env import metadata
     t0 = time.perf_counter()
-    rows = {"splits": run_splits, "combine": run_combine, "varlen": run_varlen}[a.part](a.rounds)
+    rows = {"splits": run_splits, "combine": run_combine, "varlen": run_varlen,
+            "qtiles": run_qtiles}[a.part](a.rounds)
     meta = metadata("python experiments/decode_sweep.py " + " ".join(argv or sys.argv[1:]))
     meta["seconds"] = round(time.perf_counter() - t0, 1)
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)

@@ -29,7 +29,8 @@ import functools
 import math
 
 from .contract import check_varlen_tensors
-from .kernels import VARLEN_FWD, hinted, varlen_config, varlen_constants, varlen_grid
+from .kernels import (VARLEN_FWD, hinted, varlen_config, varlen_constants, varlen_grid,
+                      varlen_q_tiles)
 
 __all__ = ["attention_varlen", "attention_varlen_backward", "varlen_plan"]
 
@@ -41,17 +42,23 @@ def _arch(index: int) -> str:
     return f"sm_{major}{minor}"
 
 
-def varlen_plan(dims, *, max_seqlen_q: int, causal: bool, arch=None, config=None) -> dict:
+def varlen_plan(dims, *, max_seqlen_q: int, causal: bool, arch=None, config=None,
+                q_tiles=None) -> dict:
     """The launch plan (pure: no GPU): configuration, constants, grid. ``dims``: a
     ``contract.VarlenDims``; ``config``: a ``steps.Config`` to pin (default
-    ``kernels.varlen_config(arch, D)``)."""
+    ``kernels.varlen_config(arch, D)``); ``q_tiles``: query tiles per program (default
+    ``kernels.varlen_q_tiles``)."""
     config = config or varlen_config(arch, dims.D)
-    grid = varlen_grid(config, B=dims.B, Hq=dims.Hq, max_seqlen_q=max_seqlen_q)
+    if q_tiles is None:
+        q_tiles = varlen_q_tiles(config, max_seqlen_q=max_seqlen_q, arch=arch)
+    grid = varlen_grid(config, B=dims.B, Hq=dims.Hq, max_seqlen_q=max_seqlen_q,
+                       q_tiles=q_tiles)
     if dims.B > 65535 or dims.Hq > 65535:
         raise ValueError(f"B = {dims.B} sequences and Hq = {dims.Hq} heads must each be at most "
                          "65535 (grid axes): split the batch")
     return dict(config=config, grid=grid,
-                constants=varlen_constants(config, head_dim=dims.D, causal=causal))
+                constants=varlen_constants(config, head_dim=dims.D, causal=causal,
+                                           q_tiles=q_tiles))
 
 
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,

@@ -10,10 +10,11 @@ import numpy as np
 import pytest
 
 from flashattn.contract import VarlenDims, check_varlen, check_varlen_shapes
-from flashattn.kernels import (SPECS, VARLEN_CONFIGS, VARLEN_FWD, varlen_config,
+from flashattn.kernels import (SPECS, VARLEN_CONFIGS, VARLEN_FWD, varlen_config, varlen_q_tiles,
                                varlen_constants, varlen_grid)
 from flashattn.reference import (attention, emulate_varlen, pack, unpack, varlen_attention,
                                  varlen_visible)
+from flashattn.steps import Config
 
 torch = pytest.importorskip("torch")
 
@@ -260,7 +261,7 @@ def test_every_arch_and_head_dim_has_a_config(arch, d):
     assert c.TILE_M >= 16 and c.TILE_N >= 16
     k = varlen_constants(c, head_dim=d, causal=True)
     assert k == dict(TILE_M=c.TILE_M, TILE_N=c.TILE_N, TILE_D=max(16, 1 << (d - 1).bit_length()),
-                     CAUSAL=True)
+                     CAUSAL=True, Q_TILES=1)
     assert set(VARLEN_CONFIGS) >= {"sm_80", "sm_90", "sm_100", "sm_120"}
 
 
@@ -268,6 +269,41 @@ def test_grid_covers_the_longest_sequence():
     c = varlen_config("sm_90", 128)
     assert varlen_grid(c, B=3, Hq=32, max_seqlen_q=4097) == (-(-4097 // c.TILE_M), 32, 3)
     assert varlen_grid(c, B=1, Hq=1, max_seqlen_q=0) == (1, 1, 1)
+    # Q_TILES query tiles per program: the first axis shrinks, rounded up.
+    c = Config(64, 64)
+    tiles = -(-4097 // 64)                                                 # 65
+    for qt in (1, 2, 4, 7, 65, 100):
+        assert varlen_grid(c, B=3, Hq=8, max_seqlen_q=4097, q_tiles=qt) == (-(-tiles // qt), 8, 3)
+    for bad in (0, -1):
+        with pytest.raises(ValueError, match="q_tiles"):
+            varlen_grid(c, B=1, Hq=1, max_seqlen_q=64, q_tiles=bad)
+        with pytest.raises(ValueError, match="q_tiles"):
+            varlen_constants(c, head_dim=64, causal=False, q_tiles=bad)
+
+
+def test_q_tiles_rule_is_capped_by_the_longest_sequence(monkeypatch):
+    from flashattn import kernels
+    c = Config(64, 64)
+    assert all(n >= 1 for n in kernels.VARLEN_Q_TILES.values())
+    monkeypatch.setattr(kernels, "VARLEN_Q_TILES", {"sm_90": 8})
+    assert varlen_q_tiles(c, max_seqlen_q=4096, arch="sm_90") == 8
+    assert varlen_q_tiles(c, max_seqlen_q=130, arch="sm_90") == 3          # 3 tiles in all
+    assert varlen_q_tiles(c, max_seqlen_q=0, arch="sm_90") == 1
+    assert varlen_q_tiles(c, max_seqlen_q=4096, arch="sm_100") == 1         # not listed
+    assert varlen_q_tiles(c, max_seqlen_q=4096) == 1
+
+
+@pytest.mark.parametrize("q_tiles", [1, 2, 3, 5, 40])
+@pytest.mark.parametrize("causal", [False, True])
+def test_emulated_kernel_with_several_tiles_per_program(q_tiles, causal):
+    # Mixed lengths (0, 1, a tile and one, several tiles, q shorter than k): each program runs
+    # up to q_tiles tiles, in reverse for causal; the answer must not depend on q_tiles.
+    q, k, v, cu_q, cu_k, mq, mk = packed([1, 0, 17, 70, 33], [5, 3, 17, 70, 50], Hq=4, Hkv=2,
+                                         D=24, dtype=torch.float64, seed=11)
+    ref = varlen_attention(q, k, v, cu_q, cu_k, mq, mk, causal=causal)
+    out = emulate_varlen(q, k, v, cu_q, cu_k, mq, mk, causal=causal, tile_m=16, tile_n=16,
+                         q_tiles=q_tiles)
+    np.testing.assert_allclose(out, ref.numpy(), atol=1e-12, rtol=1e-10)
 
 
 # --- the host module, its kernel emulated --------------------------------------------------------
@@ -307,9 +343,25 @@ def test_host_launch_computes_varlen_attention(emulated_gpu, causal):
     (launch,) = emulated_gpu.launched
     c = varlen_config("sm_120", 24)
     assert launch.grid == (-(-70 // c.TILE_M), 4, 4)
-    assert launch.args[-4:] == (c.TILE_M, c.TILE_N, 32, causal)
+    assert launch.args[-5:] == (c.TILE_M, c.TILE_N, 32, causal, 1)
     assert launch.args[6] == pytest.approx(1 / math.sqrt(24))
     assert launch.args[7:10] == (2, 70, 70)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_host_launch_with_several_tiles_per_program(emulated_gpu, monkeypatch, causal):
+    from flashattn import kernels
+    monkeypatch.setattr(kernels, "VARLEN_Q_TILES", {"sm_120": 3})     # the fixture's arch
+    q, k, v, cu_q, cu_k, mq, mk = packed([3, 70, 0, 33], [3, 70, 5, 40], Hq=4, Hkv=2, D=24,
+                                         dtype=torch.float32, seed=5)
+    out = emulated_gpu.run(q, k, v, cu_q, cu_k, mq, mk, causal=causal)
+    ref = varlen_attention(q, k, v, cu_q, cu_k, mq, mk, causal=causal)
+    torch.testing.assert_close(out, ref, atol=2e-5, rtol=1e-4)
+    (launch,) = emulated_gpu.launched
+    c = varlen_config("sm_120", 24)
+    tiles = -(-70 // c.TILE_M)
+    assert launch.grid == (-(-tiles // min(3, tiles)), 4, 4)
+    assert launch.args[-1] == min(3, tiles)
 
 
 def test_host_writes_nan_for_bad_device_offsets(emulated_gpu):

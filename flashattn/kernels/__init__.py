@@ -430,9 +430,14 @@ VARLEN_FWD = KernelSpec(
             Array("CuSeqlensQ", 1, "int32"), Array("CuSeqlensK", 1, "int32")),
     scalars=(("qk_scale", float), ("group_size", int), ("max_seqlen_q", int),
              ("max_seqlen_k", int)),
-    constants=("TILE_M", "TILE_N", "TILE_D", "CAUSAL"))
+    constants=("TILE_M", "TILE_N", "TILE_D", "CAUSAL", "Q_TILES"))
 
 VARLEN = {"varlen_fwd": VARLEN_FWD}
+
+# Query tiles per varlen program (the kernel's Q_TILES) per architecture (absent: 1): each
+# program builds its sequence's tensor maps once (E17) and runs this many tiles with them.
+# 1 until E22 times it. (sm_120's 64x64 tile spills 8 bytes with Q_TILES = 4.)
+VARLEN_Q_TILES: dict[str, int] = {}
 
 # Tiles and hints per architecture and padded head dim (TILE_D up to the key): the forward
 # steps' configurations (steps.py: warp_groups' first on Hopper, arch_tuned's elsewhere),
@@ -461,20 +466,33 @@ def varlen_config(arch: str | None, head_dim: int) -> Config:
     return table[min(d for d in table if d >= td)]
 
 
-def varlen_constants(config: Config, *, head_dim: int, causal: bool) -> dict:
+def varlen_q_tiles(config: Config, *, max_seqlen_q: int, arch: str | None = None) -> int:
+    """Query tiles per program: ``VARLEN_Q_TILES[arch]`` (1 if absent), at most the longest
+    sequence's tiles."""
+    n_tiles = max(1, -(-int(max_seqlen_q) // config.TILE_M))
+    return max(1, min(int(VARLEN_Q_TILES.get(arch or "sm_80", 1)), n_tiles))
+
+
+def varlen_constants(config: Config, *, head_dim: int, causal: bool, q_tiles: int = 1) -> dict:
     """The ``ct.Constant`` values of ``varlen_fwd_kernel`` by name."""
+    if int(q_tiles) < 1:
+        raise ValueError(f"q_tiles (query tiles per program) must be >= 1, got {q_tiles}")
     return dict(TILE_M=config.TILE_M, TILE_N=config.TILE_N, TILE_D=tile_d_for(head_dim),
-                CAUSAL=bool(causal))
+                CAUSAL=bool(causal), Q_TILES=int(q_tiles))
 
 
-def varlen_grid(config: Config, *, B: int, Hq: int, max_seqlen_q: int) -> tuple[int, int, int]:
-    """(query tiles of the longest sequence, Hq, B): programs past a shorter sequence's end
-    exit at once; the heads of a sequence are adjacent in launch order (GQA groups share K/V
-    in L2)."""
-    return (max(1, -(-int(max_seqlen_q) // config.TILE_M)), int(Hq), int(B))
+def varlen_grid(config: Config, *, B: int, Hq: int, max_seqlen_q: int,
+                q_tiles: int = 1) -> tuple[int, int, int]:
+    """(cdiv(query tiles of the longest sequence, q_tiles), Hq, B): programs past a shorter
+    sequence's end exit at once; the heads of a sequence are adjacent in launch order (GQA
+    groups share K/V in L2)."""
+    if int(q_tiles) < 1:
+        raise ValueError(f"q_tiles (query tiles per program) must be >= 1, got {q_tiles}")
+    n_tiles = max(1, -(-int(max_seqlen_q) // config.TILE_M))
+    return (-(-n_tiles // int(q_tiles)), int(Hq), int(B))
 
 
 SPECS.update(VARLEN)
-__all__ += ["VARLEN", "VARLEN_FWD", "VARLEN_CONFIGS", "varlen_config", "varlen_constants",
-            "varlen_grid"]
+__all__ += ["VARLEN", "VARLEN_FWD", "VARLEN_CONFIGS", "VARLEN_Q_TILES", "varlen_config",
+            "varlen_constants", "varlen_grid", "varlen_q_tiles"]
 # === end of packed variable-length prefill ======================================================

@@ -9,16 +9,19 @@ packed tensors head-major (a free view, ``q.permute(1, 0, 2)``)::
     K, V:    (Hkv, total_k, D)        k, v (total_k, Hkv, D) viewed head-major
     CuSeqlensQ, CuSeqlensK: (B + 1,) int32, non-decreasing, starting at 0
 
-Grid: ``(cdiv(max_seqlen_q, TILE_M), Hq, B)``: one program per (query tile, head, sequence), the
-heads of one sequence side by side in launch order, so the query heads of a GQA group run at the
-same time and share their K/V tiles through L2 (E18: with the sequences side by side instead, the
-H200 read the K/V of 32 sequences of 1K from DRAM 2.1 times over). A
-program reads its sequence's offsets from the device tensors, views the sequence's rows with
-``Array.slice`` (so a tile past the sequence's end reads zeros from the padding, never the next
-sequence's tokens, and a store past it is dropped), and exits at once when the sequence has
-fewer query tiles than its first grid index: shorter sequences leave idle programs of a few
-instructions each. Causal programs take their sequence's tiles in reverse (the longest, bottom
-tiles first, as the REMAP step of chapter 8).
+Grid: ``(cdiv(cdiv(max_seqlen_q, TILE_M), Q_TILES), Hq, B)``: one program per ``Q_TILES``
+query tiles of one head of one sequence, taken one after the other, the heads of one sequence
+side by side in launch order, so the query heads of a GQA group run at the same time and share
+their K/V tiles through L2 (E18: with the sequences side by side instead, the H200 read the K/V
+of 32 sequences of 1K from DRAM 2.1 times over). A program reads its sequence's offsets from the
+device tensors, views the sequence's rows with ``Array.slice`` (so a tile past the sequence's
+end reads zeros from the padding, never the next sequence's tokens, and a store past it is
+dropped), and exits at once when the sequence has no query tile at its first grid index:
+shorter sequences leave idle programs of a few instructions each. Those views are tensor maps
+built by the program at run time (E17: four per program, against none for the square kernel,
+whose maps come with the launch); ``Q_TILES > 1`` builds them once for several tiles (E22).
+Causal programs take their sequence's tiles in reverse (the longest, bottom tiles first, as
+the REMAP step of chapter 8).
 
 The body is the fused kernel's (``fmha.py``: the online softmax of chapter 2, the mask only on
 the tiles that need it, chapter 7) with two differences:
@@ -52,8 +55,9 @@ INV_LOG_2 = 1.0 / math.log(2)  # exp(x) = exp2(x * log2(e))
 def varlen_fwd_kernel(Q, K, V, Out, CuSeqlensQ, CuSeqlensK,
                       qk_scale: float, group_size: int, max_seqlen_q: int, max_seqlen_k: int,
                       TILE_M: ConstInt, TILE_N: ConstInt, TILE_D: ConstInt,
-                      CAUSAL: ConstBool):
-    """Attention of one query tile of one sequence and one head. See the module docstring.
+                      CAUSAL: ConstBool, Q_TILES: ConstInt):
+    """Attention of ``Q_TILES`` query tiles of one sequence and one head, one after the other.
+    See the module docstring.
 
     qk_scale: the softmax scale (natural units); group_size: Hq // Hkv; max_seqlen_q,
     max_seqlen_k: the longest lengths the caller declared (the grid is sized by the first; a
@@ -83,75 +87,81 @@ def varlen_fwd_kernel(Q, K, V, Out, CuSeqlensQ, CuSeqlensK,
                    0, 1)
 
     n_m = ct.cdiv(len_q, TILE_M)                                     # this sequence's tiles
-    if CAUSAL:
-        bid_m = n_m - 1 - ct.bid(0)                  # chapter 8: the longest query tiles first
-    else:
-        bid_m = ct.bid(0)
+    first = ct.bid(0) * Q_TILES                                      # this program's first
 
-    if ct.bid(0) < n_m:                                              # else: past the end, exit
-        # The sequence's rows as arrays of their own: tiles past the end read zeros.
+    if first < n_m:                                                  # else: past the end, exit
+        # The sequence's rows as arrays of their own (built once per program, E17/E22: their
+        # tensor maps are the per-program cost): tiles past the end read zeros.
         q_seq = Q.slice(axis=1, start=q_start, stop=q_end)           # (Hq, len_q, D)
         o_seq = Out.slice(axis=1, start=q_start, stop=q_end)         # (Hq, len_q, D)
         k_first = min(k_start, total_k - 1)                          # start < size, even if empty
         k_seq = K.slice(axis=1, start=k_first, stop=k_first + len_k)  # (Hkv, len_k, D)
         v_seq = V.slice(axis=1, start=k_first, stop=k_first + len_k)  # (Hkv, len_k, D)
 
-        # --- Query tile and running state (fp32 statistics and output) ---
         shift = len_k - len_q                                        # causal: bottom-right
-        offs_m = shift + bid_m * TILE_M + ct.arange(TILE_M, dtype=ct.int32)  # [TILE_M]
-        offs_m = offs_m[:, None]                                     # [TILE_M, 1] positions
         offs_n_tile = ct.arange(TILE_N, dtype=ct.int32)[None, :]     # [1, TILE_N]
-        m_i = ct.full((TILE_M, 1), -math.inf, dtype=ct.float32)      # running max (log2 units)
-        l_i = ct.full((TILE_M, 1), 0.0, dtype=ct.float32)           # running sum of exp2
-        acc = ct.full((TILE_M, TILE_D), 0.0, dtype=ct.float32)      # unnormalised output
-        q = ct.load(q_seq, index=(head, bid_m, 0), shape=(1, TILE_M, TILE_D),
-                    padding_mode=ct.PaddingMode.ZERO).reshape((TILE_M, TILE_D))
 
-        # --- Which key tiles this query tile visits, and from which one on they need a mask ---
-        if CAUSAL:
-            last_row = min(bid_m * TILE_M + TILE_M, len_q) - 1       # last real row of the tile
-            visible = min(max(shift + last_row + 1, 0), len_k)       # keys the last row sees
-            Tc = ct.cdiv(visible, TILE_N)
-            # Keys up to the first row's position (and before len_k) are visible to every row.
-            mask_start = min(max(shift + bid_m * TILE_M + 1, 0), len_k) // TILE_N
-        else:
-            Tc = ct.cdiv(len_k, TILE_N)
-            mask_start = len_k // TILE_N                             # the ragged end of K
-
-        # --- Main loop over key/value tiles ---
-        for j in range(0, Tc):
-            # K is read transposed straight from (len_k, D) memory (as in fmha.py).
-            k = ct.load(k_seq, index=(kv_head, 0, j), shape=(1, TILE_D, TILE_N),
-                        order=(0, 2, 1), latency=2, padding_mode=ct.PaddingMode.ZERO)
-            k = k.reshape((TILE_D, TILE_N))                          # [TILE_D, TILE_N]
-            qk = ct.full((TILE_M, TILE_N), 0.0, dtype=ct.float32)   # [TILE_M, TILE_N]
-            qk = ct.mma(q, k, qk)                                    # S = Q K^T
-
-            if j >= mask_start:
-                # The ragged end of K and, if causal, the diagonal: select -inf (chapter 7).
-                offs_n = j * TILE_N + offs_n_tile                    # [1, TILE_N]
-                mask = offs_n < len_k                                # [1, TILE_N]
+        for t in range(Q_TILES):                     # E22: the views above serve Q_TILES tiles
+            if first + t < n_m:
                 if CAUSAL:
-                    mask = mask & (offs_n <= offs_m)                 # [TILE_M, TILE_N]
-                qk = ct.where(mask, qk, -math.inf)                   # [TILE_M, TILE_N]
+                    bid_m = n_m - 1 - (first + t)    # chapter 8: the longest query tiles first
+                else:
+                    bid_m = first + t
 
-            # --- Online softmax (chapter 2); a row with no visible key keeps m_i = -inf ---
-            m_ij = max(m_i, ct.max(qk, axis=-1, keepdims=True) * qk_scale)  # [TILE_M, 1]
-            m_use = ct.where(m_ij == -math.inf, 0.0, m_ij)           # -inf - -inf would be NaN
-            p = ct.exp2(qk * qk_scale - m_use, flush_to_zero=True)   # [TILE_M, TILE_N]
-            alpha = ct.exp2(m_i - m_use, flush_to_zero=True)         # [TILE_M, 1]
-            l_i = l_i * alpha + ct.sum(p, axis=-1, keepdims=True)    # [TILE_M, 1]
-            v = ct.load(v_seq, index=(kv_head, j, 0), shape=(1, TILE_N, TILE_D),
-                        latency=4, padding_mode=ct.PaddingMode.ZERO)
-            v = v.reshape((TILE_N, TILE_D))                          # [TILE_N, TILE_D]
-            acc = ct.mma(p.astype(Q.dtype), v, acc * alpha)          # O += P V
-            m_i = m_ij
+                # --- Query tile and running state (fp32 statistics and output) ---
+                offs_m = shift + bid_m * TILE_M + ct.arange(TILE_M, dtype=ct.int32)
+                offs_m = offs_m[:, None]                             # [TILE_M, 1] positions
+                m_i = ct.full((TILE_M, 1), -math.inf, dtype=ct.float32)  # running max (log2)
+                l_i = ct.full((TILE_M, 1), 0.0, dtype=ct.float32)   # running sum of exp2
+                acc = ct.full((TILE_M, TILE_D), 0.0, dtype=ct.float32)  # unnormalised output
+                q = ct.load(q_seq, index=(head, bid_m, 0), shape=(1, TILE_M, TILE_D),
+                            padding_mode=ct.PaddingMode.ZERO).reshape((TILE_M, TILE_D))
 
-        # --- Normalise (0 for a row with no visible key) and store; rows past len_q drop ---
-        acc = ct.truediv(acc, ct.where(l_i > 0.0, l_i, 1.0), flush_to_zero=True,
-                         rounding_mode=RMd.APPROX)                   # [TILE_M, TILE_D]
-        if bad > 0:
-            # Offsets out of range or decreasing, or a sequence past max_seqlen_q/k: NaN.
-            acc = ct.full((TILE_M, TILE_D), math.nan, dtype=ct.float32)
-        acc = acc.reshape((1, TILE_M, TILE_D)).astype(Out.dtype)
-        ct.store(o_seq, index=(head, bid_m, 0), tile=acc)
+                # --- The key tiles this query tile visits; from which one on they need a mask
+                if CAUSAL:
+                    last_row = min(bid_m * TILE_M + TILE_M, len_q) - 1   # its last real row
+                    visible = min(max(shift + last_row + 1, 0), len_k)   # keys that row sees
+                    Tc = ct.cdiv(visible, TILE_N)
+                    # Keys up to the first row's position (and before len_k): seen by every row.
+                    mask_start = min(max(shift + bid_m * TILE_M + 1, 0), len_k) // TILE_N
+                else:
+                    Tc = ct.cdiv(len_k, TILE_N)
+                    mask_start = len_k // TILE_N                     # the ragged end of K
+
+                # --- Main loop over key/value tiles ---
+                for j in range(0, Tc):
+                    # K is read transposed straight from (len_k, D) memory (as in fmha.py).
+                    k = ct.load(k_seq, index=(kv_head, 0, j), shape=(1, TILE_D, TILE_N),
+                                order=(0, 2, 1), latency=2, padding_mode=ct.PaddingMode.ZERO)
+                    k = k.reshape((TILE_D, TILE_N))                  # [TILE_D, TILE_N]
+                    qk = ct.full((TILE_M, TILE_N), 0.0, dtype=ct.float32)
+                    qk = ct.mma(q, k, qk)                            # S = Q K^T
+
+                    if j >= mask_start:
+                        # The ragged end of K and, if causal, the diagonal: -inf (chapter 7).
+                        offs_n = j * TILE_N + offs_n_tile            # [1, TILE_N]
+                        mask = offs_n < len_k                        # [1, TILE_N]
+                        if CAUSAL:
+                            mask = mask & (offs_n <= offs_m)         # [TILE_M, TILE_N]
+                        qk = ct.where(mask, qk, -math.inf)           # [TILE_M, TILE_N]
+
+                    # --- Online softmax (chapter 2); a row with no visible key keeps -inf ---
+                    m_ij = max(m_i, ct.max(qk, axis=-1, keepdims=True) * qk_scale)
+                    m_use = ct.where(m_ij == -math.inf, 0.0, m_ij)   # -inf - -inf would be NaN
+                    p = ct.exp2(qk * qk_scale - m_use, flush_to_zero=True)
+                    alpha = ct.exp2(m_i - m_use, flush_to_zero=True)  # [TILE_M, 1]
+                    l_i = l_i * alpha + ct.sum(p, axis=-1, keepdims=True)
+                    v = ct.load(v_seq, index=(kv_head, j, 0), shape=(1, TILE_N, TILE_D),
+                                latency=4, padding_mode=ct.PaddingMode.ZERO)
+                    v = v.reshape((TILE_N, TILE_D))                  # [TILE_N, TILE_D]
+                    acc = ct.mma(p.astype(Q.dtype), v, acc * alpha)  # O += P V
+                    m_i = m_ij
+
+                # --- Normalise (0 for a row with no visible key), store; rows past len_q drop
+                acc = ct.truediv(acc, ct.where(l_i > 0.0, l_i, 1.0), flush_to_zero=True,
+                                 rounding_mode=RMd.APPROX)           # [TILE_M, TILE_D]
+                if bad > 0:
+                    # Offsets out of range or decreasing, or a sequence past max_seqlen_q/k.
+                    acc = ct.full((TILE_M, TILE_D), math.nan, dtype=ct.float32)
+                acc = acc.reshape((1, TILE_M, TILE_D)).astype(Out.dtype)
+                ct.store(o_seq, index=(head, bid_m, 0), tile=acc)

@@ -96,15 +96,16 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None,
 
 # --- the kernel, program by program ---------------------------------------------------------------
 def emulate_varlen_kernel(grid, Q, K, V, Out, CuSeqlensQ, CuSeqlensK, qk_scale, group_size,
-                          max_seqlen_q, max_seqlen_k, TILE_M, TILE_N, TILE_D, CAUSAL):
+                          max_seqlen_q, max_seqlen_k, TILE_M, TILE_N, TILE_D, CAUSAL,
+                          Q_TILES=1):
     """``varlen_fwd_kernel`` on NumPy arrays in the kernel's layout (Q, Out (Hq, total_q, D);
     K, V (Hkv, total_k, D)), program by program, arguments in the kernel's order (``grid``
     first). Writes ``Out`` in place; computes in Out's dtype if it is float64, else float32.
 
     Follows the kernel line by line: offsets clamped, the sequence's rows sliced (tiles past
-    its end read 0), programs past the end exit, causal tiles in reverse order, the key tiles a
-    causal query tile visits, the
-    mask only from ``mask_start`` on, the guarded online softmax, NaN for bad offsets.
+    its end read 0), programs past the end exit, ``Q_TILES`` query tiles per program, causal
+    tiles in reverse order, the key tiles a causal query tile visits, the mask only from
+    ``mask_start`` on, the guarded online softmax, NaN for bad offsets.
     """
     dt = np.float64 if Out.dtype == np.float64 else np.float32
     total_q, total_k, D = Q.shape[1], K.shape[1], Q.shape[2]
@@ -122,49 +123,62 @@ def emulate_varlen_kernel(grid, Q, K, V, Out, CuSeqlensQ, CuSeqlensK, qk_scale, 
             bad = ([q_start, q_end, k_start, k_end] != raw or len_q > max_seqlen_q
                    or len_k > max_seqlen_k)
             n_m = -(-len_q // TILE_M)
-            if bid0 >= n_m:
+            first = bid0 * Q_TILES
+            if first >= n_m:
                 continue                                                # past the end: exit
-            bid_m = n_m - 1 - bid0 if CAUSAL else bid0                  # longest tiles first
-            shift = len_k - len_q
-            offs_m = (shift + bid_m * TILE_M + np.arange(TILE_M))[:, None]
-            q = np.zeros((TILE_M, TILE_D), dt)
-            part = Q[head, q_start + bid_m * TILE_M:q_end][:TILE_M]
-            q[:part.shape[0], :D] = part
+            for tile in range(first, min(first + Q_TILES, n_m)):
+                bid_m = n_m - 1 - tile if CAUSAL else tile              # longest tiles first
+                _emulate_varlen_tile(Q, K, V, Out, head, kv_head, bid_m, q_start, q_end,
+                                     k_start, k_end, bad, scale2, dt, TILE_M, TILE_N, TILE_D,
+                                     CAUSAL)
+
+
+def _emulate_varlen_tile(Q, K, V, Out, head, kv_head, bid_m, q_start, q_end, k_start, k_end,
+                         bad, scale2, dt, TILE_M, TILE_N, TILE_D, CAUSAL):
+    """One query tile of ``emulate_varlen_kernel``'s program."""
+    D = Q.shape[2]
+    len_q, len_k = q_end - q_start, k_end - k_start
+    shift = len_k - len_q
+    offs_m = (shift + bid_m * TILE_M + np.arange(TILE_M))[:, None]
+    q = np.zeros((TILE_M, TILE_D), dt)
+    part = Q[head, q_start + bid_m * TILE_M:q_end][:TILE_M]
+    q[:part.shape[0], :D] = part
+    if CAUSAL:
+        last_row = min(bid_m * TILE_M + TILE_M, len_q) - 1
+        visible = min(max(shift + last_row + 1, 0), len_k)
+        Tc = -(-visible // TILE_N)
+        mask_start = min(max(shift + bid_m * TILE_M + 1, 0), len_k) // TILE_N
+    else:
+        Tc = -(-len_k // TILE_N)
+        mask_start = len_k // TILE_N
+    m_i = np.full((TILE_M, 1), -np.inf, dt)
+    l_i = np.zeros((TILE_M, 1), dt)
+    acc = np.zeros((TILE_M, TILE_D), dt)
+    for j in range(Tc):
+        k = np.zeros((TILE_N, TILE_D), dt)
+        v = np.zeros((TILE_N, TILE_D), dt)
+        kp = K[kv_head, k_start + j * TILE_N:k_end][:TILE_N]
+        vp = V[kv_head, k_start + j * TILE_N:k_end][:TILE_N]
+        k[:kp.shape[0], :D], v[:vp.shape[0], :D] = kp, vp
+        qk = q @ k.T                                            # (TILE_M, TILE_N)
+        if j >= mask_start:
+            offs_n = (j * TILE_N + np.arange(TILE_N))[None, :]
+            mask = offs_n < len_k
             if CAUSAL:
-                last_row = min(bid_m * TILE_M + TILE_M, len_q) - 1
-                visible = min(max(shift + last_row + 1, 0), len_k)
-                Tc = -(-visible // TILE_N)
-                mask_start = min(max(shift + bid_m * TILE_M + 1, 0), len_k) // TILE_N
-            else:
-                Tc = -(-len_k // TILE_N)
-                mask_start = len_k // TILE_N
-            m_i = np.full((TILE_M, 1), -np.inf, dt)
-            l_i = np.zeros((TILE_M, 1), dt)
-            acc = np.zeros((TILE_M, TILE_D), dt)
-            for j in range(Tc):
-                k = np.zeros((TILE_N, TILE_D), dt)
-                v = np.zeros((TILE_N, TILE_D), dt)
-                kp = K[kv_head, k_start + j * TILE_N:k_end][:TILE_N]
-                vp = V[kv_head, k_start + j * TILE_N:k_end][:TILE_N]
-                k[:kp.shape[0], :D], v[:vp.shape[0], :D] = kp, vp
-                qk = q @ k.T                                            # (TILE_M, TILE_N)
-                if j >= mask_start:
-                    offs_n = (j * TILE_N + np.arange(TILE_N))[None, :]
-                    mask = offs_n < len_k
-                    if CAUSAL:
-                        mask = mask & (offs_n <= offs_m)
-                    qk = np.where(mask, qk, -np.inf)
-                m_i, l_i, acc = online_step(qk, m_i, l_i, acc, v, scale2)
-            o = acc / np.where(l_i > 0, l_i, 1.0)
-            if bad:
-                o = np.full_like(o, np.nan)
-            n = min(TILE_M, len_q - bid_m * TILE_M)
-            r0 = q_start + bid_m * TILE_M
-            Out[head, r0:r0 + n] = o[:n, :D]
+                mask = mask & (offs_n <= offs_m)
+            qk = np.where(mask, qk, -np.inf)
+        m_i, l_i, acc = online_step(qk, m_i, l_i, acc, v, scale2)
+    o = acc / np.where(l_i > 0, l_i, 1.0)
+    if bad:
+        o = np.full_like(o, np.nan)
+    n = min(TILE_M, len_q - bid_m * TILE_M)
+    r0 = q_start + bid_m * TILE_M
+    Out[head, r0:r0 + n] = o[:n, :D]
 
 
 def emulate_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k=None, *,
-                   causal: bool = False, scale=None, tile_m: int = 64, tile_n: int = 64):
+                   causal: bool = False, scale=None, tile_m: int = 64, tile_n: int = 64,
+                   q_tiles: int = 1):
     """The host's launch of ``varlen_fwd_kernel`` (``flashattn.varlen``), in NumPy, with *no
     host check of the offsets*: bad ones give NaN for their sequences, as on the GPU.
 
@@ -181,11 +195,12 @@ def emulate_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
     qn, kn, vn = _float(q, dt), _float(k, dt), _float(v, dt)
     out = np.zeros(qn.shape, dt)
     scale = 1.0 / math.sqrt(dims.D) if scale is None else float(scale)
-    grid = (max(1, -(-max_seqlen_q // tile_m)), dims.Hq, dims.B)
+    grid = (-(-max(1, -(-max_seqlen_q // tile_m)) // q_tiles), dims.Hq, dims.B)
     emulate_varlen_kernel(grid, qn.transpose(1, 0, 2), kn.transpose(1, 0, 2),
                           vn.transpose(1, 0, 2), out.transpose(1, 0, 2), _np(cu_seqlens_q),
                           _np(cu_seqlens_k), scale, dims.Hq // dims.Hkv, max_seqlen_q,
-                          max_seqlen_k, tile_m, tile_n, tile_d_for(dims.D), bool(causal))
+                          max_seqlen_k, tile_m, tile_n, tile_d_for(dims.D), bool(causal),
+                          q_tiles)
     return out
 
 
