@@ -280,7 +280,8 @@ def run_qtiles(rounds: int) -> list[dict]:
                                                  scale=scale)}
 
         def packed(qt, causal=causal):
-            with mock.patch.object(kernels, "VARLEN_Q_TILES", {"sm_90": qt}):
+            with mock.patch.object(kernels, "VARLEN_Q_TILES", {"sm_90": qt}), \
+                    mock.patch.object(kernels, "VARLEN_Q_TILES_BELOW", 10 ** 9):
                 return attention_varlen(q, k, v, cu, cu, N, N, causal=causal, scale=scale,
                                         check_values=False)
         for qt in QTILES:

@@ -50,7 +50,8 @@ def varlen_plan(dims, *, max_seqlen_q: int, causal: bool, arch=None, config=None
     ``kernels.varlen_q_tiles``)."""
     config = config or varlen_config(arch, dims.D)
     if q_tiles is None:
-        q_tiles = varlen_q_tiles(config, max_seqlen_q=max_seqlen_q, arch=arch)
+        q_tiles = varlen_q_tiles(config, max_seqlen_q=max_seqlen_q, arch=arch,
+                                 total_q=dims.total_q, B=dims.B)
     grid = varlen_grid(config, B=dims.B, Hq=dims.Hq, max_seqlen_q=max_seqlen_q,
                        q_tiles=q_tiles)
     if dims.B > 65535 or dims.Hq > 65535:

@@ -284,13 +284,20 @@ def test_grid_covers_the_longest_sequence():
 def test_q_tiles_rule_is_capped_by_the_longest_sequence(monkeypatch):
     from flashattn import kernels
     c = Config(64, 64)
-    assert all(n >= 1 for n in kernels.VARLEN_Q_TILES.values())
+    # E22's rule on the H200: 4 tiles a program below 64 query tiles a sequence on average.
+    assert kernels.VARLEN_Q_TILES == {"sm_90": 4} and kernels.VARLEN_Q_TILES_BELOW == 64
+    assert varlen_q_tiles(c, max_seqlen_q=1024, arch="sm_90", total_q=32768, B=32) == 4
+    assert varlen_q_tiles(c, max_seqlen_q=256, arch="sm_90", total_q=32768, B=128) == 4
+    assert varlen_q_tiles(c, max_seqlen_q=4096, arch="sm_90", total_q=32768, B=8) == 1
+    assert varlen_q_tiles(c, max_seqlen_q=8192, arch="sm_90", total_q=32768, B=25) == 4  # mean
+    assert varlen_q_tiles(c, max_seqlen_q=4096, arch="sm_90") == 1         # no mean: longest
+    assert varlen_q_tiles(c, max_seqlen_q=100, arch="sm_90", total_q=190, B=2) == 2  # 2 tiles
+    assert varlen_q_tiles(c, max_seqlen_q=1024, arch="sm_100", total_q=4096, B=4) == 1
+    assert varlen_q_tiles(c, max_seqlen_q=1024, total_q=4096, B=4) == 1
     monkeypatch.setattr(kernels, "VARLEN_Q_TILES", {"sm_90": 8})
-    assert varlen_q_tiles(c, max_seqlen_q=4096, arch="sm_90") == 8
-    assert varlen_q_tiles(c, max_seqlen_q=130, arch="sm_90") == 3          # 3 tiles in all
-    assert varlen_q_tiles(c, max_seqlen_q=0, arch="sm_90") == 1
-    assert varlen_q_tiles(c, max_seqlen_q=4096, arch="sm_100") == 1         # not listed
-    assert varlen_q_tiles(c, max_seqlen_q=4096) == 1
+    assert varlen_q_tiles(c, max_seqlen_q=4096, arch="sm_90", total_q=4096, B=4) == 8
+    assert varlen_q_tiles(c, max_seqlen_q=130, arch="sm_90", total_q=130, B=1) == 3  # 3 tiles
+    assert varlen_q_tiles(c, max_seqlen_q=0, arch="sm_90", total_q=0, B=1) == 1
 
 
 @pytest.mark.parametrize("q_tiles", [1, 2, 3, 5, 40])

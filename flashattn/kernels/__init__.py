@@ -434,10 +434,17 @@ VARLEN_FWD = KernelSpec(
 
 VARLEN = {"varlen_fwd": VARLEN_FWD}
 
-# Query tiles per varlen program (the kernel's Q_TILES) per architecture (absent: 1): each
-# program builds its sequence's tensor maps once (E17) and runs this many tiles with them.
-# 1 until E22 times it. (sm_120's 64x64 tile spills 8 bytes with Q_TILES = 4.)
-VARLEN_Q_TILES: dict[str, int] = {}
+# Query tiles per varlen program (the kernel's Q_TILES) per architecture (absent: 1), used when
+# the sequences average fewer than VARLEN_Q_TILES_BELOW query tiles: each program builds its
+# sequence's tensor maps once (E17) and runs this many tiles with them. E22
+# (experiments/data/31-varlen-qtiles/, against the padded square kernel in the same rounds,
+# 64x128 occ=2): 4 tiles took 32x1024 causal from 0.833 to 0.913 and 128x256 from 0.686 to
+# 0.825 (0.745 to 0.895 non-causal), the skewed mix +15 % / +4 %, uniform 1-4096 +3.7 % causal
+# (-0.7 % non-causal); at 8x4096 (64 tiles a sequence) any Q_TILES > 1 was slower (0.955 to
+# 0.938 causal, 0.987 to 0.947 non-causal). Not timed elsewhere; sm_120's 64x64 tile spills
+# 8 bytes with Q_TILES = 4.
+VARLEN_Q_TILES: dict[str, int] = {"sm_90": 4}
+VARLEN_Q_TILES_BELOW = 64
 
 # Tiles and hints per architecture and padded head dim (TILE_D up to the key): the forward
 # steps' configurations (steps.py: warp_groups' first on Hopper, arch_tuned's elsewhere),
@@ -466,10 +473,15 @@ def varlen_config(arch: str | None, head_dim: int) -> Config:
     return table[min(d for d in table if d >= td)]
 
 
-def varlen_q_tiles(config: Config, *, max_seqlen_q: int, arch: str | None = None) -> int:
-    """Query tiles per program: ``VARLEN_Q_TILES[arch]`` (1 if absent), at most the longest
-    sequence's tiles."""
+def varlen_q_tiles(config: Config, *, max_seqlen_q: int, arch: str | None = None,
+                   total_q: int | None = None, B: int | None = None) -> int:
+    """Query tiles per program: ``VARLEN_Q_TILES[arch]`` (1 if absent) when the sequences
+    average fewer than ``VARLEN_Q_TILES_BELOW`` query tiles (``total_q / B``; unknown: the
+    longest, ``max_seqlen_q``), else 1; at most the longest sequence's tiles."""
     n_tiles = max(1, -(-int(max_seqlen_q) // config.TILE_M))
+    mean_rows = int(max_seqlen_q) if not total_q or not B else int(total_q) / int(B)
+    if mean_rows >= VARLEN_Q_TILES_BELOW * config.TILE_M:
+        return 1
     return max(1, min(int(VARLEN_Q_TILES.get(arch or "sm_80", 1)), n_tiles))
 
 
@@ -493,6 +505,6 @@ def varlen_grid(config: Config, *, B: int, Hq: int, max_seqlen_q: int,
 
 
 SPECS.update(VARLEN)
-__all__ += ["VARLEN", "VARLEN_FWD", "VARLEN_CONFIGS", "VARLEN_Q_TILES", "varlen_config",
-            "varlen_constants", "varlen_grid", "varlen_q_tiles"]
+__all__ += ["VARLEN", "VARLEN_FWD", "VARLEN_CONFIGS", "VARLEN_Q_TILES", "VARLEN_Q_TILES_BELOW",
+            "varlen_config", "varlen_constants", "varlen_grid", "varlen_q_tiles"]
 # === end of packed variable-length prefill ======================================================
