@@ -35,6 +35,12 @@ as ``Q_TILES`` grows (the maps are built once per ``Q_TILES`` tiles), most at 32
 128x256 (short programs), until too few programs are left to fill the GPU or balance causal
 work (at 8x4096, ``Q_TILES`` = 16 leaves 4 x 32 x 8 = 1024 programs).
 
+E23 (prepared): the combine part also times ``fused`` (``kernels.DECODE_FUSED_COMBINE``: the
+split kernel's last program per row block merges, counted with an atomic add; no second
+launch). Question: is the second launch the 2-4 us by which B=1-8 trail cuDNN at every cache
+length (E21)? Prediction: if so, ``fused`` beats both two-kernel merges by about that much
+wherever there is more than one split, most at short caches.
+
 (E18a ran ``splits`` when the rule rounded up; it now rounds down, so a re-run dedupes the
 ``_floor`` rows.)
 
@@ -171,6 +177,15 @@ def _with_row_combine(limit: int, fn):
         return fn()
 
 
+def _with_fused(fn):
+    """Call ``fn`` with ``kernels.DECODE_FUSED_COMBINE = True`` (restored after)."""
+    from unittest import mock
+
+    from flashattn import kernels
+    with mock.patch.object(kernels, "DECODE_FUSED_COMBINE", True):
+        return fn()
+
+
 def run_combine(rounds: int) -> list[dict]:
     """E21 (prepared): the one-row combine against the multi-row one, per shape; the SDPA back
     ends beside them for one new token (no mask needed)."""
@@ -191,7 +206,8 @@ def run_combine(rounds: int) -> list[dict]:
         splits = decode_num_splits(B=B, Hkv=HKV, rows=HQ // HKV * nq, max_seqlen=N, head_dim=D,
                                    sm_count=sm, arch="sm_90")
         calls = {"block": lambda: _with_row_combine(0, lambda: decode(q, k, v, lens)),
-                 "row": lambda: _with_row_combine(10 ** 9, lambda: decode(q, k, v, lens))}
+                 "row": lambda: _with_row_combine(10 ** 9, lambda: decode(q, k, v, lens)),
+                 "fused": lambda: _with_fused(lambda: decode(q, k, v, lens))}
         _add_libraries(calls, rows, ("sdpa_flash", "sdpa_cudnn") if nq == 1 else (), q, k, v,
                        B=B, Nq=nq, Nk=N)
         ref = calls["block"]().float()

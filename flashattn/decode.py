@@ -41,7 +41,7 @@ from .contract import check_decode_tensors
 from .kernels import (DECODE_COMBINE, DECODE_COMBINE_ROW, DECODE_SPLIT, DECODE_SPLIT_HINTS,
                       decode_combine_constants, decode_combine_grid, decode_combine_kind,
                       decode_combine_row_constants, decode_num_splits, decode_partial_shapes,
-                      decode_split_constants, decode_split_grid, hinted)
+                      decode_row_blocks, decode_split_constants, decode_split_grid, hinted)
 
 __all__ = ["decode", "decode_plan", "prefer_decode", "attention_via_decode",
            "DECODE_PATH_MAX_NQ", "DECODE_PATH_MIN_NK"]
@@ -55,9 +55,11 @@ def _device_info(index: int) -> tuple[str, int]:
     return f"sm_{props.major}{props.minor}", props.multi_processor_count
 
 
-def decode_plan(dims, *, num_splits=None, max_seqlen=None, sm_count: int, arch=None) -> dict:
+def decode_plan(dims, *, num_splits=None, max_seqlen=None, sm_count: int, arch=None,
+                fused=None) -> dict:
     """The launch plan of a decode call (pure: no GPU): constants, grids, split count, scratch
-    shapes. ``dims``: a ``contract.DecodeDims``."""
+    shapes. ``dims``: a ``contract.DecodeDims``; ``fused``: the merge in the split kernel
+    (default ``kernels.DECODE_FUSED_COMBINE``)."""
     rows = (dims.Hq // dims.Hkv) * dims.Nq
     page = dims.page_size if dims.paged else None
     split_c = decode_split_constants(rows=rows, head_dim=dims.D, page_size=page, arch=arch)
@@ -71,10 +73,14 @@ def decode_plan(dims, *, num_splits=None, max_seqlen=None, sm_count: int, arch=N
     num_splits = int(num_splits)
     if num_splits > 65535:
         raise ValueError(f"num_splits must be at most 65535 (a grid axis), got {num_splits}")
-    kind = decode_combine_kind(B=dims.B, Hkv=dims.Hkv, rows=rows, num_splits=num_splits)
+    kind = decode_combine_kind(B=dims.B, Hkv=dims.Hkv, rows=rows, num_splits=num_splits,
+                               fused=fused, paged=dims.paged)
     if kind is None:
         # One split: its normalised partial is the answer; the split kernel writes it.
         split_c = dict(split_c, FINAL=True)
+    if kind == "fused":
+        # The last split of each row block merges; a counter per row block says which is last.
+        split_c = dict(split_c, FUSED=True)
     if kind == "row":
         comb_c = decode_combine_row_constants(head_dim=dims.D, num_splits=num_splits)
     else:
@@ -90,8 +96,10 @@ def decode_plan(dims, *, num_splits=None, max_seqlen=None, sm_count: int, arch=N
                 split_grid=decode_split_grid(B=dims.B, Hkv=dims.Hkv, rows=rows,
                                              tile_m=split_c["TILE_M"], num_splits=num_splits),
                 combine=kind,
-                combine_grid=(None if kind is None else decode_combine_grid(
+                combine_grid=(None if kind in (None, "fused") else decode_combine_grid(
                     B=dims.B, Hkv=dims.Hkv, rows=rows, tile_m=comb_c.get("TILE_M", 1))),
+                counter_shape=((dims.B * dims.Hkv, decode_row_blocks(rows, split_c["TILE_M"]))
+                               if kind == "fused" else None),
                 opart_shape=opart_shape, lse_shape=lse_shape)
 
 
@@ -148,6 +156,9 @@ def decode(q, k_cache, v_cache, cache_seqlens, *, block_table=None, scale=None,
                                   else torch.cuda.current_device())
     plan = decode_plan(dims, num_splits=num_splits, max_seqlen=max_seqlen, sm_count=sm_count,
                        arch=arch)
+    counter = None
+    if plan["combine"] == "fused":
+        counter = _counters(q.device, plan["counter_shape"])   # zeros, (B * Hkv, row blocks)
     rows = plan["rows"]
     # The query heads of one GQA group, packed as rows: (B, Hq, Nq, D) -> (B, Hkv, G*Nq, D).
     q_rows = q.contiguous().view(B, Hkv, rows, D)
@@ -158,24 +169,51 @@ def decode(q, k_cache, v_cache, cache_seqlens, *, block_table=None, scale=None,
     else:
         table = block_table if block_table.stride(-1) == 1 else block_table.contiguous()
     seqlens = cache_seqlens if cache_seqlens.stride(-1) == 1 else cache_seqlens.contiguous()
-    final = plan["combine_grid"] is None
+    final = plan["combine"] is None
     # FINAL (one split): the split kernel writes out itself; Opart and Lse are never touched.
     opart = torch.empty((1, 1, 1, 1) if final else plan["opart_shape"], dtype=torch.float32,
                         device=q.device)
     lse = torch.empty((1, 1, 1) if final else plan["lse_shape"], dtype=torch.float32,
                       device=q.device)
+    if counter is None:                       # not FUSED: a placeholder, never touched
+        counter = torch.empty((1, 1), dtype=torch.int32, device=q.device)
     stream = torch.cuda.current_stream(q.device)
     split_kernel = hinted(DECODE_SPLIT.kernel(), DECODE_SPLIT_HINTS.get(arch, {}))
     ct.launch(stream, plan["split_grid"], split_kernel,
               DECODE_SPLIT.args(dict(Q=q_rows, K=k_cache, V=v_cache, BlockTable=table,
-                                     SeqLens=seqlens, Opart=opart, Lse=lse, Out=out_rows),
+                                     SeqLens=seqlens, Opart=opart, Lse=lse, Out=out_rows,
+                                     Counter=counter),
                                 dict(qk_scale=scale, num_q=Nq), plan["split_constants"]))
-    if not final:
+    if plan["combine"] in ("row", "block"):
         spec = DECODE_COMBINE_ROW if plan["combine"] == "row" else DECODE_COMBINE
         ct.launch(stream, plan["combine_grid"], spec.kernel(),
                   spec.args(dict(Opart=opart, Lse=lse, Out=out_rows), {},
                             plan["combine_constants"]))
     return out
+
+
+# The fused merge's counters: one int32 per (sequence, kv head, row block), 0 at launch (the
+# last program of a row block sets its counter back to 0). Eager calls use one buffer per
+# (device, stream): calls on one stream run one after another, so they never share a counter
+# in flight, and calls on two streams never share a buffer. A buffer outgrown is kept, not
+# freed. A call being captured into a CUDA graph gets a buffer of its own, zeroed inside the
+# graph (a memset node), so graphs replayed at the same time never share counters either.
+_COUNTERS: dict = {}
+
+
+def _counters(device, shape):
+    """A zeroed (B * Hkv, row blocks) int32 counter tensor for the fused merge."""
+    import torch
+    if torch.cuda.is_current_stream_capturing():
+        return torch.zeros(tuple(shape), dtype=torch.int32, device=device)
+    stream = torch.cuda.current_stream(device)
+    n = int(shape[0]) * int(shape[1])
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    bufs = _COUNTERS.setdefault((index, stream.cuda_stream), [])
+    if not bufs or bufs[-1].numel() < n:
+        size = max(n, 2 * bufs[-1].numel() if bufs else 4096)
+        bufs.append(torch.zeros(size, dtype=torch.int32, device=device))
+    return bufs[-1][:n].view(int(shape[0]), int(shape[1]))
 
 
 # --- the decode path of flashattn.attention --------------------------------------------------------

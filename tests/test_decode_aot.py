@@ -52,6 +52,13 @@ def reports():
         cf = dict(c, FINAL=True)
         out[("final", arch, d, g, nq, page)] = compile_spec(
             DECODE_SPLIT, arch, cf, dtype="float16", label=_label(d, g, nq, page, c) + " final")
+        # The merge fused into the split kernel (FUSED, E23); contiguous caches only (tileiras
+        # 13.4.92 crashes on the paged variant): a paged case compiles the contiguous one.
+        cu = dict(decode_split_constants(rows=g * nq, head_dim=d, page_size=None, arch=arch),
+                  FUSED=True)
+        out[("fused", arch, d, g, nq, page)] = compile_spec(
+            DECODE_SPLIT, arch, cu, dtype="float16",
+            label=_label(d, g, nq, None, cu) + " fused")
         cr = decode_combine_row_constants(head_dim=d, num_splits=16)
         out[("combine_row", arch, d, g, nq, page)] = compile_spec(
             DECODE_COMBINE_ROW, arch, cr, dtype="float16", label=_label(d, g, nq, page, c) + " row")
@@ -65,7 +72,7 @@ def reports():
 @pytest.mark.parametrize("arch,d,g,nq,page", CASES,
                          ids=[f"{a}-d{d}-g{g}-nq{n}-{p or 'contig'}" for a, d, g, n, p in CASES])
 def test_decode_kernels_compile(reports, arch, d, g, nq, page):
-    for kind in ("split", "final", "combine", "combine_row"):
+    for kind in ("split", "final", "fused", "combine", "combine_row"):
         r = reports[(kind, arch, d, g, nq, page)]
         assert not r.error, f"{kind}: {r.error}"
         assert r.registers > 0 and r.sass_lines > 50
@@ -74,6 +81,22 @@ def test_decode_kernels_compile(reports, arch, d, g, nq, page):
         assert r.sass["STL"] == 0 and r.stack_bytes == 0, (kind, r.config, r.stack_bytes)
     split = reports[("split", arch, d, g, nq, page)]
     assert split.mma_ops > 0, "Q K^T and P V must run on tensor cores"
+
+
+def test_fused_merge_orders_its_count_on_hopper(reports):
+    # The count of the fused merge is one atomic add at GPU scope after a GPU-wide memory
+    # barrier (release: the partials are published first) and before an L1 invalidation
+    # (acquire: the last program reads every split's partials from L2, not stale lines).
+    r = compile_spec(DECODE_SPLIT, "sm_90", dict(decode_split_constants(
+        rows=4, head_dim=128, page_size=None, arch="sm_90"), FUSED=True), dtype="float16",
+        keep_sass=True)
+    lines = [ln.split("/*")[1].split("*/")[1].strip() if "*/" in ln else ln.strip()
+             for ln in r.sass_text.splitlines()]
+    adds = [i for i, ln in enumerate(lines) if "ATOMG.E.ADD.STRONG.GPU" in ln]
+    assert adds, "no GPU-scope atomic add"
+    for i in adds:
+        assert any("MEMBAR.ALL.GPU" in ln for ln in lines[max(0, i - 6):i]), lines[i - 6:i]
+        assert any("CCTL.IVALL" in ln for ln in lines[i + 1:i + 4]), lines[i + 1:i + 4]
 
 
 def test_split_kernel_uses_tensor_memory_loads_on_hopper(reports):

@@ -2,6 +2,7 @@
 tile, grid and split-count rules (kernels/__init__.py), and the host module's launches
 (flashattn.decode), run through the NumPy emulation of the two kernels instead of a GPU.
 """
+import importlib
 import math
 from types import SimpleNamespace
 
@@ -214,7 +215,7 @@ def test_decode_signature_declares_int32_tables():
     by_name = dict(zip(DECODE_SPLIT.params, params))
     assert by_name["BlockTable"].dtype == ct.int32 and by_name["SeqLens"].dtype == ct.int32
     assert by_name["Opart"].dtype == ct.float32 and by_name["Q"].dtype == ct.bfloat16
-    assert [p.value for p in params[-5:]] == [c[n] for n in DECODE_SPLIT.constants]
+    assert [p.value for p in params[-6:]] == [c[n] for n in DECODE_SPLIT.constants]
 
 
 @pytest.mark.parametrize("head_dim", [16, 64, 80, 128, 256])
@@ -318,7 +319,6 @@ def emulated_gpu(monkeypatch):
     an H100's SM count, and ``ct.launch`` replaced by the NumPy emulation of each kernel,
     writing the tensors' memory through NumPy views."""
     ct = pytest.importorskip("cuda.tile")
-    import importlib
     host = importlib.import_module("flashattn.decode")   # flashattn.decode is the function
     from flashattn.reference import (emulate_combine_kernel, emulate_combine_row_kernel,
                                      emulate_split_kernel)
@@ -375,8 +375,8 @@ def test_host_launches_compute_decode_attention(emulated_gpu, B, Hq, Hkv, Nq, D,
     rows = Hq // Hkv * Nq
     c = decode_split_constants(rows=rows, head_dim=D, page_size=32 if paged else None,
                                arch="sm_90", final=final)
-    assert split.args[-5:] == [c[n] for n in DECODE_SPLIT.constants]
-    assert split.args[8] == pytest.approx(1 / math.sqrt(D)) and split.args[9] == Nq
+    assert split.args[-6:] == [c[n] for n in DECODE_SPLIT.constants]
+    assert split.args[9] == pytest.approx(1 / math.sqrt(D)) and split.args[10] == Nq
     if splits is not None:
         assert split.grid[1] == splits
     assert split.grid == (-(-rows // c["TILE_M"]), split.grid[1], B * Hkv)
@@ -473,3 +473,84 @@ def test_host_row_combine_computes_decode_attention(emulated_gpu, monkeypatch, B
         (comb,) = rest
         rows = Hq // Hkv * Nq
         assert comb.kernel is DECODE_COMBINE_ROW.kernel() and comb.grid == (rows, B * Hkv, 1)
+
+
+# --- the merge fused into the split kernel (E23) -----------------------------------------------
+@pytest.mark.parametrize("order_seed", [0, 1, 2, 3])
+@pytest.mark.parametrize("B,Hq,Hkv,Nq,D,paged,lens,splits", [c for c in CASES if c[-1] != 1])
+def test_emulated_fused_merge_in_any_order(order_seed, B, Hq, Hkv, Nq, D, paged, lens, splits):
+    # The programs of the split kernel run in a shuffled order: whichever split of a row block
+    # counts last merges it; the answer is the two-kernel one and every counter ends at 0
+    # (emulate_decode raises otherwise).
+    from flashattn.reference import emulate_decode
+    torch.manual_seed(B * 100 + Hq + Nq + 7)
+    q, k, v, seqlens, table = tensors(B, Hq, Hkv, Nq, D, 128, paged=paged, page=32, pages=11,
+                                      max_pages=4, lens=lens)
+    if paged:
+        table = torch.randperm(11, dtype=torch.int32)[:B * 4].reshape(B, 4).contiguous()
+    kw = dict(block_table=table, num_splits=splits or 5, tile_n=32)
+    two = emulate_decode(q.double(), k.double(), v.double(), seqlens, **kw)
+    fused = emulate_decode(q.double(), k.double(), v.double(), seqlens, fused=True,
+                           order_seed=order_seed, **kw)
+    np.testing.assert_allclose(fused, two, rtol=1e-12, atol=1e-13)
+    ref = decode_attention(q.double(), k.double(), v.double(), seqlens, block_table=table)
+    np.testing.assert_allclose(fused, ref.numpy(), rtol=1e-9, atol=1e-10)
+
+
+def test_emulated_fused_merge_keeps_nan_for_bad_lengths():
+    from flashattn.reference import emulate_decode
+    q, k, v, seqlens, table = tensors(2, 4, 2, 1, 32, paged=True, lens=[128, 60])
+    seqlens[0] = 129
+    out = emulate_decode(q, k, v, seqlens, block_table=table, num_splits=3, tile_n=32,
+                         fused=True, order_seed=5)
+    assert np.isnan(out[0]).all() and not np.isnan(out[1]).any()
+
+
+def test_combine_kind_fused():
+    from flashattn import kernels
+    from flashattn.kernels import decode_combine_kind
+    assert kernels.DECODE_FUSED_COMBINE in (True, False)
+    assert decode_combine_kind(B=8, Hkv=8, rows=4, num_splits=2, fused=True) == "fused"
+    assert decode_combine_kind(B=8, Hkv=8, rows=4, num_splits=1, fused=True) is None
+    assert decode_combine_kind(B=8, Hkv=8, rows=4, num_splits=2, fused=False) == "block"
+    # Paged caches keep a two-kernel merge (tileiras 13.4.92 crashes on the paged atomic).
+    assert decode_combine_kind(B=8, Hkv=8, rows=4, num_splits=2, fused=True,
+                               paged=True) == "block"
+
+
+@pytest.mark.parametrize("B,Hq,Hkv,Nq,D,paged,lens,splits", CASES)
+def test_host_fused_merge_is_one_launch(emulated_gpu, monkeypatch, B, Hq, Hkv, Nq, D, paged,
+                                        lens, splits):
+    from flashattn import kernels
+    host = importlib.import_module("flashattn.decode")
+    monkeypatch.setattr(kernels, "DECODE_FUSED_COMBINE", True)
+    counters = []
+
+    def zeros(device, shape):
+        counters.append(torch.zeros(tuple(shape), dtype=torch.int32))
+        return counters[-1]
+    monkeypatch.setattr(host, "_counters", zeros)
+    torch.manual_seed(B * 100 + Hq + Nq + 3)
+    q, k, v, seqlens, table = tensors(B, Hq, Hkv, Nq, D, 128, paged=paged, page=32, pages=11,
+                                      max_pages=4, lens=lens)
+    if paged:
+        table = torch.randperm(11, dtype=torch.int32)[:B * 4].reshape(B, 4).contiguous()
+    out = emulated_gpu.decode(q, k, v, seqlens, block_table=table, num_splits=splits)
+    ref = decode_attention(q, k, v, seqlens, block_table=table)
+    assert (out.float() - ref).abs().max().item() < 2e-3
+    split, *rest = emulated_gpu.launched
+    rows = Hq // Hkv * Nq
+    final = split.grid[1] == 1
+    if paged:                                             # paged: the two-kernel merge
+        assert counters == [] and len(rest) == (0 if final else 1)
+        return
+    assert rest == []                                     # no combine launch
+    c = decode_split_constants(rows=rows, head_dim=D, page_size=None, arch="sm_90",
+                               final=final, fused=not final)
+    assert split.args[-6:] == [c[n] for n in DECODE_SPLIT.constants]
+    if final:
+        assert counters == []                             # one split: nothing to count
+    else:
+        (counter,) = counters
+        assert counter.shape == (B * Hkv, -(-rows // c["TILE_M"]))
+        assert (counter == 0).all()                       # every row block set back to 0

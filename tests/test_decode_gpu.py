@@ -170,6 +170,57 @@ def test_row_combine_gives_the_same_answer(num_splits, nq, monkeypatch, request)
     check(out, q, k, v, lens, table, 128 ** -0.5, 1e-3, seed=seed)
 
 
+@pytest.mark.parametrize("num_splits", [2, 7, 16, 64, 300])
+@pytest.mark.parametrize("nq", [1, 4, 16])
+def test_fused_merge_gives_the_same_answer(num_splits, nq, monkeypatch, request):
+    # E23: the last split of each row block merges (an atomic count, no second launch);
+    # called three times so that a counter not set back to 0 would show; contiguous cache.
+    from flashattn import kernels
+    monkeypatch.setattr(kernels, "DECODE_FUSED_COMBINE", True)
+    seed = seed_of(request.node.callspec.id)
+    q, k, v, lens, table = make_cache((1000, 0, 1, 130), 32, 8, nq, 128, "float16", 1000, None,
+                                      seed=seed)
+    first = run(q, k, v, lens, table, num_splits=num_splits)
+    check(first, q, k, v, lens, table, 128 ** -0.5, 1e-3, seed=seed)
+    for _ in range(2):
+        again = run(q, k, v, lens, table, num_splits=num_splits)
+        assert torch.equal(again, first), f"seed {seed}: a repeated call differs"
+    from flashattn.decode import _COUNTERS
+    assert all((b == 0).all() for bufs in _COUNTERS.values() for b in bufs)
+
+
+def test_fused_merge_in_a_cuda_graph(monkeypatch):
+    # Captured (its counters zeroed inside the graph), replayed as lengths change.
+    from flashattn import kernels
+    from flashattn.decode import decode
+    from flashattn.reference import decode_attention
+    monkeypatch.setattr(kernels, "DECODE_FUSED_COMBINE", True)
+    seed = 23
+    q, k, v, lens, _ = make_cache((2048, 1024, 1, 700), 32, 8, 1, 128, "float16", 2048, None,
+                                  seed=seed)
+    k.nan_to_num_(0.0)
+    v.nan_to_num_(0.0)
+    out = torch.full_like(q, math.nan)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            decode(q, k, v, lens, num_splits=16, out=out)
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        decode(q, k, v, lens, num_splits=16, out=out)
+    for new in ((2048, 1024, 1, 700), (1, 2048, 0, 5), (17, 1300, 2047, 64)):
+        lens.copy_(torch.tensor(new, dtype=torch.int32))
+        for _ in range(3):
+            graph.replay()
+        torch.cuda.synchronize()
+        ref = decode_attention(q, k, v, lens)
+        err = (out.float() - ref).abs().max().item()
+        assert err < 2e-3, f"seed {seed}: lengths {new}: error {err:.3g} after replay"
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_large_logits_stay_finite(dtype):
     seed = 7

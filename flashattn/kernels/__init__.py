@@ -130,15 +130,20 @@ DECODE_COMBINE_CHUNK = 4096   # fp32 partial-output values one step of the one-r
 # (B=64, Nq=4) were 1.8x slower.
 DECODE_ROW_COMBINE_MAX = 128
 DECODE_ROW_COMBINE_MIN_SPLITS = 8
+# The merge fused into the split kernel (FUSED: the last split of a row block merges, counted
+# with an atomic; no second launch). False: never, until E23 times it against the two-kernel
+# merges (experiments/decode_sweep.py --part combine). Contiguous caches only: tileiras
+# 13.4.92 crashes (SIGSEGV) compiling any atomic in the paged variant of the split kernel.
+DECODE_FUSED_COMBINE = False
 
 
 DECODE_SPLIT = KernelSpec(
     "decode_split", "flashattn.kernels.decode", "decode_split_kernel",
     arrays=(Array("Q", 4), Array("K", 4), Array("V", 4), Array("BlockTable", 2, "int32"),
             Array("SeqLens", 1, "int32"), Array("Opart", 4, "float32"),
-            Array("Lse", 3, "float32"), Array("Out", 4)),
+            Array("Lse", 3, "float32"), Array("Out", 4), Array("Counter", 2, "int32")),
     scalars=(("qk_scale", float), ("num_q", int)),
-    constants=("TILE_M", "TILE_N", "TILE_D", "PAGED", "FINAL"))
+    constants=("TILE_M", "TILE_N", "TILE_D", "PAGED", "FINAL", "FUSED"))
 
 DECODE_COMBINE = KernelSpec(
     "decode_combine", "flashattn.kernels.decode", "decode_combine_kernel",
@@ -192,12 +197,14 @@ def decode_tiles(*, rows: int, head_dim: int, page_size: int | None = None,
 
 
 def decode_split_constants(*, rows: int, head_dim: int, page_size: int | None,
-                           arch: str | None = None, final: bool = False) -> dict:
+                           arch: str | None = None, final: bool = False,
+                           fused: bool = False) -> dict:
     """The constants of ``decode_split_kernel`` by name; ``page_size=None``: contiguous cache;
-    ``final``: one split, the kernel writes the output (no combine)."""
+    ``final``: one split, the kernel writes the output (no combine); ``fused``: the last split
+    of a row block merges (no combine launch)."""
     tile_m, tile_n = decode_tiles(rows=rows, head_dim=head_dim, page_size=page_size, arch=arch)
     return dict(TILE_M=tile_m, TILE_N=tile_n, TILE_D=tile_d_for(head_dim),
-                PAGED=page_size is not None, FINAL=bool(final))
+                PAGED=page_size is not None, FINAL=bool(final), FUSED=bool(fused))
 
 
 def decode_combine_constants(*, split_tile_m: int, head_dim: int) -> dict:
@@ -220,14 +227,19 @@ def decode_combine_row_constants(*, head_dim: int, num_splits: int) -> dict:
 
 
 def decode_combine_kind(*, B: int, Hkv: int, rows: int, num_splits: int,
-                        row_max: int | None = None, min_splits: int | None = None) -> str | None:
-    """Which merge a decode call launches: None (one split: the split kernel writes the
-    output), "row" (``decode_combine_row_kernel``, one program per packed row) when
-    ``B x Hkv x rows <= row_max`` (default ``DECODE_ROW_COMBINE_MAX``) and ``num_splits >=
-    min_splits`` (default ``DECODE_ROW_COMBINE_MIN_SPLITS``), else "block"
-    (``decode_combine_kernel``, one program per row block). E21 measured the switch."""
+                        row_max: int | None = None, min_splits: int | None = None,
+                        fused: bool | None = None, paged: bool = False) -> str | None:
+    """Which merge a decode call runs: None (one split: the split kernel writes the output),
+    "fused" (the split kernel's last program per row block merges, no second launch) when
+    ``fused`` (default ``DECODE_FUSED_COMBINE``) and the cache is not ``paged``, "row" (``decode_combine_row_kernel``, one
+    program per packed row) when ``B x Hkv x rows <= row_max`` (default
+    ``DECODE_ROW_COMBINE_MAX``) and ``num_splits >= min_splits`` (default
+    ``DECODE_ROW_COMBINE_MIN_SPLITS``), else "block" (``decode_combine_kernel``, one program
+    per row block). E21 measured the row/block switch."""
     if int(num_splits) == 1:
         return None
+    if (DECODE_FUSED_COMBINE if fused is None else fused) and not paged:
+        return "fused"
     limit = DECODE_ROW_COMBINE_MAX if row_max is None else int(row_max)
     least = DECODE_ROW_COMBINE_MIN_SPLITS if min_splits is None else int(min_splits)
     if int(B) * int(Hkv) * int(rows) <= limit and int(num_splits) >= least:

@@ -51,17 +51,23 @@ INV_LOG_2 = 1.0 / math.log(2)  # exp(x) = exp2(x * log2(e))
 
 
 @ct.kernel
-def decode_split_kernel(Q, K, V, BlockTable, SeqLens, Opart, Lse, Out,
+def decode_split_kernel(Q, K, V, BlockTable, SeqLens, Opart, Lse, Out, Counter,
                         qk_scale: float, num_q: int,
                         TILE_M: ConstInt, TILE_N: ConstInt, TILE_D: ConstInt,
-                        PAGED: ConstBool, FINAL: ConstBool):
+                        PAGED: ConstBool, FINAL: ConstBool, FUSED: ConstBool):
     """Partial attention of one GQA group over one run of the cache.
 
     Grid: ``(cdiv(G * Nq, TILE_M), num_splits, B * Hkv)``. qk_scale: the softmax scale (natural
     units); num_q: Nq. With PAGED, ``page_size = K.shape[2]`` is a multiple of TILE_N, so a K/V
     tile never straddles two pages. With FINAL (one split: the partial is the answer) the
     program writes its normalised output to ``Out`` in Out's dtype and no combine runs; Opart
-    and Lse are then not touched. Otherwise ``Out`` is not touched.
+    and Lse are then not touched. Otherwise ``Out`` is not touched, unless FUSED: then each
+    program, after storing its partial, counts itself in ``Counter[bh, bid_m]`` (an atomic
+    add, acquire-release at device scope: its partial is published, the others' it sees are
+    visible), and the program that counts last merges all the splits of its row block as
+    ``decode_combine_kernel`` does, writes ``Out`` and sets the counter back to 0 (E23: the
+    merge without a second launch). ``Counter`` (B * Hkv, row blocks) int32 must be 0 at
+    launch; without FUSED it is a placeholder, never touched.
     """
     # --- Program id -> (row block, split, batch, kv head) ---
     bid_m = ct.bid(0)
@@ -157,6 +163,32 @@ def decode_split_kernel(Q, K, V, BlockTable, SeqLens, Opart, Lse, Out,
     else:
         ct.store(Opart, index=(split, bh, bid_m, 0), tile=o.reshape((1, 1, TILE_M, TILE_D)))
         ct.store(Lse, index=(split, bh, bid_m), tile=lse.reshape((1, 1, TILE_M)))
+        if FUSED:
+            # Count this split in; the last one merges. acq_rel: the stores above are
+            # published before the count, and the last program sees every split's stores.
+            arrived = ct.atomic_add(Counter, (bh, bid_m), 1,
+                                    memory_order=ct.MemoryOrder.ACQ_REL,
+                                    memory_scope=ct.MemoryScope.DEVICE)
+            if arrived == num_splits - 1:
+                ct.atomic_xchg(Counter, (bh, bid_m), 0)               # ready for the next call
+                m = ct.full((TILE_M, 1), -math.inf, dtype=ct.float32)  # as the combine kernel
+                l = ct.full((TILE_M, 1), 0.0, dtype=ct.float32)
+                acc = ct.full((TILE_M, TILE_D), 0.0, dtype=ct.float32)
+                for s in range(num_splits):
+                    lse_s = ct.load(Lse, index=(s, bh, bid_m), shape=(1, 1, TILE_M))
+                    lse_s = lse_s.reshape((TILE_M, 1))               # [TILE_M, 1]
+                    o_s = ct.load(Opart, index=(s, bh, bid_m, 0), shape=(1, 1, TILE_M, TILE_D))
+                    o_s = o_s.reshape((TILE_M, TILE_D))              # [TILE_M, TILE_D]
+                    m_new = max(m, lse_s)
+                    m_use = ct.where(m_new == -math.inf, 0.0, m_new)
+                    alpha = ct.exp2(m - m_use)
+                    w = ct.exp2(lse_s - m_use)
+                    l = l * alpha + w
+                    acc = acc * alpha + w * o_s
+                    m = m_new
+                out = ct.truediv(acc, ct.where(l > 0.0, l, 1.0))    # [TILE_M, TILE_D]
+                ct.store(Out, index=(batch_idx, kv_head, bid_m, 0),
+                         tile=out.reshape((1, 1, TILE_M, TILE_D)).astype(Out.dtype))
 
 
 @ct.kernel

@@ -36,6 +36,7 @@ exact for any partition of the keys, including empty parts (``lse_s = -inf``: we
 from __future__ import annotations
 
 import math
+import random
 
 import numpy as np
 
@@ -280,17 +281,22 @@ def online_step(qk, m_i, l_i, acc, v, scale2):
     return m_ij, l_i * alpha + p.sum(axis=1, keepdims=True), acc * alpha + p @ v
 
 
-def emulate_split_kernel(grid, Q, K, V, BlockTable, SeqLens, Opart, Lse, Out, qk_scale, num_q,
-                         TILE_M, TILE_N, TILE_D, PAGED, FINAL=False):
+def emulate_split_kernel(grid, Q, K, V, BlockTable, SeqLens, Opart, Lse, Out, Counter,
+                         qk_scale, num_q, TILE_M, TILE_N, TILE_D, PAGED, FINAL=False,
+                         FUSED=False, order_seed=0):
     """``decode_split_kernel`` on NumPy arrays in the kernel's layout, program by program.
 
     Arguments in the kernel's order (``grid`` first); Opart and Lse are written in place and
     the arithmetic is done in Opart's dtype; with FINAL (one split) the normalised output is
     written to ``Out`` (B, Hkv, rows, D) instead, rows and columns past its shape dropped, and
-    the arithmetic is done in float64 if Out is float64, else float32. Follows the kernel line by line: the split rule
-    read from each length, tiles loaded with zero padding, the mask only on tiles past
-    ``len - Nq + 1``, -inf selected (not added), V rows past the length zeroed, and the
-    device-side guards (a length outside ``[0, capacity]`` or a page id out of range: NaN).
+    the arithmetic is done in float64 if Out is float64, else float32. With FUSED the programs
+    run in a shuffled order (``order_seed``: on a GPU any split can finish last), each counts
+    itself in ``Counter[bh, bid_m]``, and the one that counts last merges its row block into
+    ``Out`` (as ``emulate_combine_kernel``) and sets the counter back to 0. Follows the kernel
+    line by line: the split rule read from each length, tiles loaded with zero padding, the
+    mask only on tiles past ``len - Nq + 1``, -inf selected (not added), V rows past the
+    length zeroed, and the device-side guards (a length outside ``[0, capacity]`` or a page id
+    out of range: NaN).
     """
     dt = (np.float64 if Out.dtype == np.float64 else np.float32) if FINAL else Opart.dtype
     m_blocks, num_splits, _ = grid
@@ -304,8 +310,11 @@ def emulate_split_kernel(grid, Q, K, V, BlockTable, SeqLens, Opart, Lse, Out, qk
         t[:part.shape[0], :D] = part
         return t
 
+    programs = list(np.ndindex(*grid))
+    if FUSED:
+        random.Random(order_seed).shuffle(programs)
     with np.errstate(invalid="ignore", over="ignore"):
-        for bid_m, split, bh in np.ndindex(*grid):
+        for bid_m, split, bh in programs:
             b, kv_head = divmod(bh, num_kv_heads)
             seqlen_raw = int(SeqLens[b])
             seqlen = min(max(seqlen_raw, 0), capacity)
@@ -352,33 +361,45 @@ def emulate_split_kernel(grid, Q, K, V, BlockTable, SeqLens, Opart, Lse, Out, qk
             else:
                 Opart[split, bh, bid_m * TILE_M:(bid_m + 1) * TILE_M] = o
                 Lse[split, bh, bid_m * TILE_M:(bid_m + 1) * TILE_M] = lse[:, 0]
+                if FUSED:
+                    arrived = int(Counter[bh, bid_m])
+                    Counter[bh, bid_m] = arrived + 1
+                    if arrived == num_splits - 1:                     # the last: merge
+                        Counter[bh, bid_m] = 0
+                        _merge_block(Opart, Lse, Out, bh, bid_m, TILE_M, TILE_D)
+
+
+def _merge_block(Opart, Lse, Out, bh, bid_m, TILE_M, TILE_D):
+    """Merge the splits of one row block (``decode_combine_kernel``'s program, and the fused
+    merge of ``decode_split_kernel``) into ``Out`` (B, Hkv, rows, D)."""
+    num_splits = Opart.shape[0]
+    _, num_kv_heads, rows, D = Out.shape
+    b, kv_head = divmod(bh, num_kv_heads)
+    sl = slice(bid_m * TILE_M, (bid_m + 1) * TILE_M)
+    m = np.full((TILE_M, 1), -np.inf, Opart.dtype)
+    l = np.zeros((TILE_M, 1), Opart.dtype)
+    acc = np.zeros((TILE_M, TILE_D), Opart.dtype)
+    for s in range(num_splits):
+        lse = Lse[s, bh, sl][:, None]
+        o = Opart[s, bh, sl]
+        m_new = np.fmax(m, lse)                        # the GPU's max drops a NaN operand
+        m_use = np.where(np.isneginf(m_new), 0.0, m_new)
+        alpha, w = np.exp2(m - m_use), np.exp2(lse - m_use)
+        l = l * alpha + w
+        acc = acc * alpha + w * o
+        m = m_new
+    out = acc / np.where(l > 0, l, 1.0)
+    n = min(TILE_M, rows - bid_m * TILE_M)
+    Out[b, kv_head, sl][:n] = out[:n, :D]
 
 
 def emulate_combine_kernel(grid, Opart, Lse, Out, TILE_M, TILE_D):
     """``decode_combine_kernel`` on NumPy arrays: an online softmax over the splits (base 2);
     writes ``Out`` (B, Hkv, rows, D) in place, dropping rows and columns past its shape."""
     m_blocks, _, _ = grid
-    num_splits = Opart.shape[0]
-    _, num_kv_heads, rows, D = Out.shape
     with np.errstate(invalid="ignore", over="ignore"):
         for bid_m, bh in np.ndindex(m_blocks, grid[1]):
-            b, kv_head = divmod(bh, num_kv_heads)
-            sl = slice(bid_m * TILE_M, (bid_m + 1) * TILE_M)
-            m = np.full((TILE_M, 1), -np.inf, Opart.dtype)
-            l = np.zeros((TILE_M, 1), Opart.dtype)
-            acc = np.zeros((TILE_M, TILE_D), Opart.dtype)
-            for s in range(num_splits):
-                lse = Lse[s, bh, sl][:, None]
-                o = Opart[s, bh, sl]
-                m_new = np.fmax(m, lse)                # the GPU's max drops a NaN operand
-                m_use = np.where(np.isneginf(m_new), 0.0, m_new)
-                alpha, w = np.exp2(m - m_use), np.exp2(lse - m_use)
-                l = l * alpha + w
-                acc = acc * alpha + w * o
-                m = m_new
-            out = acc / np.where(l > 0, l, 1.0)
-            n = min(TILE_M, rows - bid_m * TILE_M)
-            Out[b, kv_head, sl][:n] = out[:n, :D]
+            _merge_block(Opart, Lse, Out, bh, bid_m, TILE_M, TILE_D)
 
 
 def emulate_combine_row_kernel(grid, Opart, Lse, Out, TILE_D, TILE_S):
@@ -417,7 +438,7 @@ def emulate_combine_row_kernel(grid, Opart, Lse, Out, TILE_D, TILE_S):
 def emulate_decode(q, k_cache, v_cache, cache_seqlens, block_table=None, *, scale=None,
                    num_splits: int = 1, tile_m: int = 16, tile_n: int = 64,
                    combine_tile_m: int | None = None, combine_tile_s: int | None = None,
-                   return_partials: bool = False):
+                   fused: bool = False, order_seed: int = 0, return_partials: bool = False):
     """``decode_split_kernel`` then ``decode_combine_kernel`` (kernels/decode.py), in NumPy,
     with the host's layout (the GQA group's heads packed as rows) and *no host check of the
     values*: a length outside ``[0, capacity]`` or a page id out of range makes that sequence's
@@ -450,10 +471,15 @@ def emulate_decode(q, k_cache, v_cache, cache_seqlens, block_table=None, *, scal
     # One split: the split kernel writes the output itself (FINAL), as the host launches it
     # (the partials are then computed too when asked for, for return_partials).
     final = num_splits == 1 and not return_partials
+    fused = bool(fused) and not final
+    counter = np.zeros((B * Hkv, m_blocks), np.int32)
     emulate_split_kernel((m_blocks, num_splits, B * Hkv), qn.reshape(B, Hkv, rows, D), kn, vn,
-                         table, lens, Opart, Lse, out, scale, Nq, tile_m, tile_n, TD,
-                         block_table is not None, final)
-    if not final and combine_tile_s is not None:
+                         table, lens, Opart, Lse, out, counter, scale, Nq, tile_m, tile_n, TD,
+                         block_table is not None, final, fused, order_seed)
+    if fused:
+        if counter.any():
+            raise AssertionError("a fused merge left a counter non-zero")
+    elif not final and combine_tile_s is not None:
         # The one-row combine, combine_tile_s splits per step.
         emulate_combine_row_kernel((rows, B * Hkv, 1), Opart, Lse, out, TD, combine_tile_s)
     elif not final:
