@@ -131,9 +131,13 @@ DECODE_COMBINE_CHUNK = 4096   # fp32 partial-output values one step of the one-r
 DECODE_ROW_COMBINE_MAX = 128
 DECODE_ROW_COMBINE_MIN_SPLITS = 8
 # The merge fused into the split kernel (FUSED: the last split of a row block merges, counted
-# with an atomic; no second launch). False: never, until E23 times it against the two-kernel
-# merges (experiments/decode_sweep.py --part combine). Contiguous caches only: tileiras
-# 13.4.92 crashes (SIGSEGV) compiling any atomic in the paged variant of the split kernel.
+# with an acq_rel atomic add; no second launch). Off: E23 (experiments/data/32-decode-fused/,
+# against both two-kernel merges in the same rounds) found it correct (GPU tests, CUDA-graph
+# replay) but slower wherever the cache is long: 0.82-0.87x the multi-row merge at 32K-128K
+# for B = 1-8, and between the two merges at 4K. With the merge in it, tileiras 13.4.92
+# compiles the split kernel with 169 KB of shared memory instead of 83 KB and 168 registers
+# instead of 255, and its K/V stream slows by more than the launch it saves. Contiguous
+# caches only: tileiras 13.4.92 crashes (SIGSEGV) compiling any atomic in the paged variant.
 DECODE_FUSED_COMBINE = False
 
 
