@@ -35,9 +35,9 @@ as ``Q_TILES`` grows (the maps are built once per ``Q_TILES`` tiles), most at 32
 128x256 (short programs), until too few programs are left to fill the GPU or balance causal
 work (at 8x4096, ``Q_TILES`` = 16 leaves 4 x 32 x 8 = 1024 programs).
 
-E23 (ran, ``data/32-decode-fused/``): the combine part also times ``fused`` (``kernels.DECODE_FUSED_COMBINE``: the
-split kernel's last program per row block merges, counted with an atomic add; no second
-launch). Question: is the second launch the 2-4 us by which B=1-8 trail cuDNN at every cache
+E23 (ran, ``data/32-decode-fused/``): the combine part also times ``fused``
+(``kernels.DECODE_FUSED_COMBINE``: the split kernel's last program per row block merges,
+counted with an atomic add; no second launch). Question: is the second launch the 2-4 us by which B=1-8 trail cuDNN at every cache
 length (E21)? Prediction: if so, ``fused`` beats both two-kernel merges by about that much
 wherever there is more than one split, most at short caches.
 
