@@ -222,11 +222,14 @@ def _counters(device, shape):
 # leaves most SMs idle and reads each K/V tile once per query head of a GQA group (issue 12:
 # 0.12x PyTorch at B=1, 128K keys). ``python -m flashattn decode-bench --part crossover`` times
 # both for Nq in {1, 4, 16} and Nk from 128 to 8K. Measured on the H200
-# (results/h200/decode/crossover-varlen.json, B=8, GQA 32:8, D=128, fp16, with the one-wave split
-# rule): the decode path is faster than the square kernel for Nq = 1 and 4 from Nk = 1024 up
-# (1.09-1.51x), not at 256 and 512 (0.90-0.98x; at 128 it reads 1.02-1.13x, a point the rule
-# leaves to the square kernel); for Nq = 16 the square kernel is faster at every Nk measured
-# (128 .. 8192). Nq 5 .. 15 was not measured: left to the square kernel.
+# (results/h200/decode/crossover-varlen.json, B=8, GQA 32:8, D=128, fp16, the one-wave split
+# rule; recorded in sessions 5 and 6): the decode path is faster than the square kernel for
+# Nq = 1 and 4 from Nk = 1024 up (1.09-1.54x); below 1024 Nq = 1 reads 0.90-1.00x (Nq = 4 read
+# 0.90-1.13x in session 5 and 1.20-1.49x in session 6): the rule leaves Nk < 1024 to the square
+# kernel. For Nq = 16 the square kernel is faster at 256, 512 and from 2K up (0.70-0.92x); at
+# 128 and 1K session 6 read the decode path faster (1.05x, and 1.36x where the square kernel's
+# autotuned configuration took longer at 1K than at 2K), so Nq = 16 stays with the square
+# kernel. Nq 5 .. 15 was not measured: left to the square kernel.
 DECODE_PATH_MAX_NQ = 4
 DECODE_PATH_MIN_NK = 1024
 DECODE_PATH_MAX_GRID = 65535  # B x Hkv: one grid axis of the split kernel

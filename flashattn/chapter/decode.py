@@ -36,7 +36,8 @@ __all__ = ["DecodeData", "load", "intensity", "ridge", "gqa_bytes", "split_plan"
            "host_table", "varlen_table", "paging_cost", "profile_frame", "bandwidth_figure",
            "roofline_figure", "crossover_figure", "kernel_listing", "merge_demo", "live_step",
            "split_sweep", "split_sweep_table", "combine_sweep", "combine_sweep_table",
-           "combine_run_comparison", "kernel_times", "varlen_profile", "varlen_tile_sweep",
+           "combine_run_comparison", "combine_kinds", "varlen_qtiles", "kernel_times",
+           "varlen_profile", "varlen_tile_sweep",
            "SWEEP_RUN", "OURS", "TORCH", "LABELS", "PEAK_TFLOPS"]
 
 PEAK_TFLOPS = 989.0          # H100/H200 dense fp16 tensor-core peak (datasheet), the roofline roof
@@ -461,21 +462,29 @@ def combine_sweep_table(c: pd.DataFrame | None = None) -> pd.DataFrame:
     return t.round(3)
 
 
+MULTIROW_RUN = ("33-decode-rerecord", "decode-multirow.json")  # session 5's recording
+
+
 def combine_run_comparison(d: DecodeData, run: str = SWEEP_RUN,
                            name: str = "decode-onerow-combine.json", root=None,
-                           Hq: int = 32, Hkv: int = 8, D: int = 128) -> pd.DataFrame:
-    """The whole decode benchmark run with E18b's one-row combine against the recorded final
-    kernels, per (B, Nk, Nq) of the contiguous ``decode`` rows: both times (ms), their ratio
-    (one-row / final: > 1, the one-row combine was slower), the rule's splits, and the combine's
-    programs in each (one-row: one per packed row whenever it ran, even at one split; final:
-    one per row block of a group, none at one split, where the split kernel writes the output)."""
+                           Hq: int = 32, Hkv: int = 8, D: int = 128,
+                           baseline=MULTIROW_RUN) -> pd.DataFrame:
+    """The whole decode benchmark run with E18b's one-row combine everywhere against the same
+    benchmark with the multi-row combine everywhere (``baseline``: the recording of session 5,
+    before E21 chose between them; column "final"), per (B, Nk, Nq) of the contiguous
+    ``decode`` rows: both times (ms), their ratio (one-row / final: > 1, the one-row combine was
+    slower), the rule's splits, and the combine's programs in each (one-row: one per packed row
+    whenever it ran, even at one split; final: one per row block of a group, none at one split,
+    where the split kernel writes the output). ``d`` gives the GPU's SM count."""
     from ..data.results import experiments_root
     from ..data.schema import read_json, to_frame
     from ..kernels import decode_combine_constants, decode_combine_grid, decode_tiles
     base = experiments_root(root) / run / name
     one = to_frame(read_json(base))
     one = one[(one["impl"] == "decode") & one["error"].isna() & one["median_ms"].notna()]
-    fin = d.ok[d.ok["impl"] == "decode"]
+    fin = to_frame(read_json(experiments_root(root) / baseline[0] / baseline[1]))
+    fin = fin[(fin["impl"] == "decode") & fin["error"].isna() & fin["median_ms"].notna()
+              & (fin["part"] == "decode")]
     a = one.set_index(["B", "Nk", "Nq"])["median_ms"]
     b = fin.set_index(["B", "Nk", "Nq"])["median_ms"]
     t = pd.DataFrame({"one-row ms": a, "final ms": b}).dropna()
@@ -495,6 +504,58 @@ def combine_run_comparison(d: DecodeData, run: str = SWEEP_RUN,
         splits, p_one, p_fin
     t.index = t.index.set_levels([lvl.astype(int) for lvl in t.index.levels])
     return t.sort_index()
+
+
+COMBINE_RUN = "32-decode-fused"   # E23: the three merges and SDPA in the same rounds (E21's too)
+MERGES = ("block", "row", "fused")
+
+
+def combine_kinds(run: str = COMBINE_RUN, name: str = "combine.json", root=None,
+                  Hq: int = 32, Hkv: int = 8) -> pd.DataFrame:
+    """E21/E23: the three merges of a decode step (``block``: the multi-row combine kernel,
+    ``row``: the one-row combine kernel, ``fused``: the merge in the split kernel) and cuDNN,
+    timed in the same rounds, per (B, Nq, Nk): the split count, each one's time over the
+    multi-row combine's (> 1: faster; cuDNN only for Nq=1, where SDPA needs no mask), and the
+    merge ``kernels.decode_combine_kind`` picks for the shape."""
+    from ..data.results import load_experiment_file
+    from ..kernels import decode_combine_kind
+    doc = load_experiment_file(run, name, root)
+    rows = {}
+    for r in doc["rows"]:
+        key = (int(r["B"]), int(r["Nq"]), int(r["Nk"]))
+        e = rows.setdefault(key, {"splits": int(r["num_splits"])})
+        label = "cuDNN" if r["impl"] == "sdpa_cudnn" else r["impl"]
+        if label in (*MERGES, "cuDNN"):
+            e[label] = float(r["ratio_block"])
+    t = pd.DataFrame(rows).T
+    t.index = pd.MultiIndex.from_tuples([(b, q, _fmt_n(n)) for b, q, n in t.index],
+                                        names=["B", "Nq", "Nk"])
+    t["rule"] = [decode_combine_kind(B=b, Hkv=Hkv, rows=Hq // Hkv * q, num_splits=int(s))
+                 for (b, q, _), s in zip(t.index, t["splits"])]
+    t["splits"] = t["splits"].astype(int)
+    return t[["splits", *MERGES, "cuDNN", "rule"]]
+
+
+QTILES_RUN = "31-varlen-qtiles"   # E22
+
+
+def varlen_qtiles(run: str = QTILES_RUN, name: str = "qtiles.json", root=None) -> pd.DataFrame:
+    """E22: packed varlen prefill with ``Q_TILES`` query tiles per program, each one's speed
+    over the padded square kernel timed in the same rounds (padded time / packed time: > 1,
+    packed faster), per mix and causal; columns 1, 2, 4, 8, 16 (the tiles per program)."""
+    from ..data.results import load_experiment_file
+    doc = load_experiment_file(run, name, root)
+    out = {}
+    for r in doc["rows"]:
+        if not r["impl"].startswith("varlen q_tiles="):
+            continue
+        qt = int(r["impl"].split("=")[1])
+        out.setdefault((r["mix"], "causal" if r["causal"] else "full"), {})[qt] = \
+            1.0 / float(r["ratio_square_padded"])
+    t = pd.DataFrame(out).T
+    t.index.names = ["mix", "mask"]
+    t = 1.0 / t                       # back to padded time / packed time
+    return t[sorted(t.columns)]
 
 
 def _profile_of(d: DecodeData, name: str) -> pd.DataFrame:
