@@ -133,10 +133,11 @@ DECODE_ROW_COMBINE_MIN_SPLITS = 8
 # The merge fused into the split kernel (FUSED: the last split of a row block merges, counted
 # with an acq_rel atomic add; no second launch). Off: E23 (experiments/data/32-decode-fused/,
 # against both two-kernel merges in the same rounds) found it correct (GPU tests, CUDA-graph
-# replay) but slower wherever the cache is long: 0.82-0.87x the multi-row merge at 32K-128K
-# for B = 1-8, and between the two merges at 4K. With the merge in it, tileiras 13.4.92
-# compiles the split kernel with 169 KB of shared memory instead of 83 KB and 168 registers
-# instead of 255, and its K/V stream slows by more than the launch it saves. Contiguous
+# replay) but slower wherever the cache is long: 0.82-0.95x the multi-row merge at 32K-128K
+# for B = 1-8. With the merge in it, tileiras 13.4.92 compiles the split kernel with 165 KiB
+# of shared memory instead of 81 KiB and 168 registers instead of 255
+# (experiments/data/32-decode-fused/resources.json), and its K/V stream slows by more than
+# the launch it saves. Contiguous
 # caches only: tileiras 13.4.92 crashes (SIGSEGV) compiling any atomic in the paged variant.
 DECODE_FUSED_COMBINE = False
 
