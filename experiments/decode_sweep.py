@@ -19,27 +19,33 @@ longest, equal total tokens (32K): mixes equal_8x4096 and equal_32x1024, where p
 square kernel's own choice (64x128 ``occ=2``) closes most of the gap.
 
 combine: E18b's part (commit 0447127, ``experiments/data/26-decode-sweep/combine.json``) timed
-the one-row combine as the only combine. Now (E21, prepared, not yet run) it times the multi-row
+the one-row combine as the only combine. Now (E21, ran: ``data/30-decode-combine/``) it times the multi-row
 combine (``block``, the default) against the one-row combine (``row``, switched on with
 ``kernels.DECODE_ROW_COMBINE_MAX``) in the same rounds, B in {1, 2, 4, 8}, Nq in {1, 4},
 4K-128K, with SDPA's flash and cuDNN back ends for Nq=1. Prediction (E18b and the decode-b1
 profile): ``row`` faster at B=1 (the combine's 8 programs each loop over 16 splits), ``block``
 at B=8 (256+ one-row programs); the switch point in between sets ``DECODE_ROW_COMBINE_MAX``.
 
-qtiles (E22, prepared): ``attention_varlen`` with ``Q_TILES`` = 1, 2, 4, 8, 16 query tiles per
-program (``kernels.VARLEN_Q_TILES["sm_90"]``), the default configuration, causal and not, against the
-padded square kernel in the same rounds, mixes equal 8x4096, 32x1024, 128x256, uniform 1-4096
-and skewed. Question (E17): the varlen kernel builds four tensor maps per program, the square
-kernel none; is that the 5-15 % it loses on equal lengths? Prediction: if so, the gap shrinks
-as ``Q_TILES`` grows (the maps are built once per ``Q_TILES`` tiles), most at 32x1024 and
-128x256 (short programs), until too few programs are left to fill the GPU or balance causal
-work (at 8x4096, ``Q_TILES`` = 16 leaves 4 x 32 x 8 = 1024 programs).
+qtiles (E22, ran: ``data/31-varlen-qtiles/``): ``attention_varlen`` with ``Q_TILES`` = 1, 2, 4, 8, 16 query tiles per
+program (``kernels.VARLEN_Q_TILES["sm_90"]``), the default configuration, causal and not,
+against the padded square kernel in the same rounds, mixes equal 8x4096, 32x1024, 128x256,
+uniform 1-4096 and skewed. Question (E17): the varlen kernel builds four tensor maps per
+program, the square kernel none; is that the 5-15 % it loses on equal lengths? Prediction: if
+so, the gap shrinks as ``Q_TILES`` grows (the maps are built once per ``Q_TILES`` tiles), most
+at 32x1024 and 128x256 (short programs), until too few programs are left to fill the GPU or
+balance causal work (at 8x4096, ``Q_TILES`` = 16 leaves 4 x 32 x 8 = 1024 programs).
 
 E23 (ran, ``data/32-decode-fused/``): the combine part also times ``fused``
-(``kernels.DECODE_FUSED_COMBINE``: the split kernel's last program per row block merges,
-counted with an atomic add; no second launch). Question: is the second launch the 2-4 us by which B=1-8 trail cuDNN at every cache
-length (E21)? Prediction: if so, ``fused`` beats both two-kernel merges by about that much
-wherever there is more than one split, most at short caches.
+(``kernels.DECODE_FUSED_COMBINE``: the split kernel's last program per row block merges, counted
+with an atomic add; no second launch). Question: is the second launch the 2-4 us by which B=1-8
+trail cuDNN at every cache length (E21)? Prediction: if so, ``fused`` beats both two-kernel
+merges by about that much wherever there is more than one split, most at short caches.
+
+varlen_bwd (prepared): the packed varlen forward and backward through autograd
+(``attention_varlen``, whose backward runs the square backward once per sequence and reads the
+offsets on the host) against ``flashattn.attention`` forward and backward on the same sequences
+padded to the longest, causal, 32K tokens; both timed as eager batches (``graph=False``: the
+packed backward cannot be captured), so host time counts for both.
 
 (E18a ran ``splits`` when the rule rounded up; it now rounds down, so a re-run dedupes the
 ``_floor`` rows.)
@@ -315,9 +321,66 @@ def run_qtiles(rounds: int) -> list[dict]:
     return rows
 
 
+VARLEN_BWD_MIXES = ("equal_8x4096", "equal_32x1024", "uniform_1_4096", "skewed")
+
+
+def run_varlen_bwd(rounds: int) -> list[dict]:
+    """Forward + backward, packed (per-sequence backward) against padded (square autograd)."""
+    import torch
+
+    from flashattn import attention
+    from flashattn.data.stats import ratio_ci
+    from flashattn.measure import timing
+    from flashattn.measure.bench_decode import varlen_mix
+    from flashattn.reference import unpack
+    from flashattn.varlen import attention_varlen
+    rows = []
+    scale = 1 / math.sqrt(D)
+    for mix in VARLEN_BWD_MIXES:
+        lens = varlen_mix(mix, 32768)
+        T, N = sum(lens), max(lens)
+        g = torch.Generator(device="cuda").manual_seed(T + N + 1)
+        q = torch.randn(T, HQ, D, generator=g, device="cuda", dtype=torch.float16)
+        k, v = (torch.randn(T, HKV, D, generator=g, device="cuda", dtype=torch.float16)
+                for _ in range(2))
+        dout = torch.randn(T, HQ, D, generator=g, device="cuda", dtype=torch.float16)
+        cu = torch.tensor([0, *itertools.accumulate(lens)], dtype=torch.int32, device="cuda")
+        qp, kp, vp, doutp = (unpack(t, cu, N).contiguous() for t in (q, k, v, dout))
+        for t in (q, k, v, qp, kp, vp):
+            t.requires_grad_(True)
+
+        def packed():
+            o = attention_varlen(q, k, v, cu, cu, N, N, causal=True, scale=scale,
+                                 check_values=False)
+            return torch.autograd.grad(o, (q, k, v), dout)
+
+        def padded():
+            o = attention(qp, kp, vp, causal=True, scale=scale)
+            return torch.autograd.grad(o, (qp, kp, vp), doutp)
+        # Agreement of dQ on the first sequence (the padded rows past its end are 0 in both).
+        dq_packed, dq_padded = packed()[0], padded()[0]
+        n0 = lens[0]
+        err = (dq_packed[:n0].float() - dq_padded[0, :, :n0].transpose(0, 1).float()).abs().max()
+        res = timing.time_rounds({"padded": padded, "packed": packed}, rounds=rounds, inner=1,
+                                 graph=False)
+        ref = res["padded"]
+        for name, t in res.items():
+            r, lo, hi = ratio_ci(ref.samples, t.samples)
+            rows.append(dict(mix=mix, B=len(lens), max_len=N, impl=name, median_ms=t.median_ms,
+                             ci_lo_ms=t.ci_lo_ms, ci_hi_ms=t.ci_hi_ms, method=t.method,
+                             ratio_padded=r, ratio_padded_lo=lo, ratio_padded_hi=hi,
+                             dq_seq0_max_abs_diff=float(err)))
+            print(f"{mix} {name:7s} {t.median_ms:.3f} ms  x padded {r:.3f} [{lo:.3f}, {hi:.3f}]"
+                  f"  ({t.method}; dq diff {float(err):.2e})", flush=True)
+        del q, k, v, qp, kp, vp, dout, doutp
+        torch.cuda.empty_cache()
+    return rows
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--part", choices=("splits", "combine", "varlen", "qtiles"), required=True)
+    p.add_argument("--part", choices=("splits", "combine", "varlen", "qtiles", "varlen_bwd"),
+                   required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--rounds", type=int, default=15)
     a = p.parse_args(argv)
@@ -328,7 +391,7 @@ def main(argv=None) -> int:
     from flashattn.env import metadata
     t0 = time.perf_counter()
     rows = {"splits": run_splits, "combine": run_combine, "varlen": run_varlen,
-            "qtiles": run_qtiles}[a.part](a.rounds)
+            "qtiles": run_qtiles, "varlen_bwd": run_varlen_bwd}[a.part](a.rounds)
     meta = metadata("python experiments/decode_sweep.py " + " ".join(argv or sys.argv[1:]))
     meta["seconds"] = round(time.perf_counter() - t0, 1)
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
