@@ -80,6 +80,14 @@ def _read(path: Path) -> dict | None:
         return None
 
 
+def _json_docs(folder: Path) -> list[Path]:
+    """The JSON documents of ``folder``, each by its plain name (``NAME.json``) whether it is
+    committed plain or compressed (``NAME.json.xz``; ``read_json`` reads either), sorted."""
+    names = {f.name for f in folder.glob("*.json")}
+    names |= {f.name[:-3] for f in folder.glob("*.json.xz")}
+    return [folder / n for n in sorted(names)]
+
+
 def _step_key(step) -> tuple:
     """Profiles: the book's steps in order, then everything else by name."""
     return (STEP_NAMES.index(step) if step in STEP_NAMES else len(STEP_NAMES), str(step))
@@ -189,7 +197,7 @@ def _load_bench_docs(folder: Path, *, by_file: bool = False):
     """
     import pandas as pd
     frames, metas = [], {}
-    for f in sorted(folder.glob("*.json")):
+    for f in _json_docs(folder):
         doc = _read(f)
         if not is_bench_doc(doc):
             continue
@@ -301,12 +309,12 @@ def list_experiments(root=None) -> list[str]:
     if not d.is_dir():
         return []
     return sorted(x.name for x in d.iterdir()
-                  if x.is_dir() and any(is_bench_doc(_read(f)) for f in x.glob("*.json")))
+                  if x.is_dir() and any(is_bench_doc(_read(f)) for f in _json_docs(x)))
 
 
 def _experiment_dir(name: str, root=None) -> Path:
     d = experiments_root(root) / name
-    if not d.is_dir() or not any(is_bench_doc(_read(f)) for f in d.glob("*.json")):
+    if not d.is_dir() or not any(is_bench_doc(_read(f)) for f in _json_docs(d)):
         known = ", ".join(list_experiments(root)) or "none"
         raise FileNotFoundError(f"no experiment run {name!r} under {experiments_root(root)} "
                                 f"(known: {known})")
