@@ -261,3 +261,28 @@ def test_varlen_tile_sweep_reads_json_and_log(tmp_path):
     (tmp_path / "run" / "varlen-grid.log").write_text("# nothing timed\n")
     with pytest.raises(ValueError, match="no timing lines"):
         decode.varlen_tile_sweep("run", root=tmp_path)
+
+
+def test_combine_kinds_rule_picks_the_row_merge_where_it_won():
+    ck = decode.combine_kinds()
+    assert set(ck.columns) == {"splits", "block", "row", "fused", "cuDNN", "rule"}
+    assert (ck["block"] == 1.0).all()                     # the reference of each shape
+    assert (ck.loc[ck.rule == "row", "row"] > 1).all()
+    assert set(ck.rule) <= {"row", "block"}               # the fused merge is off
+    assert ck.loc[(1, 1, "128K"), "splits"] == decode.split_plan(1, 131072, 1)["splits"]
+
+
+def test_varlen_qtiles_table():
+    qt = decode.varlen_qtiles()
+    assert list(qt.columns) == [1, 2, 4, 8, 16]
+    assert ("equal_32x1024", "causal") in qt.index and ("skewed", "full") in qt.index
+    assert (qt > 0).all().all()
+
+
+def test_varlen_backward_times_and_the_second_host_run():
+    vb = decode.varlen_backward_times()
+    assert set(vb.index) == {"equal_8x4096", "equal_32x1024", "uniform_1_4096", "skewed"}
+    assert ((vb["lo"] <= vb["speed"]) & (vb["speed"] <= vb["hi"])).all()
+    assert vb.loc["skewed", "speed"] > 1 > vb.loc["equal_32x1024", "speed"]
+    h2 = decode.host_table(run=decode.FINAL_RUN)
+    assert h2.loc[("decode", True), "overhead µs"] < h2.loc[("decode", False), "overhead µs"]

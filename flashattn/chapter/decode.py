@@ -36,7 +36,8 @@ __all__ = ["DecodeData", "load", "intensity", "ridge", "gqa_bytes", "split_plan"
            "host_table", "varlen_table", "paging_cost", "profile_frame", "bandwidth_figure",
            "roofline_figure", "crossover_figure", "kernel_listing", "merge_demo", "live_step",
            "split_sweep", "split_sweep_table", "combine_sweep", "combine_sweep_table",
-           "combine_run_comparison", "combine_kinds", "varlen_qtiles", "kernel_times",
+           "combine_run_comparison", "combine_kinds", "varlen_qtiles", "varlen_backward_times",
+           "kernel_times", "FINAL_RUN",
            "varlen_profile", "varlen_tile_sweep",
            "SWEEP_RUN", "OURS", "TORCH", "LABELS", "PEAK_TFLOPS"]
 
@@ -304,15 +305,46 @@ def path_table(Nqs=(1, 2, 4, 8, 16), Nks=(512, 1024, 2048, 4096, 32768), *, B: i
     return pd.DataFrame(out, index=[f"Nq={n}" for n in Nqs])
 
 
-def host_table(d: DecodeData) -> pd.DataFrame:
+FINAL_RUN = "34-final"   # experiments/data/<run>/: the last GPU call of session 6
+
+
+def host_table(d: DecodeData | None = None, *, run: str | None = None, root=None) -> pd.DataFrame:
     """Per implementation and mode: the kernel time, the host time of one call, the wall time of
-    a call on an idle GPU and the overhead (wall - kernel), in µs."""
-    h = d.host
+    a call on an idle GPU and the overhead (wall - kernel), in µs; of the recorded dataset
+    ``d``, or of a second host run kept with an experiment (``run``, e.g. ``FINAL_RUN``:
+    ``host-2.json``)."""
+    if run is not None:
+        from ..data.results import experiments_root
+        from ..data.schema import read_json, to_frame
+        h = to_frame(read_json(experiments_root(root) / run / "host-2.json"))
+    else:
+        h = d.host
     t = pd.DataFrame({"impl": h["impl"], "CUDA graph": h["graph"].fillna(False).astype(bool),
                       "kernel µs": h["median_ms"] * 1e3, "host µs (call returns)": h["host_ms"] * 1e3,
                       "wall µs": h["wall_ms"].astype(float) * 1e3,
                       "overhead µs": h["overhead_ms"].astype(float) * 1e3})
     return t.set_index(["impl", "CUDA graph"]).round(1)
+
+
+def varlen_backward_times(run: str = FINAL_RUN, name: str = "varlen_bwd.json",
+                          root=None) -> pd.DataFrame:
+    """The packed varlen forward + backward (autograd; the backward runs the square backward
+    once per sequence, its loop on the host) against ``flashattn.attention``'s forward +
+    backward on the sequences padded to the longest, causal, 32K tokens, both timed as eager
+    batches in the same rounds: per mix, both times (ms) and the speed of packed over padded
+    (padded time / packed time, > 1: packed faster) with its 95 % interval."""
+    from ..data.results import load_experiment_file
+    doc = load_experiment_file(run, name, root)
+    out = {}
+    for r in doc["rows"]:
+        e = out.setdefault(r["mix"], {"sequences": int(r["B"]), "longest": int(r["max_len"])})
+        e[f"{r['impl']} ms"] = float(r["median_ms"])
+        if r["impl"] == "packed":
+            e["speed"], e["lo"], e["hi"] = (float(r["ratio_padded"]), float(r["ratio_padded_lo"]),
+                                            float(r["ratio_padded_hi"]))
+    t = pd.DataFrame(out).T
+    t.index.name = "mix"
+    return t.astype({"sequences": int, "longest": int})
 
 
 def varlen_table(d: DecodeData) -> pd.DataFrame:
