@@ -3,6 +3,8 @@
     import flashattn
     o = flashattn.attention(q, k, v, causal=True)            # fastest known step on this GPU
     o = flashattn.attention(q, k, v, causal=True, step="baseline")
+    o = flashattn.decode(q_new, k_cache, v_cache, cache_seqlens)   # a decode step (chapter 13)
+    o = flashattn.attention_varlen(q, k, v, cu_seqlens, cu_seqlens, max_len, max_len)  # packed
     flashattn.STEPS                                           # the steps of the book, in order
 
 The package, by layer (each imports only from the layers above it):
@@ -17,12 +19,14 @@ The package, by layer (each imports only from the layers above it):
 """
 from .api import attention, sdpa
 from .decode import decode  # the function; the module is sys.modules["flashattn.decode"]
+from .varlen import attention_varlen, attention_varlen_backward
 from .steps import (ARCHS, EXPERIMENTS, FLAGS, SEED_STEPS, STEP_NAMES, STEPS, Config, Step,
                     get_step)
 
 __version__ = "0.1.0"
-__all__ = ["attention", "sdpa", "decode", "STEPS", "STEP_NAMES", "SEED_STEPS", "Step",
-           "Config", "get_step", "EXPERIMENTS", "ARCHS", "FLAGS", "__version__"]
+__all__ = ["attention", "sdpa", "decode", "attention_varlen", "attention_varlen_backward",
+           "STEPS", "STEP_NAMES", "SEED_STEPS", "Step", "Config", "get_step", "EXPERIMENTS",
+           "ARCHS", "FLAGS", "__version__"]
 
 # Submodules load on first use (flashattn.reference, flashattn.chapter, ...): importing
 # flashattn stays cheap, and `import flashattn; flashattn.reference.attention(...)` works.

@@ -8,8 +8,8 @@
 The interface of FlashAttention's ``flash_attn_varlen_func``: sequence ``b`` is rows
 ``cu_seqlens_q[b] .. cu_seqlens_q[b+1] - 1`` of q and rows ``cu_seqlens_k[b] ..
 cu_seqlens_k[b+1] - 1`` of k and v. The forward is one launch of ``varlen_fwd_kernel``
-(``flashattn/kernels/varlen.py``), one program per (query tile, sequence, head); its CPU
-reference is ``flashattn.reference.varlen_attention``.
+(``flashattn/kernels/varlen.py``), one program per (``Q_TILES`` query tiles, head, sequence);
+its CPU reference is ``flashattn.reference.varlen_attention``.
 
 The backward (``attention_varlen_backward``; ``attention_varlen`` is differentiable through
 ``torch.autograd`` when q, k or v requires grad) is a first version composed from the verified
@@ -20,8 +20,8 @@ iterations of an extra forward and three backward kernels each: far from the spe
 backward kernel, which is future work. Its CPU reference is
 ``flashattn.reference.varlen.varlen_attention_backward``.
 
-Not exported from ``flashattn`` yet: it becomes public once its GPU tests
-(``tests/test_varlen_gpu.py``) have passed on a GPU.
+Exported as ``flashattn.attention_varlen`` and ``flashattn.attention_varlen_backward``; the GPU
+tests (``tests/test_varlen_gpu.py``) passed on the H200 (experiments/LOG.md, E21-E24).
 """
 from __future__ import annotations
 
