@@ -231,25 +231,35 @@ def run_combine(rounds: int) -> list[dict]:
     return rows
 
 
+def _packed(mix: str, seed_extra: int = 0):
+    """A varlen mix of 32K tokens on the GPU: (lens, q, k, v, cu_seqlens), fp16, GQA 32:8,
+    seeded by the mix's total and longest length (plus ``seed_extra``)."""
+    import torch
+
+    from flashattn.measure.bench_decode import varlen_mix
+    lens = varlen_mix(mix, 32768)
+    T, N = sum(lens), max(lens)
+    g = torch.Generator(device="cuda").manual_seed(T + N + seed_extra)
+    q = torch.randn(T, HQ, D, generator=g, device="cuda", dtype=torch.float16)
+    k, v = (torch.randn(T, HKV, D, generator=g, device="cuda", dtype=torch.float16)
+            for _ in range(2))
+    cu = torch.tensor([0, *itertools.accumulate(lens)], dtype=torch.int32, device="cuda")
+    return lens, q, k, v, cu
+
+
 def run_varlen(rounds: int) -> list[dict]:
     import torch
 
     from flashattn.launch import launch
     from flashattn.measure.bench import resolve_impl
-    from flashattn.measure.bench_decode import varlen_mix
     from flashattn.reference import unpack
     from flashattn.steps import Config
     from flashattn.varlen import attention_varlen
     rows = []
     scale = 1 / math.sqrt(D)
     for mix in VARLEN_MIXES:
-        lens = varlen_mix(mix, 32768)
-        T, N = sum(lens), max(lens)
-        g = torch.Generator(device="cuda").manual_seed(T + N)
-        q = torch.randn(T, HQ, D, generator=g, device="cuda", dtype=torch.float16)
-        k, v = (torch.randn(T, HKV, D, generator=g, device="cuda", dtype=torch.float16)
-                for _ in range(2))
-        cu = torch.tensor([0, *itertools.accumulate(lens)], dtype=torch.int32, device="cuda")
+        lens, q, k, v, cu = _packed(mix)
+        N = max(lens)
         qp, kp, vp = (unpack(t, cu, N) for t in (q, k, v))
         outp = torch.empty_like(qp)
         step, cfg = resolve_impl("best", qp, kp, True)
@@ -282,19 +292,13 @@ def run_qtiles(rounds: int) -> list[dict]:
     from flashattn import kernels
     from flashattn.launch import launch
     from flashattn.measure.bench import resolve_impl
-    from flashattn.measure.bench_decode import varlen_mix
     from flashattn.reference import unpack
     from flashattn.varlen import attention_varlen
     rows = []
     scale = 1 / math.sqrt(D)
     for mix, causal in itertools.product(QTILES_MIXES, (True, False)):
-        lens = varlen_mix(mix, 32768)
-        T, N = sum(lens), max(lens)
-        g = torch.Generator(device="cuda").manual_seed(T + N)
-        q = torch.randn(T, HQ, D, generator=g, device="cuda", dtype=torch.float16)
-        k, v = (torch.randn(T, HKV, D, generator=g, device="cuda", dtype=torch.float16)
-                for _ in range(2))
-        cu = torch.tensor([0, *itertools.accumulate(lens)], dtype=torch.int32, device="cuda")
+        lens, q, k, v, cu = _packed(mix)
+        N = max(lens)
         qp, kp, vp = (unpack(t, cu, N) for t in (q, k, v))
         outp = torch.empty_like(qp)
         step, cfg = resolve_impl("best", qp, kp, causal)
@@ -331,20 +335,14 @@ def run_varlen_bwd(rounds: int) -> list[dict]:
     from flashattn import attention
     from flashattn.data.stats import ratio_ci
     from flashattn.measure import timing
-    from flashattn.measure.bench_decode import varlen_mix
     from flashattn.reference import unpack
     from flashattn.varlen import attention_varlen
     rows = []
     scale = 1 / math.sqrt(D)
     for mix in VARLEN_BWD_MIXES:
-        lens = varlen_mix(mix, 32768)
-        T, N = sum(lens), max(lens)
-        g = torch.Generator(device="cuda").manual_seed(T + N + 1)
-        q = torch.randn(T, HQ, D, generator=g, device="cuda", dtype=torch.float16)
-        k, v = (torch.randn(T, HKV, D, generator=g, device="cuda", dtype=torch.float16)
-                for _ in range(2))
-        dout = torch.randn(T, HQ, D, generator=g, device="cuda", dtype=torch.float16)
-        cu = torch.tensor([0, *itertools.accumulate(lens)], dtype=torch.int32, device="cuda")
+        lens, q, k, v, cu = _packed(mix, seed_extra=1)
+        N = max(lens)
+        dout = torch.randn_like(q)
         qp, kp, vp, doutp = (unpack(t, cu, N).contiguous() for t in (q, k, v, dout))
         for t in (q, k, v, qp, kp, vp):
             t.requires_grad_(True)

@@ -354,15 +354,30 @@ CASES = [  # B, Hq, Hkv, Nq, D, paged, lens, num_splits
 ]
 
 
-@pytest.mark.parametrize("B,Hq,Hkv,Nq,D,paged,lens,splits", CASES)
-def test_host_launches_compute_decode_attention(emulated_gpu, B, Hq, Hkv, Nq, D, paged, lens,
-                                                splits):
-    torch.manual_seed(B * 100 + Hq + Nq)
+def case_tensors(seed, B, Hq, Hkv, Nq, D, paged, lens):
+    """The tensors of one row of CASES (a paged case with its 11 pages in shuffled order):
+    (q, k, v, seqlens, table)."""
+    torch.manual_seed(seed)
     q, k, v, seqlens, table = tensors(B, Hq, Hkv, Nq, D, 128, paged=paged, page=32, pages=11,
                                       max_pages=4, lens=lens)
     if paged:
         table = torch.randperm(11, dtype=torch.int32)[:B * 4].reshape(B, 4).contiguous()
+    return q, k, v, seqlens, table
+
+
+def host_case(emulated_gpu, seed, B, Hq, Hkv, Nq, D, paged, lens, splits):
+    """One row of CASES through ``flashattn.decode`` with its kernels emulated:
+    (q, k, v, seqlens, table, out)."""
+    q, k, v, seqlens, table = case_tensors(seed, B, Hq, Hkv, Nq, D, paged, lens)
     out = emulated_gpu.decode(q, k, v, seqlens, block_table=table, num_splits=splits)
+    return q, k, v, seqlens, table, out
+
+
+@pytest.mark.parametrize("B,Hq,Hkv,Nq,D,paged,lens,splits", CASES)
+def test_host_launches_compute_decode_attention(emulated_gpu, B, Hq, Hkv, Nq, D, paged, lens,
+                                                splits):
+    q, k, v, seqlens, table, out = host_case(emulated_gpu, B * 100 + Hq + Nq, B, Hq, Hkv, Nq, D,
+                                             paged, lens, splits)
     assert out.dtype == q.dtype and out.shape == q.shape
     ref = decode_attention(q, k, v, seqlens, block_table=table)
     err = (out.float() - ref).abs().max().item()
@@ -458,12 +473,8 @@ def test_host_row_combine_computes_decode_attention(emulated_gpu, monkeypatch, B
     from flashattn import kernels
     monkeypatch.setattr(kernels, "DECODE_ROW_COMBINE_MAX", 10 ** 6)
     monkeypatch.setattr(kernels, "DECODE_ROW_COMBINE_MIN_SPLITS", 2)
-    torch.manual_seed(B * 100 + Hq + Nq + 1)
-    q, k, v, seqlens, table = tensors(B, Hq, Hkv, Nq, D, 128, paged=paged, page=32, pages=11,
-                                      max_pages=4, lens=lens)
-    if paged:
-        table = torch.randperm(11, dtype=torch.int32)[:B * 4].reshape(B, 4).contiguous()
-    out = emulated_gpu.decode(q, k, v, seqlens, block_table=table, num_splits=splits)
+    q, k, v, seqlens, table, out = host_case(emulated_gpu, B * 100 + Hq + Nq + 1, B, Hq, Hkv, Nq, D,
+                                             paged, lens, splits)
     ref = decode_attention(q, k, v, seqlens, block_table=table)
     assert (out.float() - ref).abs().max().item() < 2e-3
     split, *rest = emulated_gpu.launched
@@ -483,11 +494,8 @@ def test_emulated_fused_merge_in_any_order(order_seed, B, Hq, Hkv, Nq, D, paged,
     # counts last merges it; the answer is the two-kernel one and every counter ends at 0
     # (emulate_decode raises otherwise).
     from flashattn.reference import emulate_decode
-    torch.manual_seed(B * 100 + Hq + Nq + 7)
-    q, k, v, seqlens, table = tensors(B, Hq, Hkv, Nq, D, 128, paged=paged, page=32, pages=11,
-                                      max_pages=4, lens=lens)
-    if paged:
-        table = torch.randperm(11, dtype=torch.int32)[:B * 4].reshape(B, 4).contiguous()
+    q, k, v, seqlens, table = case_tensors(B * 100 + Hq + Nq + 7, B, Hq, Hkv, Nq, D, paged,
+                                           lens)
     kw = dict(block_table=table, num_splits=splits or 5, tile_n=32)
     two = emulate_decode(q.double(), k.double(), v.double(), seqlens, **kw)
     fused = emulate_decode(q.double(), k.double(), v.double(), seqlens, fused=True,
@@ -530,12 +538,8 @@ def test_host_fused_merge_is_one_launch(emulated_gpu, monkeypatch, B, Hq, Hkv, N
         counters.append(torch.zeros(tuple(shape), dtype=torch.int32))
         return counters[-1]
     monkeypatch.setattr(host, "_counters", zeros)
-    torch.manual_seed(B * 100 + Hq + Nq + 3)
-    q, k, v, seqlens, table = tensors(B, Hq, Hkv, Nq, D, 128, paged=paged, page=32, pages=11,
-                                      max_pages=4, lens=lens)
-    if paged:
-        table = torch.randperm(11, dtype=torch.int32)[:B * 4].reshape(B, 4).contiguous()
-    out = emulated_gpu.decode(q, k, v, seqlens, block_table=table, num_splits=splits)
+    q, k, v, seqlens, table, out = host_case(emulated_gpu, B * 100 + Hq + Nq + 3, B, Hq, Hkv, Nq, D,
+                                             paged, lens, splits)
     ref = decode_attention(q, k, v, seqlens, block_table=table)
     assert (out.float() - ref).abs().max().item() < 2e-3
     split, *rest = emulated_gpu.launched
