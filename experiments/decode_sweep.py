@@ -19,27 +19,33 @@ longest, equal total tokens (32K): mixes equal_8x4096 and equal_32x1024, where p
 square kernel's own choice (64x128 ``occ=2``) closes most of the gap.
 
 combine: E18b's part (commit 0447127, ``experiments/data/26-decode-sweep/combine.json``) timed
-the one-row combine as the only combine. Now (E21, ran: ``data/30-decode-combine/``) it times the multi-row
-combine (``block``, the default) against the one-row combine (``row``, switched on with
-``kernels.DECODE_ROW_COMBINE_MAX``) in the same rounds, B in {1, 2, 4, 8}, Nq in {1, 4},
+the one-row combine as the only combine. Now (E21, ran: ``data/30-decode-combine/``) it times
+the multi-row combine (``block``, the default) against the one-row combine (``row``, switched on
+with ``kernels.DECODE_ROW_COMBINE_MAX``) in the same rounds, B in {1, 2, 4, 8}, Nq in {1, 4},
 4K-128K, with SDPA's flash and cuDNN back ends for Nq=1. Prediction (E18b and the decode-b1
 profile): ``row`` faster at B=1 (the combine's 8 programs each loop over 16 splits), ``block``
 at B=8 (256+ one-row programs); the switch point in between sets ``DECODE_ROW_COMBINE_MAX``.
 
-qtiles (E22, ran: ``data/31-varlen-qtiles/``): ``attention_varlen`` with ``Q_TILES`` = 1, 2, 4, 8, 16 query tiles per
-program (``kernels.VARLEN_Q_TILES["sm_90"]``), the default configuration, causal and not,
-against the padded square kernel in the same rounds, mixes equal 8x4096, 32x1024, 128x256,
-uniform 1-4096 and skewed. Question (E17): the varlen kernel builds four tensor maps per
-program, the square kernel none; is that the 5-15 % it loses on equal lengths? Prediction: if
-so, the gap shrinks as ``Q_TILES`` grows (the maps are built once per ``Q_TILES`` tiles), most
-at 32x1024 and 128x256 (short programs), until too few programs are left to fill the GPU or
-balance causal work (at 8x4096, ``Q_TILES`` = 16 leaves 4 x 32 x 8 = 1024 programs).
+qtiles (E22, ran: ``data/31-varlen-qtiles/``): ``attention_varlen`` with ``Q_TILES`` = 1, 2, 4,
+8, 16 query tiles per program (``kernels.VARLEN_Q_TILES["sm_90"]``), the default configuration,
+causal and not, against the padded square kernel in the same rounds, mixes equal 8x4096,
+32x1024, 128x256, uniform 1-4096 and skewed. Question (E17): the varlen kernel builds four
+tensor maps per program, the square kernel none; is that the 5-15 % it loses on equal lengths?
+Prediction: if so, the gap shrinks as ``Q_TILES`` grows (the maps are built once per ``Q_TILES``
+tiles), most at 32x1024 and 128x256 (short programs), until too few programs are left to fill
+the GPU or balance causal work (at 8x4096, ``Q_TILES`` = 16 leaves 4 x 32 x 8 = 1024 programs).
 
 E23 (ran, ``data/32-decode-fused/``): the combine part also times ``fused``
 (``kernels.DECODE_FUSED_COMBINE``: the split kernel's last program per row block merges, counted
 with an atomic add; no second launch). Question: is the second launch the 2-4 us by which B=1-8
 trail cuDNN at every cache length (E21)? Prediction: if so, ``fused`` beats both two-kernel
 merges by about that much wherever there is more than one split, most at short caches.
+
+qtiles_cfg (E25, prepared): ``Q_TILES`` 1, 4, 8 for each of four Hopper tiles (the varlen part's
+search space) at 32x1024 and 8x4096, causal, against the padded square kernel in the same
+rounds. Question: with the per-program cost shared by several tiles (E22), is another tile than
+E18's 64x128 ``occ=2`` (chosen at one tile per program) faster? Prediction: the 128-row tiles,
+which halve the programs, gain most from sharing the views.
 
 varlen_bwd (prepared): the packed varlen forward and backward through autograd
 (``attention_varlen``, whose backward runs the square backward once per sequence and reads the
@@ -375,10 +381,55 @@ def run_varlen_bwd(rounds: int) -> list[dict]:
     return rows
 
 
+QTILES_CFG = (1, 4, 8)
+QTILES_CFG_MIXES = ("equal_32x1024", "equal_8x4096")
+
+
+def run_qtiles_cfg(rounds: int) -> list[dict]:
+    """E25: tile x query tiles per program, causal, against the padded square kernel."""
+    from unittest import mock
+
+    import torch
+
+    from flashattn import kernels
+    from flashattn.launch import launch
+    from flashattn.measure.bench import resolve_impl
+    from flashattn.reference import unpack
+    from flashattn.steps import Config
+    from flashattn.varlen import attention_varlen
+    rows = []
+    scale = 1 / math.sqrt(D)
+    for mix in QTILES_CFG_MIXES:
+        lens, q, k, v, cu = _packed(mix)
+        N = max(lens)
+        qp, kp, vp = (unpack(t, cu, N) for t in (q, k, v))
+        outp = torch.empty_like(qp)
+        step, cfg = resolve_impl("best", qp, kp, True)
+        calls = {"square_padded": lambda: launch(qp, kp, vp, outp, step, cfg, causal=True,
+                                                 scale=scale)}
+
+        def packed(conf, qt):
+            with mock.patch.object(kernels, "VARLEN_Q_TILES", {"sm_90": qt}), \
+                    mock.patch.object(kernels, "VARLEN_Q_TILES_BELOW", 10 ** 9):
+                return attention_varlen(q, k, v, cu, cu, N, N, causal=True, scale=scale,
+                                        check_values=False, config=conf)
+        for c in VARLEN_CONFIGS:
+            conf = Config.parse(c)
+            for qt in QTILES_CFG:
+                calls[f"{c} q_tiles={qt}"] = (lambda conf=conf, qt=qt: packed(conf, qt))
+        got = _time(calls, rounds, "square_padded")
+        for name, t in got.items():
+            rows.append(dict(mix=mix, causal=True, impl=name,
+                             square_config=f"{step.name}: {cfg.label()}", **t))
+            print(f"{mix} {name:34s} {t['median_ms']:.4f} ms  x padded "
+                  f"{t['ratio_square_padded']:.3f}", flush=True)
+    return rows
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--part", choices=("splits", "combine", "varlen", "qtiles", "varlen_bwd"),
-                   required=True)
+    p.add_argument("--part", choices=("splits", "combine", "varlen", "qtiles", "varlen_bwd",
+                                       "qtiles_cfg"), required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--rounds", type=int, default=15)
     a = p.parse_args(argv)
@@ -389,7 +440,8 @@ def main(argv=None) -> int:
     from flashattn.env import metadata
     t0 = time.perf_counter()
     rows = {"splits": run_splits, "combine": run_combine, "varlen": run_varlen,
-            "qtiles": run_qtiles, "varlen_bwd": run_varlen_bwd}[a.part](a.rounds)
+            "qtiles": run_qtiles, "varlen_bwd": run_varlen_bwd,
+            "qtiles_cfg": run_qtiles_cfg}[a.part](a.rounds)
     meta = metadata("python experiments/decode_sweep.py " + " ".join(argv or sys.argv[1:]))
     meta["seconds"] = round(time.perf_counter() - t0, 1)
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
