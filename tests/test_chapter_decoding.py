@@ -286,3 +286,12 @@ def test_varlen_backward_times_and_the_second_host_run():
     assert vb.loc["skewed", "speed"] > 1 > vb.loc["equal_32x1024", "speed"]
     h2 = decode.host_table(run=decode.FINAL_RUN)
     assert h2.loc[("decode", True), "overhead µs"] < h2.loc[("decode", False), "overhead µs"]
+
+
+def test_varlen_qtiles_cfg_keeps_the_chosen_tile():
+    from flashattn.kernels import varlen_config
+    qc = decode.varlen_qtiles_cfg()
+    assert list(qc.columns) == [1, 4, 8]
+    cfg = varlen_config("sm_90", 128).label()
+    for mix in ("equal_32x1024", "equal_8x4096"):
+        assert qc.loc[mix].max().max() == qc.loc[(mix, cfg)].max()

@@ -36,7 +36,7 @@ __all__ = ["DecodeData", "load", "intensity", "ridge", "gqa_bytes", "split_plan"
            "host_table", "varlen_table", "paging_cost", "profile_frame", "bandwidth_figure",
            "roofline_figure", "crossover_figure", "kernel_listing", "merge_demo", "live_step",
            "split_sweep", "split_sweep_table", "combine_sweep", "combine_sweep_table",
-           "combine_run_comparison", "combine_kinds", "varlen_qtiles", "varlen_backward_times",
+           "combine_run_comparison", "combine_kinds", "varlen_qtiles", "varlen_qtiles_cfg", "varlen_backward_times",
            "kernel_times", "FINAL_RUN",
            "varlen_profile", "varlen_tile_sweep",
            "SWEEP_RUN", "OURS", "TORCH", "LABELS", "PEAK_TFLOPS"]
@@ -587,6 +587,24 @@ def varlen_qtiles(run: str = QTILES_RUN, name: str = "qtiles.json", root=None) -
     t = pd.DataFrame(out).T
     t.index.names = ["mix", "mask"]
     t = 1.0 / t                       # back to padded time / packed time
+    return t[sorted(t.columns)]
+
+
+def varlen_qtiles_cfg(run: str = "35-varlen-qtiles-cfg", name: str = "qtiles_cfg.json",
+                      root=None) -> pd.DataFrame:
+    """E25: each Hopper tile of the varlen search space with 1, 4 and 8 query tiles per
+    program, causal, speed over the padded square kernel of the same rounds (> 1: packed
+    faster); rows (mix, tile), columns the tiles per program."""
+    from ..data.results import load_experiment_file
+    doc = load_experiment_file(run, name, root)
+    out = {}
+    for r in doc["rows"]:
+        if " q_tiles=" not in r["impl"]:
+            continue
+        cfg, qt = r["impl"].rsplit(" q_tiles=", 1)
+        out.setdefault((r["mix"], cfg), {})[int(qt)] = float(r["ratio_square_padded"])
+    t = pd.DataFrame(out).T
+    t.index.names = ["mix", "tile"]
     return t[sorted(t.columns)]
 
 
