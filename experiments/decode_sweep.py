@@ -253,12 +253,22 @@ def _packed(mix: str, seed_extra: int = 0):
     return lens, q, k, v, cu
 
 
-def run_varlen(rounds: int) -> list[dict]:
+def _square_padded(q, k, v, cu, N: int, causal: bool, scale: float):
+    """The padded control of the varlen parts: the sequences unpacked to (B, H, N, D) and the
+    square kernel of step ``best`` (autotuned) on them. Returns (call, "step: config")."""
     import torch
 
     from flashattn.launch import launch
     from flashattn.measure.bench import resolve_impl
     from flashattn.reference import unpack
+    qp, kp, vp = (unpack(t, cu, N) for t in (q, k, v))
+    outp = torch.empty_like(qp)
+    step, cfg = resolve_impl("best", qp, kp, causal)
+    return (lambda: launch(qp, kp, vp, outp, step, cfg, causal=causal, scale=scale),
+            f"{step.name}: {cfg.label()}")
+
+
+def run_varlen(rounds: int) -> list[dict]:
     from flashattn.steps import Config
     from flashattn.varlen import attention_varlen
     rows = []
@@ -266,11 +276,8 @@ def run_varlen(rounds: int) -> list[dict]:
     for mix in VARLEN_MIXES:
         lens, q, k, v, cu = _packed(mix)
         N = max(lens)
-        qp, kp, vp = (unpack(t, cu, N) for t in (q, k, v))
-        outp = torch.empty_like(qp)
-        step, cfg = resolve_impl("best", qp, kp, True)
-        calls = {"square_padded": lambda: launch(qp, kp, vp, outp, step, cfg, causal=True,
-                                                 scale=scale)}
+        square, square_config = _square_padded(q, k, v, cu, N, True, scale)
+        calls = {"square_padded": square}
         for c in VARLEN_CONFIGS:
             conf = Config.parse(c)
             try:
@@ -282,8 +289,7 @@ def run_varlen(rounds: int) -> list[dict]:
                 rows.append(dict(mix=mix, impl=f"varlen {c}", error=f"{type(e).__name__}: {e}"[:200]))
         got = _time(calls, rounds, "square_padded")
         for name, t in got.items():
-            rows.append(dict(mix=mix, impl=name, square_config=f"{step.name}: {cfg.label()}",
-                             **t))
+            rows.append(dict(mix=mix, impl=name, square_config=square_config, **t))
             print(f"{mix} {name:28s} {t['median_ms']:.4f} ms  x padded "
                   f"{t['ratio_square_padded']:.3f}", flush=True)
     return rows
@@ -293,23 +299,15 @@ def run_qtiles(rounds: int) -> list[dict]:
     """E22: query tiles per varlen program, against the padded square kernel."""
     from unittest import mock
 
-    import torch
-
     from flashattn import kernels
-    from flashattn.launch import launch
-    from flashattn.measure.bench import resolve_impl
-    from flashattn.reference import unpack
     from flashattn.varlen import attention_varlen
     rows = []
     scale = 1 / math.sqrt(D)
     for mix, causal in itertools.product(QTILES_MIXES, (True, False)):
         lens, q, k, v, cu = _packed(mix)
         N = max(lens)
-        qp, kp, vp = (unpack(t, cu, N) for t in (q, k, v))
-        outp = torch.empty_like(qp)
-        step, cfg = resolve_impl("best", qp, kp, causal)
-        calls = {"square_padded": lambda: launch(qp, kp, vp, outp, step, cfg, causal=causal,
-                                                 scale=scale)}
+        square, square_config = _square_padded(q, k, v, cu, N, causal, scale)
+        calls = {"square_padded": square}
 
         def packed(qt, causal=causal):
             with mock.patch.object(kernels, "VARLEN_Q_TILES", {"sm_90": qt}), \
@@ -324,7 +322,7 @@ def run_qtiles(rounds: int) -> list[dict]:
         got = _time(calls, rounds, "square_padded")
         for name, t in got.items():
             rows.append(dict(mix=mix, causal=causal, B=len(lens), max_len=N, impl=name,
-                             square_config=f"{step.name}: {cfg.label()}",
+                             square_config=square_config,
                              max_abs_diff=errs.get(name), **t))
             print(f"{mix} causal={causal} {name:20s} {t['median_ms']:.4f} ms  x padded "
                   f"{t['ratio_square_padded']:.3f}", flush=True)
@@ -389,12 +387,7 @@ def run_qtiles_cfg(rounds: int) -> list[dict]:
     """E25: tile x query tiles per program, causal, against the padded square kernel."""
     from unittest import mock
 
-    import torch
-
     from flashattn import kernels
-    from flashattn.launch import launch
-    from flashattn.measure.bench import resolve_impl
-    from flashattn.reference import unpack
     from flashattn.steps import Config
     from flashattn.varlen import attention_varlen
     rows = []
@@ -402,11 +395,8 @@ def run_qtiles_cfg(rounds: int) -> list[dict]:
     for mix in QTILES_CFG_MIXES:
         lens, q, k, v, cu = _packed(mix)
         N = max(lens)
-        qp, kp, vp = (unpack(t, cu, N) for t in (q, k, v))
-        outp = torch.empty_like(qp)
-        step, cfg = resolve_impl("best", qp, kp, True)
-        calls = {"square_padded": lambda: launch(qp, kp, vp, outp, step, cfg, causal=True,
-                                                 scale=scale)}
+        square, square_config = _square_padded(q, k, v, cu, N, True, scale)
+        calls = {"square_padded": square}
 
         def packed(conf, qt):
             with mock.patch.object(kernels, "VARLEN_Q_TILES", {"sm_90": qt}), \
@@ -420,7 +410,7 @@ def run_qtiles_cfg(rounds: int) -> list[dict]:
         got = _time(calls, rounds, "square_padded")
         for name, t in got.items():
             rows.append(dict(mix=mix, causal=True, impl=name,
-                             square_config=f"{step.name}: {cfg.label()}", **t))
+                             square_config=square_config, **t))
             print(f"{mix} {name:34s} {t['median_ms']:.4f} ms  x padded "
                   f"{t['ratio_square_padded']:.3f}", flush=True)
     return rows

@@ -50,6 +50,30 @@ ConstBool = ct.Constant[bool]
 INV_LOG_2 = 1.0 / math.log(2)  # exp(x) = exp2(x * log2(e))
 
 
+def merge_splits(Opart, Lse, bh, bid_m, TILE_M: ConstInt, TILE_D: ConstInt):
+    """The merged output ``[TILE_M, TILE_D]`` fp32 of row block ``bid_m`` of group ``bh``: the
+    LSE algebra as an online softmax over the splits, one split at a time (a row whose splits
+    all have ``lse = -inf`` gets 0; a NaN partial stays NaN). Used by ``decode_combine_kernel``
+    and by the fused merge of ``decode_split_kernel``."""
+    num_splits = Opart.shape[0]
+    m = ct.full((TILE_M, 1), -math.inf, dtype=ct.float32)            # running max of lse_s
+    l = ct.full((TILE_M, 1), 0.0, dtype=ct.float32)                  # sum of 2^(lse_s - m)
+    acc = ct.full((TILE_M, TILE_D), 0.0, dtype=ct.float32)          # sum of 2^(lse_s - m) o_s
+    for s in range(num_splits):
+        lse = ct.load(Lse, index=(s, bh, bid_m), shape=(1, 1, TILE_M))
+        lse = lse.reshape((TILE_M, 1))                               # [TILE_M, 1]
+        o = ct.load(Opart, index=(s, bh, bid_m, 0), shape=(1, 1, TILE_M, TILE_D))
+        o = o.reshape((TILE_M, TILE_D))                              # [TILE_M, TILE_D]
+        m_new = max(m, lse)                                          # [TILE_M, 1]
+        m_use = ct.where(m_new == -math.inf, 0.0, m_new)             # all -inf so far: weights 0
+        alpha = ct.exp2(m - m_use)                                   # [TILE_M, 1]
+        w = ct.exp2(lse - m_use)                                     # [TILE_M, 1]
+        l = l * alpha + w
+        acc = acc * alpha + w * o                                    # [TILE_M, TILE_D]
+        m = m_new
+    return ct.truediv(acc, ct.where(l > 0.0, l, 1.0))               # [TILE_M, TILE_D]
+
+
 @ct.kernel
 def decode_split_kernel(Q, K, V, BlockTable, SeqLens, Opart, Lse, Out, Counter,
                         qk_scale: float, num_q: int,
@@ -171,22 +195,7 @@ def decode_split_kernel(Q, K, V, BlockTable, SeqLens, Opart, Lse, Out, Counter,
                                     memory_scope=ct.MemoryScope.DEVICE)
             if arrived == num_splits - 1:
                 ct.atomic_xchg(Counter, (bh, bid_m), 0)               # ready for the next call
-                m = ct.full((TILE_M, 1), -math.inf, dtype=ct.float32)  # as the combine kernel
-                l = ct.full((TILE_M, 1), 0.0, dtype=ct.float32)
-                acc = ct.full((TILE_M, TILE_D), 0.0, dtype=ct.float32)
-                for s in range(num_splits):
-                    lse_s = ct.load(Lse, index=(s, bh, bid_m), shape=(1, 1, TILE_M))
-                    lse_s = lse_s.reshape((TILE_M, 1))               # [TILE_M, 1]
-                    o_s = ct.load(Opart, index=(s, bh, bid_m, 0), shape=(1, 1, TILE_M, TILE_D))
-                    o_s = o_s.reshape((TILE_M, TILE_D))              # [TILE_M, TILE_D]
-                    m_new = max(m, lse_s)
-                    m_use = ct.where(m_new == -math.inf, 0.0, m_new)
-                    alpha = ct.exp2(m - m_use)
-                    w = ct.exp2(lse_s - m_use)
-                    l = l * alpha + w
-                    acc = acc * alpha + w * o_s
-                    m = m_new
-                out = ct.truediv(acc, ct.where(l > 0.0, l, 1.0))    # [TILE_M, TILE_D]
+                out = merge_splits(Opart, Lse, bh, bid_m, TILE_M, TILE_D)  # as the combine
                 ct.store(Out, index=(batch_idx, kv_head, bid_m, 0),
                          tile=out.reshape((1, 1, TILE_M, TILE_D)).astype(Out.dtype))
 
@@ -201,28 +210,10 @@ def decode_combine_kernel(Opart, Lse, Out, TILE_M: ConstInt, TILE_D: ConstInt):
     """
     bid_m = ct.bid(0)
     bh = ct.bid(1)
-    num_splits = Opart.shape[0]
     num_kv_heads = Out.shape[1]
     batch_idx = bh // num_kv_heads
     kv_head = bh % num_kv_heads
-
-    m = ct.full((TILE_M, 1), -math.inf, dtype=ct.float32)            # running max of lse_s
-    l = ct.full((TILE_M, 1), 0.0, dtype=ct.float32)                  # sum of 2^(lse_s - m)
-    acc = ct.full((TILE_M, TILE_D), 0.0, dtype=ct.float32)          # sum of 2^(lse_s - m) o_s
-    for s in range(num_splits):
-        lse = ct.load(Lse, index=(s, bh, bid_m), shape=(1, 1, TILE_M))
-        lse = lse.reshape((TILE_M, 1))                               # [TILE_M, 1]
-        o = ct.load(Opart, index=(s, bh, bid_m, 0), shape=(1, 1, TILE_M, TILE_D))
-        o = o.reshape((TILE_M, TILE_D))                              # [TILE_M, TILE_D]
-        m_new = max(m, lse)                                          # [TILE_M, 1]
-        m_use = ct.where(m_new == -math.inf, 0.0, m_new)             # all -inf so far: weights 0
-        alpha = ct.exp2(m - m_use)                                   # [TILE_M, 1]
-        w = ct.exp2(lse - m_use)                                     # [TILE_M, 1]
-        l = l * alpha + w
-        acc = acc * alpha + w * o                                    # [TILE_M, TILE_D]
-        m = m_new
-
-    out = ct.truediv(acc, ct.where(l > 0.0, l, 1.0))                # [TILE_M, TILE_D]
+    out = merge_splits(Opart, Lse, bh, bid_m, TILE_M, TILE_D)       # [TILE_M, TILE_D]
     out = out.reshape((1, 1, TILE_M, TILE_D)).astype(Out.dtype)
     ct.store(Out, index=(batch_idx, kv_head, bid_m, 0), tile=out)
 
