@@ -46,8 +46,11 @@ class KernelSpec:
 
     # --- the kernel and its source ------------------------------------------------------------
     def kernel(self):
-        """The ``@ct.kernel`` object (imports cuda.tile)."""
+        """The ``@ct.kernel`` object (imports cuda.tile; where it is not installed, the
+        interpreter's stand-in for it, so the kernel still runs on a CPU)."""
         self.check_signature()
+        from ..interpret import install_shim
+        install_shim()
         return getattr(importlib.import_module(self.module), self.function)
 
     def source_params(self) -> tuple[str, ...]:
