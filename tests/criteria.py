@@ -21,3 +21,17 @@ def assert_flash_criterion(out, ref, pt, floor, *, seed):
     assert err <= 2 * err_pt + floor, \
         f"seed {seed}: max error {err:.3g} > 2 x torch {err_pt:.3g} + {floor}"
     return err, err_pt
+
+
+def assert_close_to_reference(out, q, k, v, *, causal, input_pos=0, scale=None, floor=None,
+                              seed=0):
+    """The criterion against flashattn.reference.attention in fp64, PyTorch's own error being
+    the same reference computed in the inputs' dtype (the interpreter's CPU tests)."""
+    from flashattn import reference
+    ref = reference.attention(q.double(), k.double(), v.double(), causal=causal,
+                              input_pos=input_pos, scale=scale)
+    pt = reference.attention(q.float(), k.float(), v.float(), causal=causal,
+                             input_pos=input_pos, scale=scale).to(q.dtype)
+    if floor is None:
+        floor = 1e-3 if q.dtype == torch.float16 else 8e-3
+    return assert_flash_criterion(out, ref.float(), pt, floor, seed=seed)

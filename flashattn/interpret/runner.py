@@ -308,10 +308,11 @@ def _atomic(op, array, indices, update, expected=None, check_bounds=True):
     arr = _array(array)
     idx, valid = _gather_index(arr, indices, f"atomic_{op}")
     if isinstance(update, T.Tile):
-        if update.dtype != arr.dtype:
+        if update.dtype != arr.dtype and (update.dtype.is_float != arr.dtype.is_float or
+                                          T.promote(update.dtype, arr.dtype) != arr.dtype):
             _fail(f"atomic_{op} {arr.name}: a {update.dtype.name} update into a "
                   f"{arr.dtype.name} array")
-        u = update.a
+        u = T._as(update, arr.dtype)
     else:
         u = T._as(update, arr.dtype)
     shape = np.broadcast_shapes(valid.shape, np.shape(u))

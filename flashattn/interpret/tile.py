@@ -284,16 +284,19 @@ class Tile:
     def __iter__(self):
         raise InterpreterError("a tile cannot be iterated over")
 
-    def __repr__(self):
-        return f"Tile({self.dtype.name}, {self.shape}, {self.a.tolist()!r})"
-
     def __str__(self):
         return _format(self.a, self.dtype)
 
+    __repr__ = __str__                        # as cuTile prints a tile, inside tuples too
+
     def __format__(self, spec):
-        if spec and self.a.ndim == 0:
+        if not spec:
+            return str(self)
+        if self.a.ndim == 0:
             return format(self.a[()].item(), spec)
-        return str(self)
+        rec = lambda x: format(x.item(), spec) if x.ndim == 0 else \
+            "[" + ", ".join(rec(y) for y in x) + "]"                    # noqa: E731
+        return rec(self.a)
 
     def __hash__(self):
         raise TypeError("unhashable type: 'Tile'")
@@ -330,6 +333,8 @@ class Tile:
     def __eq__(self, o): return binop("eq", self, o)
     def __ne__(self, o): return binop("ne", self, o)
     def __matmul__(self, o): return matmul(self, o)
+    def __divmod__(self, o): return binop("floordiv", self, o), binop("mod", self, o)
+    def __rdivmod__(self, o): return binop("floordiv", o, self), binop("mod", o, self)
     def __rmatmul__(self, o): return matmul(o, self)
 
     def __neg__(self):
@@ -352,7 +357,7 @@ class Tile:
 def _format(a: np.ndarray, d: DType) -> str:
     def one(x):
         if d is bool_:
-            return "true" if x else "false"
+            return "1" if x else "0"
         if d.is_float:
             x = float(x)
             if math.isnan(x):
@@ -552,7 +557,7 @@ def bitcast(x, dtype) -> Tile:
         raise InterpreterError(f"bitcast between {x.dtype} and {d} is not supported here")
     if d.np.itemsize != x.dtype.np.itemsize:
         raise InterpreterError(f"bitcast from {x.dtype} to {d}: the widths differ")
-    return Tile(np.ascontiguousarray(x.a).view(d.np), d)
+    return Tile(np.ascontiguousarray(x.a).view(d.np).reshape(x.shape), d)
 
 
 def _tile(x) -> Tile:
@@ -758,12 +763,97 @@ def prod(x, axis=None, *, keepdims=False, **_):
 
 def argmax(x, axis=None, *, keepdims=False):
     x = _tile(x)
-    return Tile(np.argmax(x.a, axis=axis).astype(np.int32), int32)
+    return Tile(np.argmax(x.a, axis=axis, keepdims=keepdims).astype(np.int32), int32)
 
 
 def argmin(x, axis=None, *, keepdims=False):
     x = _tile(x)
-    return Tile(np.argmin(x.a, axis=axis).astype(np.int32), int32)
+    return Tile(np.argmin(x.a, axis=axis, keepdims=keepdims).astype(np.int32), int32)
+
+
+def cumsum(x, axis=0, *, reverse=False, **_):
+    x = _tile(x)
+    a = np.flip(x.a, int(axis)) if reverse else x.a
+    r = np.cumsum(a, axis=int(axis), dtype=np.float32 if x.dtype.is_float else None)
+    r = np.flip(r, int(axis)) if reverse else r
+    return Tile(round_to(r, x.dtype) if x.dtype.is_float else r.astype(x.dtype.np), x.dtype)
+
+
+def cumprod(x, axis=0, *, reverse=False, **_):
+    x = _tile(x)
+    a = np.flip(x.a, int(axis)) if reverse else x.a
+    r = np.cumprod(a, axis=int(axis))
+    r = np.flip(r, int(axis)) if reverse else r
+    return Tile(round_to(r, x.dtype) if x.dtype.is_float else r.astype(x.dtype.np), x.dtype)
+
+
+def isnan(x):
+    x = _tile(x)
+    return Tile(np.isnan(x.a) if x.dtype.is_float else np.zeros(x.shape, bool), bool_)
+
+
+def insert(x, index, value) -> Tile:
+    """``x`` with the sub-tile at ``index`` (in units of ``value``'s shape) replaced."""
+    x, v = _tile(x), _tile(value)
+    index = tuple(int(i) for i in index)
+    out = x.a.copy()
+    sl = tuple(slice(i * s, (i + 1) * s) for i, s in zip(index, v.shape))
+    out[sl] = _as(v, x.dtype)
+    return Tile(out, x.dtype)
+
+
+def static_assert(cond, *args):
+    if not bool(cond):
+        raise InterpreterError("static_assert failed" + (f": {args}" if args else ""))
+
+
+def assert_(cond, *args):
+    if not np.all(_tile(cond).a):
+        raise InterpreterError("assert_ failed" + (f": {args}" if args else ""))
+
+
+def ensure_constant(x):
+    if isinstance(x, Tile):
+        raise InterpreterError("ensure_constant: the value is not a compile-time constant")
+    return x
+
+
+def static_iter(iterable):
+    return iter(iterable)
+
+
+def static_exception(exc):
+    return exc
+
+
+def assume_divisible_by(x, divisor):
+    return x
+
+
+def print(*args, sep=" ", end="\n"):                                  # noqa: A001
+    _b.print(*args, sep=sep, end=end)
+
+
+def printf(fmt, *args):
+    vals = tuple(a.a[()].item() if isinstance(a, Tile) and a.ndim == 0 else a for a in args)
+    _b.print(fmt.replace("\\n", "\n") % vals, end="")
+
+
+def tan(x, **_):
+    return _unary_math(np.tan, x, False, "tan")
+
+
+def sinh(x, **_):
+    return _unary_math(np.sinh, x, False, "sinh")
+
+
+def cosh(x, **_):
+    return _unary_math(np.cosh, x, False, "cosh")
+
+
+def atan2(y, x, **_):
+    d = result_dtype(y, x, force_float=True)
+    return Tile(round_to(np.arctan2(_as(y, d), _as(x, d)), d), d)
 
 
 # ------------------------------------------------------------------------------------------
@@ -788,13 +878,15 @@ def mma(x, y, acc, /) -> Tile:
         raise InterpreterError(f"mma: unsupported accumulator dtype {acc.dtype.name} for "
                                f"{x.dtype.name} operands; supported: "
                                f"{', '.join(MMA_DTYPES[x.dtype.name])}")
-    if x.ndim < 2 or y.ndim != x.ndim or acc.ndim != x.ndim:
-        raise InterpreterError(f"mma: operands of rank 2 (or batched 3), got {x.shape}, "
-                               f"{y.shape}, {acc.shape}")
+    if x.ndim < 2 or y.ndim < 2:
+        raise InterpreterError(f"mma: operands of rank 2 or more, got {x.shape} and {y.shape}")
     m, k = x.shape[-2:]
     k2, n = y.shape[-2:]
-    if k != k2 or acc.shape[-2:] != (m, n) or x.shape[:-2] != y.shape[:-2] \
-            or acc.shape[:-2] != x.shape[:-2]:
+    try:
+        batch = np.broadcast_shapes(x.shape[:-2], y.shape[:-2])
+    except ValueError:
+        batch = None
+    if k != k2 or batch is None or acc.shape != tuple(batch) + (m, n):
         raise InterpreterError(f"mma: shapes {x.shape} @ {y.shape} -> {acc.shape} do not match")
     if x.dtype.kind in "iu":
         r = x.a.astype(np.int64) @ y.a.astype(np.int64) + acc.a
@@ -812,11 +904,16 @@ def mma(x, y, acc, /) -> Tile:
 
 
 def matmul(x, y) -> Tile:
+    """``x @ y``: NumPy's matmul rules (vectors, broadcast batches), the operands' dtype."""
     x, y = _tile(x), _tile(y)
-    acc_d = as_dtype(MMA_DTYPES.get(x.dtype.name, ("float32",))[-1])
-    acc = Tile(np.zeros(x.shape[:-1] + y.shape[-1:], dtype=acc_d.np), acc_d)
-    r = mma(x, y, acc)
-    return astype(r, x.dtype) if x.dtype.kind not in "iu" else r
+    if x.dtype != y.dtype:
+        raise InterpreterError(f"@: the operands must have one dtype, got {x.dtype.name} and "
+                               f"{y.dtype.name}")
+    d = x.dtype
+    if d.kind in "iu":
+        return Tile(np.matmul(x.a.astype(np.int64), y.a.astype(np.int64)).astype(d.np), d)
+    wide = np.float64 if d is float64 else np.float32
+    return Tile(round_to(np.matmul(x.a.astype(wide), y.a.astype(wide)), d), d)
 
 
 # ------------------------------------------------------------------------------------------
