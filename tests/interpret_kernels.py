@@ -85,3 +85,19 @@ def promote_kernel(X, Out_i, Out_f):
     ct.store(Out_i, index=(0,), tile=ct.full((1,), i + 7, dtype=ct.int32) + 1)
     x = ct.load(X, index=(0,), shape=(1,))
     ct.store(Out_f, index=(0,), tile=(x + 0.5).astype(ct.float32) + i * 0.5)
+
+
+@ct.kernel
+def transpose_kernel(X, Y):
+    """Y = X^T through ct.load's order='F' (cuda.tile's documented example, as a store)."""
+    t = ct.load(X, index=(0, 0), shape=(4, 4), order="F")
+    ct.store(Y, index=(0, 0), tile=t)
+
+
+@ct.kernel
+def order_kernel(X, Y):
+    """Y = X permuted by (0, 2, 1) in (4, 4, 4) tiles of a (3, 5, 6) array: ragged on every
+    axis, zero padding; Y (3, 8, 8) receives the padded tiles, its rows past 3 dropped."""
+    b = ct.load(X, index=(0, ct.bid(0), ct.bid(1)), shape=(4, 4, 4), order=(0, 2, 1),
+                padding_mode=ct.PaddingMode.ZERO)
+    ct.store(Y, index=(0, ct.bid(0), ct.bid(1)), tile=b)
