@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 # their defaults: the seed's baseline. K_LAT/V_LAT are the loads' DRAM-latency hints (1-10).
 FLAG_DEFAULTS = {"FAST_MATH": False, "SPLIT_LOOP": False, "REMAP": False, "PAIR": False,
                  "LAZY_RESCALE": False, "EXP_POLY": 0, "UNCHECKED_KV": False,
-                 "K_LAT": 2, "V_LAT": 4, "PERSISTENT": False}
+                 "K_LAT": 2, "V_LAT": 4, "PERSISTENT": False, "PIPELINE": False}
 FLAGS = tuple(FLAG_DEFAULTS)
 
 # Architectures we compile for. sm_80: Ampere, sm_90: Hopper (H100/H200),
@@ -199,6 +199,9 @@ _EXPERIMENT_LIST = [
     Step("unchecked_kv", "Unchecked K/V loads",
          "K and V tiles loaded without bounds checks where the host proves them in bounds.",
          flags=dict(_SEED, UNCHECKED_KV=True), config=_ON_HOPPER, source="experiment"),
+    Step("pipeline", "Softmax overlapped with the next product",
+         "S of key tile j+1 issued before the softmax of tile j (FlashAttention-3's overlap).",
+         flags=dict(_SEED, PIPELINE=True), config=_ON_HOPPER, source="experiment"),
 ]
 EXPERIMENTS: dict[str, Step] = {s.name: s for s in _EXPERIMENT_LIST}
 

@@ -29,7 +29,7 @@ FMHA = KernelSpec(
              ("group_size", int), ("num_m_blocks", int)),
     constants=("TILE_M", "TILE_N", "TILE_D", "CAUSAL", "EVEN_K", "FAST_MATH", "SPLIT_LOOP",
                "REMAP", "PAIR", "LAZY_RESCALE", "EXP_POLY", "UNCHECKED_KV", "K_LAT", "V_LAT",
-               "PERSISTENT", "WRITE_LSE"))
+               "PERSISTENT", "WRITE_LSE", "PIPELINE"))
 
 
 def fmha_constants(step: Step, config: Config, *, head_dim: int, causal: bool,

@@ -115,7 +115,7 @@ def attend_query_tile(Q, K, V, Out, Lse, qk_scale, input_pos, bid_x, batch_idx, 
                       CAUSAL: ConstBool, EVEN_K: ConstBool, FAST_MATH: ConstBool,
                       SPLIT_LOOP: ConstBool, LAZY_RESCALE: ConstBool, EXP_POLY: ConstInt,
                       UNCHECKED_KV: ConstBool, K_LAT: ConstInt, V_LAT: ConstInt,
-                      WRITE_LSE: ConstBool):
+                      WRITE_LSE: ConstBool, PIPELINE: ConstBool):
     """Compute Out[batch_idx, head_idx, bid_x*TILE_M : (bid_x+1)*TILE_M, :]."""
     # --- Query tile and running state (fp32 for the softmax statistics and the output) ---
     offs_m = input_pos + bid_x * TILE_M + ct.arange(TILE_M, dtype=ct.int32)  # [TILE_M]
@@ -140,19 +140,37 @@ def attend_query_tile(Q, K, V, Out, Lse, qk_scale, input_pos, bid_x, batch_idx, 
         Tc = ct.cdiv(k_seqlen, TILE_N)
         mask_start = k_seqlen // TILE_N
 
+    if PIPELINE:
+        # Chapter 10: S of key tile 0 before the loop; in the loop, S of tile j + 1 is issued
+        # before the softmax of tile j (FlashAttention-3's intra-warpgroup overlap, in source).
+        k = ct.load(K, index=(batch_idx, kv_head, 0, 0), shape=(1, 1, TILE_D, TILE_N),
+                    order=(0, 1, 3, 2), latency=K_LAT, padding_mode=ct.PaddingMode.ZERO)
+        qk_next = ct.mma(q, k.reshape((TILE_D, TILE_N)),
+                         ct.full((TILE_M, TILE_N), 0.0, dtype=ct.float32))
+
     # --- Main loop over key/value tiles ---
     for j in range(0, Tc):
-        # K is read transposed straight from (Nk, D) memory: order swaps the last two axes.
-        if UNCHECKED_KV:
-            # Chapter 10: the host proved every K/V tile in bounds (Nk % TILE_N == 0, D == TILE_D).
-            k = ct.load(K, index=(batch_idx, kv_head, 0, j), shape=(1, 1, TILE_D, TILE_N),
-                        order=(0, 1, 3, 2), latency=K_LAT, check_bounds=False)
+        if PIPELINE:
+            qk = qk_next                                             # S of tile j
+            if j + 1 < Tc:
+                k = ct.load(K, index=(batch_idx, kv_head, 0, j + 1),
+                            shape=(1, 1, TILE_D, TILE_N), order=(0, 1, 3, 2), latency=K_LAT,
+                            padding_mode=ct.PaddingMode.ZERO)
+                qk_next = ct.mma(q, k.reshape((TILE_D, TILE_N)),
+                                 ct.full((TILE_M, TILE_N), 0.0, dtype=ct.float32))
         else:
-            k = ct.load(K, index=(batch_idx, kv_head, 0, j), shape=(1, 1, TILE_D, TILE_N),
-                        order=(0, 1, 3, 2), latency=K_LAT, padding_mode=ct.PaddingMode.ZERO)
-        k = k.reshape((TILE_D, TILE_N))                              # [TILE_D, TILE_N]
-        qk = ct.full((TILE_M, TILE_N), 0.0, dtype=ct.float32)       # [TILE_M, TILE_N]
-        qk = ct.mma(q, k, qk)                                        # S = Q K^T
+            # K is read transposed straight from (Nk, D) memory: order swaps the last two axes.
+            if UNCHECKED_KV:
+                # Chapter 10: the host proved every K/V tile in bounds (Nk % TILE_N == 0,
+                # D == TILE_D).
+                k = ct.load(K, index=(batch_idx, kv_head, 0, j), shape=(1, 1, TILE_D, TILE_N),
+                            order=(0, 1, 3, 2), latency=K_LAT, check_bounds=False)
+            else:
+                k = ct.load(K, index=(batch_idx, kv_head, 0, j), shape=(1, 1, TILE_D, TILE_N),
+                            order=(0, 1, 3, 2), latency=K_LAT, padding_mode=ct.PaddingMode.ZERO)
+            k = k.reshape((TILE_D, TILE_N))                          # [TILE_D, TILE_N]
+            qk = ct.full((TILE_M, TILE_N), 0.0, dtype=ct.float32)   # [TILE_M, TILE_N]
+            qk = ct.mma(q, k, qk)                                    # S = Q K^T
 
         if SPLIT_LOOP:
             # Only tiles that straddle the diagonal (or the end of K) need the mask.
@@ -211,7 +229,7 @@ def fmha_kernel(Q, K, V, Out, Lse,
                 FAST_MATH: ConstBool, SPLIT_LOOP: ConstBool, REMAP: ConstBool,
                 PAIR: ConstBool, LAZY_RESCALE: ConstBool, EXP_POLY: ConstInt,
                 UNCHECKED_KV: ConstBool, K_LAT: ConstInt, V_LAT: ConstInt,
-                PERSISTENT: ConstBool, WRITE_LSE: ConstBool):
+                PERSISTENT: ConstBool, WRITE_LSE: ConstBool, PIPELINE: ConstBool):
     """FlashAttention forward. See the module docstring for shapes and grid.
 
     qk_scale: softmax scale (1/sqrt(D) by default); input_pos: absolute position of query row 0
@@ -230,7 +248,7 @@ def fmha_kernel(Q, K, V, Out, Lse,
             attend_query_tile(Q, K, V, Out, Lse, qk_scale, input_pos, tile, bh // num_heads,
                               bh % num_heads, (bh % num_heads) // group_size, TILE_M, TILE_N,
                               TILE_D, CAUSAL, EVEN_K, FAST_MATH, SPLIT_LOOP, LAZY_RESCALE,
-                              EXP_POLY, UNCHECKED_KV, K_LAT, V_LAT, WRITE_LSE)
+                              EXP_POLY, UNCHECKED_KV, K_LAT, V_LAT, WRITE_LSE, PIPELINE)
     else:
         # --- Program id -> (query tile, batch, head); GQA maps Hq heads onto Hkv ---
         bid_y = ct.bid(1)
@@ -248,7 +266,7 @@ def fmha_kernel(Q, K, V, Out, Lse,
                 attend_query_tile(Q, K, V, Out, Lse, qk_scale, input_pos, bid_x, batch_idx,
                                   head_idx, kv_head, TILE_M, TILE_N, TILE_D, CAUSAL, EVEN_K,
                                   FAST_MATH, SPLIT_LOOP, LAZY_RESCALE, EXP_POLY, UNCHECKED_KV,
-                                  K_LAT, V_LAT, WRITE_LSE)
+                                  K_LAT, V_LAT, WRITE_LSE, PIPELINE)
         else:
             if REMAP and CAUSAL:
                 # Chapter 8: launch the longest query tiles (bottom rows) first.
@@ -258,4 +276,4 @@ def fmha_kernel(Q, K, V, Out, Lse,
             attend_query_tile(Q, K, V, Out, Lse, qk_scale, input_pos, bid_x, batch_idx, head_idx,
                               kv_head, TILE_M, TILE_N, TILE_D, CAUSAL, EVEN_K, FAST_MATH,
                               SPLIT_LOOP, LAZY_RESCALE, EXP_POLY, UNCHECKED_KV, K_LAT, V_LAT,
-                              WRITE_LSE)
+                              WRITE_LSE, PIPELINE)
