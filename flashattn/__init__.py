@@ -6,11 +6,14 @@
     o = flashattn.decode(q_new, k_cache, v_cache, cache_seqlens)   # a decode step (chapter 13)
     o = flashattn.attention_varlen(q, k, v, cu_seqlens, cu_seqlens, max_len, max_len)  # packed
     flashattn.STEPS                                           # the steps of the book, in order
+    with flashattn.interpret.enabled():                       # or FLASHATTN_INTERPRET=1: CPU
+        o = flashattn.attention(q_cpu, k_cpu, v_cpu)          # tensors, the real kernels
 
 The package, by layer (each imports only from the layers above it):
 
     contract, steps, env          input rules; the steps as data; the machine
     impls, kernels/               the registry of implementations; the cuTile kernels and specs
+    dispatch, interpret/          where a launch runs: the GPU, or the CPU interpreter (opt-in)
     launch, autotune, aot         launching a step; choosing its tiles; compiling ahead of time
     api                           attention, sdpa
     reference/                    exact attention, the online softmax, a CPU emulation
@@ -30,8 +33,8 @@ __all__ = ["attention", "sdpa", "decode", "attention_varlen", "attention_varlen_
 
 # Submodules load on first use (flashattn.reference, flashattn.chapter, ...): importing
 # flashattn stays cheap, and `import flashattn; flashattn.reference.attention(...)` works.
-_SUBMODULES = ("aot", "api", "autograd", "autotune", "chapter", "contract", "data", "env", "impls",
-               "kernels", "launch", "measure", "reference", "steps")
+_SUBMODULES = ("aot", "api", "autograd", "autotune", "chapter", "contract", "data", "dispatch",
+               "env", "impls", "interpret", "kernels", "launch", "measure", "reference", "steps")
 
 
 def __getattr__(name):

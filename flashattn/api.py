@@ -11,6 +11,7 @@ import math
 from .contract import check_causal, check_tensors
 from .decode import attention_via_decode, prefer_decode
 from .autotune import resolve
+from .dispatch import on_device, interpreting
 from .launch import launch
 from .steps import get_step
 
@@ -20,7 +21,8 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None,
     """Scaled dot-product attention with a cuTile FlashAttention kernel.
 
     Args:
-        q: (B, Hq, Nq, D) float16 or bfloat16 CUDA tensor.
+        q: (B, Hq, Nq, D) float16 or bfloat16 CUDA tensor (or CPU, run by the interpreter,
+            with ``FLASHATTN_INTERPRET=1`` or inside ``flashattn.interpret.enabled()``).
         k, v: (B, Hkv, Nk, D), same dtype and device; Hq % Hkv == 0 (GQA/MQA: query head h
             reads key/value head h // (Hq // Hkv)). Any strides (copied if not contiguous).
         causal: mask future keys. Query row i sits at absolute position input_pos + i and
@@ -57,7 +59,8 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None,
         return autograd.attention(q, k, v, causal=causal, scale=scale, input_pos=input_pos,
                                   step=step)
     causal = check_causal(causal)
-    check_tensors(q, k, v, causal=causal, scale=scale, input_pos=input_pos)
+    check_tensors(q, k, v, causal=causal, scale=scale, input_pos=input_pos,
+                  interpret=interpreting(getattr(q, "device", None)))
     if step != "best":
         get_step(step)  # unknown names fail before any work
     elif prefer_decode(q, k, causal, input_pos):
@@ -71,7 +74,7 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None,
     if scale is None:
         scale = 1.0 / math.sqrt(D)
     s, config = resolve(step, q, k, causal)
-    with torch.cuda.device(q.device):
+    with on_device(q.device):
         launch(q, k, v, out, s, config, causal=causal, scale=float(scale), input_pos=input_pos)
     return out
 

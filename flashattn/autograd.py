@@ -50,8 +50,10 @@ def attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: boo
     """(out, lse): the fused forward of ``step`` (``"best"``: ``autotune.resolve``'s choice)
     with the LSE written; lse is fp32 (B, Hq, Nq) in natural-log units."""
     from .autotune import resolve
+    from .dispatch import interpreting, on_device
     from .launch import launch
-    check_tensors(q, k, v, causal=causal, scale=scale, input_pos=input_pos)
+    check_tensors(q, k, v, causal=causal, scale=scale, input_pos=input_pos,
+                  interpret=interpreting(getattr(q, "device", None)))
     B, Hq, Nq, D = q.shape
     out = torch.empty((B, Hq, Nq, D), dtype=q.dtype, device=q.device)
     lse = torch.empty((B, Hq, Nq), dtype=torch.float32, device=q.device)
@@ -63,7 +65,7 @@ def attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: boo
     if s.kernel != "fmha":
         raise ValueError(f"step {s.name!r} does not write the LSE the backward needs; "
                          "use a fused step (any but 'naive')")
-    with torch.cuda.device(q.device):
+    with on_device(q.device):
         launch(q, k, v, out, s, config, causal=causal, scale=scale, input_pos=input_pos, lse=lse)
     return out, lse
 
@@ -133,7 +135,9 @@ def _checked(q, k, v, causal, scale, input_pos, step):
         if all(isinstance(t, torch.Tensor) and t.device.type == "meta" for t in (q, k, v)):
             _check_meta(q, k, v, causal, scale, input_pos)   # shapes only: nothing launches
         else:
-            check_tensors(q, k, v, causal=causal, scale=scale, input_pos=input_pos)
+            from .dispatch import interpreting
+            check_tensors(q, k, v, causal=causal, scale=scale, input_pos=input_pos,
+                          interpret=interpreting(getattr(q, "device", None)))
     return causal, (None if scale is None else float(scale))
 
 

@@ -11,6 +11,11 @@ bucket, so a search runs once per GPU and shape class.
 
 ``FLASHATTN_AUTOTUNE=0`` skips the search and uses the first configuration of the space
 (the test suite does this to keep compile time down).
+
+CPU tensors run by the interpreter (``flashattn.dispatch``) never search: there is no GPU to
+time. They get the winner cached for the GPU the interpreter stands in for (its name, e.g.
+"NVIDIA H200", keys the cache as on that GPU) when this machine's cache holds one, read and never
+written; otherwise the first configuration of the space, as with ``FLASHATTN_AUTOTUNE=0``.
 """
 from __future__ import annotations
 
@@ -19,6 +24,7 @@ import os
 from pathlib import Path
 
 from .contract import next_pow2
+from .dispatch import device_name, interpreting
 from .launch import arch_of, launch
 from .steps import Config, Step, resolve_name
 
@@ -92,14 +98,17 @@ def search(step, arch: str, q, k, v, causal: bool, *, rounds: int = 8, inner: in
 
 
 def choose(step, arch: str, q, k, causal: bool) -> Config:
-    """The cached winner for this shape on this GPU, searching on first use."""
+    """The cached winner for this shape on this GPU, searching on first use (never for the
+    interpreter: the cached winner or the first configuration, see the module docstring)."""
     import torch
     space = step.configs(arch)
     if os.environ.get("FLASHATTN_AUTOTUNE", "1") == "0":
         return space[0]
-    gpu = torch.cuda.get_device_name(q.device)
+    gpu = device_name(q.device)
     cache = _load(gpu)
     key = f"{step.name}:{shape_key(q, k, causal)}"
+    if key not in cache and interpreting(q.device):
+        return space[0]
     if key not in cache:
         # Search on fresh random inputs of the same shape, so the caller's data is untouched.
         kk = torch.randn_like(k)

@@ -5,6 +5,10 @@ references, the benchmarks and the command line all check inputs with the same r
 
     check_shapes(q.shape, k.shape, v.shape, causal=..., scale=..., input_pos=...)
     check_tensors(q, k, v, causal=..., scale=..., input_pos=...)   # + dtype and device
+
+CPU tensors pass the device rule only with ``interpret=True``: the caller says whether the CPU
+interpreter runs them (``flashattn.dispatch.interpreting``; this module imports nothing from the
+package, so it does not ask itself). Refused, the message names the opt-in (``INTERPRET_HINT``).
 """
 from __future__ import annotations
 
@@ -13,6 +17,9 @@ import math
 DTYPES = ("float16", "bfloat16")            # what the kernels take
 DTYPE_SHORT = {"float16": "fp16", "bfloat16": "bf16"}
 MAX_HEAD_DIM = 256
+# How to run the real kernels on CPU tensors (flashattn.interpret), named by every device error.
+INTERPRET_HINT = ("or run the kernels themselves in flashattn's CPU interpreter: set "
+                  "FLASHATTN_INTERPRET=1 or call inside `with flashattn.interpret.enabled():`")
 
 
 def next_pow2(n: int) -> int:
@@ -119,10 +126,15 @@ def check_causal(causal) -> bool:
     return bool(causal)
 
 
-def check_tensors(q, k, v, *, causal: bool, scale, input_pos) -> None:
-    """The GPU kernels' contract: ``check_shapes`` plus torch CUDA tensors of one float16 or
-    bfloat16 dtype on one device, and a positive scale. Raises TypeError/ValueError naming the
-    problem."""
+def _on_kernel_device(t, interpret: bool) -> bool:
+    """A CUDA tensor, or a CPU one when the interpreter runs it (``interpret``)."""
+    return t.device.type == "cuda" or (bool(interpret) and t.device.type == "cpu")
+
+
+def check_tensors(q, k, v, *, causal: bool, scale, input_pos, interpret: bool = False) -> None:
+    """The GPU kernels' contract: ``check_shapes`` plus torch CUDA tensors (CPU ones with
+    ``interpret``) of one float16 or bfloat16 dtype on one device, and a positive scale. Raises
+    TypeError/ValueError naming the problem."""
     import torch
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
@@ -130,9 +142,10 @@ def check_tensors(q, k, v, *, causal: bool, scale, input_pos) -> None:
     check_tensor_meta(q, k, v, causal=causal, scale=scale, input_pos=input_pos)
     if not (q.device == k.device == v.device):
         raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
-    if q.device.type != "cuda":
+    if not _on_kernel_device(q, interpret):
         raise ValueError(f"flashattn kernels run on a CUDA GPU; the tensors are on {q.device}. "
-                         "On a CPU use flashattn.reference.attention(q, k, v, causal=...)")
+                         "On a CPU use flashattn.reference.attention(q, k, v, causal=...), "
+                         + INTERPRET_HINT)
 
 
 def check_tensor_meta(q, k, v, *, causal: bool, scale, input_pos) -> None:
@@ -341,9 +354,10 @@ def _capturing() -> bool:
 
 
 def check_decode_tensors(q, k_cache, v_cache, cache_seqlens, block_table=None, *, scale=None,
-                         check_values=None) -> DecodeDims:
-    """The decode kernels' contract: ``check_decode`` plus torch CUDA tensors, q and the caches
-    float16 or bfloat16, and the caches' last dimension contiguous (a cache is never copied)."""
+                         check_values=None, interpret: bool = False) -> DecodeDims:
+    """The decode kernels' contract: ``check_decode`` plus torch CUDA tensors (CPU ones with
+    ``interpret``), q and the caches float16 or bfloat16, and the caches' last dimension
+    contiguous (a cache is never copied)."""
     import torch
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache),
                     ("cache_seqlens", cache_seqlens), ("block_table", block_table)):
@@ -359,9 +373,10 @@ def check_decode_tensors(q, k_cache, v_cache, cache_seqlens, block_table=None, *
         if t.stride(-1) != 1:
             raise ValueError(f"{name} must be contiguous in its last dimension (head dim), "
                              f"got strides {tuple(t.stride())}")
-    if q.device.type != "cuda":
+    if not _on_kernel_device(q, interpret):
         raise ValueError(f"the decode kernels run on a CUDA GPU; the tensors are on "
-                         f"{q.device}. On a CPU use flashattn.reference.decode_attention")
+                         f"{q.device}. On a CPU use flashattn.reference.decode_attention, "
+                         + INTERPRET_HINT)
     return dims
 
 
@@ -486,9 +501,10 @@ def check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seqle
 
 
 def check_varlen_tensors(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seqlen_k,
-                         causal=False, scale=None, check_values=True) -> VarlenDims:
-    """The varlen kernel's contract: ``check_varlen`` plus torch CUDA tensors, q, k, v float16
-    or bfloat16."""
+                         causal=False, scale=None, check_values=True,
+                         interpret: bool = False) -> VarlenDims:
+    """The varlen kernel's contract: ``check_varlen`` plus torch CUDA tensors (CPU ones with
+    ``interpret``), q, k, v float16 or bfloat16."""
     import torch
     for name, t in (("q", q), ("k", k), ("v", v), ("cu_seqlens_q", cu_seqlens_q),
                     ("cu_seqlens_k", cu_seqlens_k)):
@@ -501,7 +517,7 @@ def check_varlen_tensors(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, m
     dims = check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_seqlen_q,
                         max_seqlen_k=max_seqlen_k, causal=causal, scale=scale,
                         check_values=check_values)
-    if q.device.type != "cuda":
+    if not _on_kernel_device(q, interpret):
         raise ValueError(f"the varlen kernel runs on a CUDA GPU; the tensors are on {q.device}. "
-                         "On a CPU use flashattn.reference.varlen_attention")
+                         "On a CPU use flashattn.reference.varlen_attention, " + INTERPRET_HINT)
     return dims

@@ -38,6 +38,8 @@ import functools
 import math
 
 from .contract import check_decode_tensors
+from .dispatch import (device_arch, device_sm_count, expect, interpreting, launch_kernel,
+                       on_device)
 from .kernels import (DECODE_COMBINE, DECODE_COMBINE_ROW, DECODE_SPLIT, DECODE_SPLIT_HINTS,
                       decode_combine_constants, decode_combine_grid, decode_combine_kind,
                       decode_combine_row_constants, decode_num_splits, decode_partial_shapes,
@@ -138,10 +140,10 @@ def decode(q, k_cache, v_cache, cache_seqlens, *, block_table=None, scale=None,
     Raises:
         TypeError, ValueError: as ``flashattn.contract.check_decode_tensors``.
     """
-    import cuda.tile as ct
     import torch
+    interp = interpreting(getattr(q, "device", None))
     dims = check_decode_tensors(q, k_cache, v_cache, cache_seqlens, block_table, scale=scale,
-                                check_values=check_values)
+                                check_values=check_values, interpret=interp)
     B, Hq, Nq, D = q.shape
     Hkv = dims.Hkv
     if scale is None:
@@ -152,8 +154,11 @@ def decode(q, k_cache, v_cache, cache_seqlens, *, block_table=None, scale=None,
           or not out.is_contiguous()):
         raise ValueError(f"out must be a contiguous {(B, Hq, Nq, D)} tensor of {q.dtype} on "
                          f"{q.device}, got {tuple(out.shape)} {out.dtype} on {out.device}")
-    arch, sm_count = _device_info(q.device.index if q.device.index is not None
-                                  else torch.cuda.current_device())
+    if interp:      # the GPU the interpreter stands in for
+        arch, sm_count = device_arch(q.device), device_sm_count(q.device)
+    else:
+        arch, sm_count = _device_info(q.device.index if q.device.index is not None
+                                      else torch.cuda.current_device())
     plan = decode_plan(dims, num_splits=num_splits, max_seqlen=max_seqlen, sm_count=sm_count,
                        arch=arch)
     counter = None
@@ -177,19 +182,30 @@ def decode(q, k_cache, v_cache, cache_seqlens, *, block_table=None, scale=None,
                       device=q.device)
     if counter is None:                       # not FUSED: a placeholder, never touched
         counter = torch.empty((1, 1), dtype=torch.int32, device=q.device)
-    stream = torch.cuda.current_stream(q.device)
     split_kernel = hinted(DECODE_SPLIT.kernel(), DECODE_SPLIT_HINTS.get(arch, {}))
-    ct.launch(stream, plan["split_grid"], split_kernel,
-              DECODE_SPLIT.args(dict(Q=q_rows, K=k_cache, V=v_cache, BlockTable=table,
-                                     SeqLens=seqlens, Opart=opart, Lse=lse, Out=out_rows,
-                                     Counter=counter),
-                                dict(qk_scale=scale, num_q=Nq), plan["split_constants"]))
-    if plan["combine"] in ("row", "block"):
-        spec = DECODE_COMBINE_ROW if plan["combine"] == "row" else DECODE_COMBINE
-        ct.launch(stream, plan["combine_grid"], spec.kernel(),
-                  spec.args(dict(Opart=opart, Lse=lse, Out=out_rows), {},
-                            plan["combine_constants"]))
+    with expect(q.device, lambda: decode_steps(plan, seqlens, dims), "flashattn.decode"):
+        launch_kernel(q.device, plan["split_grid"], split_kernel,
+                      DECODE_SPLIT.args(dict(Q=q_rows, K=k_cache, V=v_cache, BlockTable=table,
+                                             SeqLens=seqlens, Opart=opart, Lse=lse,
+                                             Out=out_rows, Counter=counter),
+                                        dict(qk_scale=scale, num_q=Nq),
+                                        plan["split_constants"]))
+        if plan["combine"] in ("row", "block"):
+            spec = DECODE_COMBINE_ROW if plan["combine"] == "row" else DECODE_COMBINE
+            launch_kernel(q.device, plan["combine_grid"], spec.kernel(),
+                          spec.args(dict(Opart=opart, Lse=lse, Out=out_rows), {},
+                                    plan["combine_constants"]))
     return out
+
+
+def decode_steps(plan, cache_seqlens, dims) -> int:
+    """(query tile, key tile) steps of a decode call (``dispatch.expect``'s estimate): each row
+    block of each (sequence, kv head) over its sequence's key tiles, plus a partial per split
+    (``cache_seqlens`` read on the host: a CPU tensor)."""
+    c = plan["split_constants"]
+    lens = [min(max(int(n), 0), dims.capacity) for n in cache_seqlens.tolist()]
+    blocks = plan["split_grid"][0] * dims.Hkv
+    return blocks * sum(-(-n // c["TILE_N"]) + plan["num_splits"] for n in lens)
 
 
 # The fused merge's counters: one int32 per (sequence, kv head, row block), 0 at launch (the
@@ -204,7 +220,8 @@ _COUNTERS: dict = {}
 def _counters(device, shape):
     """A zeroed (B * Hkv, row blocks) int32 counter tensor for the fused merge."""
     import torch
-    if torch.cuda.is_current_stream_capturing():
+    if getattr(device, "type", None) == "cpu" or torch.cuda.is_current_stream_capturing():
+        # A CPU call (the interpreter) or a capture: a fresh zeroed buffer of its own.
         return torch.zeros(tuple(shape), dtype=torch.int32, device=device)
     stream = torch.cuda.current_stream(device)
     n = int(shape[0]) * int(shape[1])
@@ -254,7 +271,9 @@ def prefer_decode(q, k, causal: bool, input_pos: int = 0) -> bool:
         return False
     if str(q.dtype).replace("torch.", "") not in ("float16", "bfloat16"):
         return False
-    if getattr(q.device, "type", None) != "cuda" or Bk != B or Dk != D or not 1 <= D <= 256:
+    on_kernel_device = (getattr(q.device, "type", None) == "cuda"
+                        or interpreting(getattr(q, "device", None)))
+    if not on_kernel_device or Bk != B or Dk != D or not 1 <= D <= 256:
         return False
     if Hkv < 1 or Hq % Hkv or B * Hkv > DECODE_PATH_MAX_GRID or B < 1:
         return False
@@ -288,7 +307,8 @@ def attention_via_decode(q, k, v, *, causal: bool = False, scale: float | None =
     import torch
     from .contract import check_causal, check_tensors
     causal = check_causal(causal)
-    check_tensors(q, k, v, causal=causal, scale=scale, input_pos=input_pos)
+    check_tensors(q, k, v, causal=causal, scale=scale, input_pos=input_pos,
+                  interpret=interpreting(getattr(q, "device", None)))
     B, Hq, Nq, D = q.shape
     Nk = k.shape[2]
     if not causal and Nq != 1:
@@ -300,6 +320,6 @@ def attention_via_decode(q, k, v, *, causal: bool = False, scale: float | None =
                          f"Nq = {Nq} > Nk = {Nk} keys needs flashattn.attention's square kernel")
     k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (k, v))
     seqlens = torch.full((B,), length, dtype=torch.int32, device=q.device)
-    with torch.cuda.device(q.device):
+    with on_device(q.device):
         return decode(q, k, v, seqlens, scale=scale, num_splits=num_splits, max_seqlen=length,
                       check_values=False)

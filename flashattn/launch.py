@@ -6,10 +6,12 @@
 Which step and configuration to launch for given inputs is ``autotune.resolve``.
 
 ``flashattn.attention`` (in ``api``) validates inputs and calls these; the benchmarks, the
-profiler target and autotune call them directly on inputs they made.
+profiler target and autotune call them directly on inputs they made. Each launch goes through
+``dispatch.launch_kernel``: ``ct.launch`` on the GPU, the interpreter for CPU tensors opted in.
 """
 from __future__ import annotations
 
+from .dispatch import attention_steps, device_arch, device_sm_count, expect, launch_kernel
 from .kernels import FMHA, NAIVE, fmha_constants, fmha_grid, hinted, naive_constants
 from .steps import Config, Step
 
@@ -47,22 +49,20 @@ def check_lse_out(q, lse, *, contiguous: bool = True) -> None:
 
 
 def arch_of(device) -> str:
-    """"sm_90" for an H100/H200, "sm_100" for a B200, ..."""
-    import torch
-    major, minor = torch.cuda.get_device_capability(device)
-    return f"sm_{major}{minor}"
+    """"sm_90" for an H100/H200, "sm_100" for a B200, ...; an interpreted CPU device answers
+    the architecture the interpreter stands in for (``dispatch.device_arch``)."""
+    return device_arch(device)
 
 
 def fmha_args(q, k, v, out, step: Step, config: Config, *, causal: bool, scale: float,
               input_pos: int, lse=None):
     """(grid, kernel, args) for one launch of the fused kernel; with ``lse`` (fp32 (B, Hq, Nq))
     the kernel also writes each row's natural-log LSE there (WRITE_LSE)."""
-    import torch
     B, Hq, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     sms = None
     if step.flag_values()["PERSISTENT"]:
-        sms = torch.cuda.get_device_properties(q.device).multi_processor_count
+        sms = device_sm_count(q.device)
     grid = fmha_grid(step, config, B=B, Hq=Hq, Nq=Nq, sm_count=sms)
     args = FMHA.args(
         dict(Q=q, K=k, V=v, Out=out, Lse=_lse_stand_in(q.device) if lse is None else lse),
@@ -74,7 +74,6 @@ def fmha_args(q, k, v, out, step: Step, config: Config, *, causal: bool, scale: 
 
 
 def _naive(q, k, v, out, config: Config, *, causal, scale, input_pos):
-    import cuda.tile as ct
     import torch
     from .kernels import NAIVE_ROW_TILE
     B, Hq, Nq, D = q.shape
@@ -83,22 +82,32 @@ def _naive(q, k, v, out, config: Config, *, causal, scale, input_pos):
     chunk = max(1, min(B * Hq, NAIVE_SCRATCH_BYTES // max(per_bh, 1)))
     S = torch.empty((chunk, Nq, Nk), dtype=torch.float32, device=q.device)
     P = torch.empty((chunk, Nq, Nk), dtype=q.dtype, device=q.device)
-    stream = torch.cuda.current_stream()
     sc, sm, pv = NAIVE["naive_scores"], NAIVE["naive_softmax"], NAIVE["naive_pv"]
     const = {n: naive_constants(n, config, head_dim=D, causal=causal) for n in NAIVE}
     for start in range(0, B * Hq, chunk):
         n = min(chunk, B * Hq - start)
-        ct.launch(stream, (-(-Nq // config.TILE_M), -(-Nk // config.TILE_N), n), sc.kernel(),
-                  sc.args(dict(Q=q, K=k, S=S),
-                          dict(qk_scale=scale, input_pos=input_pos, num_heads=Hq,
-                               group_size=Hq // Hkv, bh_offset=start), const["naive_scores"]))
-        ct.launch(stream, (-(-Nq // NAIVE_ROW_TILE), n), sm.kernel(),
-                  sm.args(dict(S=S, P=P), {}, const["naive_softmax"]))
-        ct.launch(stream, (-(-Nq // config.TILE_M), n), pv.kernel(),
-                  pv.args(dict(P=P, V=v, Out=out),
-                          dict(num_heads=Hq, group_size=Hq // Hkv, bh_offset=start),
-                          const["naive_pv"]))
+        launch_kernel(q.device, (-(-Nq // config.TILE_M), -(-Nk // config.TILE_N), n),
+                      sc.kernel(),
+                      sc.args(dict(Q=q, K=k, S=S),
+                              dict(qk_scale=scale, input_pos=input_pos, num_heads=Hq,
+                                   group_size=Hq // Hkv, bh_offset=start),
+                              const["naive_scores"]), stream="current")
+        launch_kernel(q.device, (-(-Nq // NAIVE_ROW_TILE), n), sm.kernel(),
+                      sm.args(dict(S=S, P=P), {}, const["naive_softmax"]), stream="current")
+        launch_kernel(q.device, (-(-Nq // config.TILE_M), n), pv.kernel(),
+                      pv.args(dict(P=P, V=v, Out=out),
+                              dict(num_heads=Hq, group_size=Hq // Hkv, bh_offset=start),
+                              const["naive_pv"]), stream="current")
     return out
+
+
+def forward_steps(q, k, step: Step, config: Config, *, causal: bool, input_pos: int = 0) -> int:
+    """(query tile, key tile) steps of a forward launch (``dispatch.expect``'s estimate): the
+    naive step's scores and P @ V kernels count twice."""
+    B, Hq, Nq, _ = q.shape
+    pairs = B * Hq * attention_steps(Nq, k.shape[2], config.TILE_M, config.TILE_N,
+                                     causal=causal, offset=input_pos)
+    return 2 * pairs if step.kernel == "naive" else pairs
 
 
 def launch(q, k, v, out, step: Step, config: Config, *, causal: bool, scale: float,
@@ -108,16 +117,18 @@ def launch(q, k, v, out, step: Step, config: Config, *, causal: bool, scale: flo
     ``lse``: a contiguous fp32 (B, Hq, Nq) tensor to receive each query row's natural-log
     log-sum-exp (what ``launch_bwd.attention_backward`` takes); fused steps only.
     """
-    import cuda.tile as ct
-    import torch
     if lse is not None:
         check_lse_out(q, lse)
         if step.kernel == "naive":
             raise ValueError(f"step {step.name!r} (the naive kernels) does not write the LSE; "
                              "use a fused step")
-    if step.kernel == "naive":
-        return _naive(q, k, v, out, config, causal=causal, scale=scale, input_pos=input_pos)
-    grid, kernel, args = fmha_args(q, k, v, out, step, config, causal=causal, scale=scale,
-                                   input_pos=input_pos, lse=lse)
-    ct.launch(torch.cuda.current_stream(), grid, kernel, args)
+    with expect(q.device, lambda: forward_steps(q, k, step, config, causal=causal,
+                                                input_pos=input_pos),
+                lambda: f"flashattn.attention (step {step.name!r}, {config.label()})"):
+        if step.kernel == "naive":
+            return _naive(q, k, v, out, config, causal=causal, scale=scale,
+                          input_pos=input_pos)
+        grid, kernel, args = fmha_args(q, k, v, out, step, config, causal=causal, scale=scale,
+                                       input_pos=input_pos, lse=lse)
+        launch_kernel(q.device, grid, kernel, args, stream="current")
     return out

@@ -20,6 +20,7 @@ import math
 from dataclasses import dataclass
 
 from .contract import check_causal, check_tensors
+from .dispatch import attention_steps, expect, interpreting, launch_kernel, on_device
 from .kernels import BWD, BWD_ATOMIC, KernelSpec, bwd_configs, bwd_constants, bwd_grid, hinted
 from .steps import Config
 
@@ -37,7 +38,8 @@ class Launch:
 def check_backward(q, k, v, out, dout, lse, *, causal, scale, input_pos) -> None:
     """The forward's contract (``contract.check_tensors``) for q, k, v, then
     ``check_backward_tensors``. Raises TypeError/ValueError naming the problem."""
-    check_tensors(q, k, v, causal=causal, scale=scale, input_pos=input_pos)
+    check_tensors(q, k, v, causal=causal, scale=scale, input_pos=input_pos,
+                  interpret=interpreting(getattr(q, "device", None)))
     check_backward_tensors(q, out, dout, lse)
 
 
@@ -155,19 +157,31 @@ def attention_backward(q, k, v, out, dout, lse, *, causal: bool = False,
     delta = torch.empty((B, Hq, Nq), dtype=torch.float32, device=q.device)
     if scale is None:
         scale = 1.0 / math.sqrt(D)
-    import cuda.tile as ct
-
     from .launch import arch_of
-    with torch.cuda.device(q.device):
-        stream = torch.cuda.current_stream()
+    with on_device(q.device):
         dq_buf = dq if deterministic else torch.zeros(dq.shape, dtype=torch.float32,
                                                       device=dq.device)
-        for launch in backward_launches(q, k, v, out, dout, lse, delta, dq_buf, dk, dv,
-                                        causal=causal, scale=float(scale),
-                                        input_pos=input_pos, arch=arch_of(q.device),
-                                        configs=configs, deterministic=deterministic):
-            ct.launch(stream, launch.grid, hinted(launch.spec.kernel(), launch.hints),
-                      launch.args)
+        launches = backward_launches(q, k, v, out, dout, lse, delta, dq_buf, dk, dv,
+                                     causal=causal, scale=float(scale), input_pos=input_pos,
+                                     arch=arch_of(q.device), configs=configs,
+                                     deterministic=deterministic)
+        with expect(q.device, lambda: backward_steps(launches, q, k, causal=causal,
+                                                     input_pos=input_pos),
+                    "flashattn's attention backward"):
+            for launch in launches:
+                launch_kernel(q.device, launch.grid,
+                              hinted(launch.spec.kernel(), launch.hints), launch.args,
+                              stream="current")
         if not deterministic:
             dq.copy_(dq_buf)
     return dq, dk, dv
+
+
+def backward_steps(launches, q, k, *, causal: bool, input_pos: int) -> int:
+    """(query tile, key tile) steps of the backward's launches (``dispatch.expect``'s
+    estimate): each kernel but the preprocess visits the forward's pairs at its own tiles."""
+    B, Hq, Nq, _ = q.shape
+    return sum(B * Hq * attention_steps(Nq, k.shape[2], int(l.constants["TILE_M"]),
+                                        int(l.constants["TILE_N"]), causal=causal,
+                                        offset=input_pos)
+               for l in launches if l.spec.name != "bwd_preprocess")

@@ -29,6 +29,8 @@ import functools
 import math
 
 from .contract import check_varlen_tensors
+from .dispatch import (attention_steps, device_arch, expect, interpreting, launch_kernel,
+                       on_device)
 from .kernels import (VARLEN_FWD, hinted, varlen_config, varlen_constants, varlen_grid,
                       varlen_q_tiles)
 
@@ -129,13 +131,14 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
 def _forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal,
              scale, check_values, config, out):
     """``attention_varlen`` without autograd: the checks and the kernel's launch."""
-    import cuda.tile as ct
     import torch
     from .contract import check_causal
     causal = check_causal(causal)
+    interp = interpreting(getattr(q, "device", None))
     dims = check_varlen_tensors(q, k, v, cu_seqlens_q, cu_seqlens_k,
                                 max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
-                                causal=causal, scale=scale, check_values=check_values)
+                                causal=causal, scale=scale, check_values=check_values,
+                                interpret=interp)
     if out is None:
         out = torch.empty((dims.total_q, dims.Hq, dims.D), dtype=q.dtype, device=q.device)
     elif (tuple(out.shape) != tuple(q.shape) or out.dtype != q.dtype or out.device != q.device
@@ -150,8 +153,12 @@ def _forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
     if scale is None:
         scale = 1.0 / math.sqrt(dims.D)
-    index = q.device.index if q.device.index is not None else torch.cuda.current_device()
-    plan = varlen_plan(dims, max_seqlen_q=max_seqlen_q, causal=causal, arch=_arch(index),
+    if interp:      # the GPU the interpreter stands in for
+        arch = device_arch(q.device)
+    else:
+        index = q.device.index if q.device.index is not None else torch.cuda.current_device()
+        arch = _arch(index)
+    plan = varlen_plan(dims, max_seqlen_q=max_seqlen_q, causal=causal, arch=arch,
                        config=config)
     cu_q = cu_seqlens_q if cu_seqlens_q.stride(0) == 1 else cu_seqlens_q.contiguous()
     cu_k = cu_seqlens_k if cu_seqlens_k.stride(0) == 1 else cu_seqlens_k.contiguous()
@@ -162,10 +169,27 @@ def _forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
         dict(qk_scale=scale, group_size=dims.Hq // dims.Hkv, max_seqlen_q=max_seqlen_q,
              max_seqlen_k=max_seqlen_k),
         plan["constants"])
-    with torch.cuda.device(q.device):
-        ct.launch(torch.cuda.current_stream(q.device), plan["grid"],
-                  hinted(VARLEN_FWD.kernel(), plan["config"].hints()), args)
+    cfg = plan["config"]
+    with on_device(q.device), expect(
+            q.device, lambda: varlen_steps(cu_q, cu_k, dims, cfg, causal=causal),
+            "flashattn.attention_varlen"):
+        launch_kernel(q.device, plan["grid"], hinted(VARLEN_FWD.kernel(), cfg.hints()), args)
     return out
+
+
+def _lengths(cu_seqlens_q, cu_seqlens_k) -> list[tuple[int, int]]:
+    """(len_q, len_k) of each sequence, read on the host (negative lengths count as 0)."""
+    cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+    return [(max(0, cq[b + 1] - cq[b]), max(0, ck[b + 1] - ck[b])) for b in range(len(cq) - 1)]
+
+
+def varlen_steps(cu_seqlens_q, cu_seqlens_k, dims, config, *, causal: bool,
+                 passes: int = 1) -> int:
+    """(query tile, key tile) steps of ``passes`` kernels over every sequence at ``config``'s
+    tiles (``dispatch.expect``'s estimate; the offsets are read on the host: CPU tensors)."""
+    return passes * dims.Hq * sum(
+        attention_steps(lq, lk, config.TILE_M, config.TILE_N, causal=causal, offset=lk - lq)
+        for lq, lk in _lengths(cu_seqlens_q, cu_seqlens_k))
 
 
 # --- the backward: the square kernels, once per sequence ----------------------------------------
@@ -242,7 +266,8 @@ def attention_varlen_backward(q, k, v, out, dout, cu_seqlens_q, cu_seqlens_k,
         raise TypeError(f"check_values must be True or False, got {check_values!r}")
     dims = check_varlen_tensors(q, k, v, cu_seqlens_q, cu_seqlens_k,
                                 max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
-                                causal=causal, scale=scale, check_values=False)
+                                causal=causal, scale=scale, check_values=False,
+                                interpret=interpreting(getattr(q, "device", None)))
     check_varlen_grad_tensors(q, out, dout)
     if cu_seqlens_q.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
         raise ValueError("attention_varlen_backward reads cu_seqlens on the host (it loops over "
@@ -252,7 +277,12 @@ def attention_varlen_backward(q, k, v, out, dout, cu_seqlens_q, cu_seqlens_k,
     check_varlen_values(cq, ck, dims, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
     dq, dk, dv = (torch.zeros(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
     scale = 1.0 / math.sqrt(dims.D) if scale is None else float(scale)
-    with torch.no_grad():
+    # The estimate: a recomputed forward and two backward kernels per sequence (64x64 tiles).
+    from .steps import Config
+    with torch.no_grad(), expect(
+            q.device, lambda: varlen_steps(cu_seqlens_q, cu_seqlens_k, dims, Config(64, 64),
+                                           causal=causal, passes=3),
+            "flashattn.attention_varlen_backward"):
         for b in range(dims.B):
             len_q, len_k = cq[b + 1] - cq[b], ck[b + 1] - ck[b]
             if len_q == 0 or len_k == 0:

@@ -72,12 +72,13 @@ def emulated_gpu(monkeypatch):
         (emulate_split_kernel if kernel is DECODE_SPLIT.kernel() else
          emulate_combine_kernel)(grid, *args)
 
-    def cpu_check_tensors(q, k, v, *, causal, scale, input_pos):
+    def cpu_check_tensors(q, k, v, *, causal, scale, input_pos, interpret=False):
         contract.check_shapes(tuple(q.shape), tuple(k.shape), tuple(v.shape), causal=causal,
                               scale=scale, input_pos=input_pos)
     monkeypatch.setattr(ct, "launch", fake_launch)
     monkeypatch.setattr(contract, "check_tensors", cpu_check_tensors)
-    monkeypatch.setattr(host, "check_decode_tensors", contract.check_decode)
+    monkeypatch.setattr(host, "check_decode_tensors",
+                        lambda *a, interpret=False, **kw: contract.check_decode(*a, **kw))
     monkeypatch.setattr(host, "_device_info", lambda index: ("sm_90", 132))
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda *a, **kw: None)

@@ -1,0 +1,211 @@
+"""Where a launch runs: on the GPU through ``ct.launch``, or, for CPU tensors with the
+interpreter opted in, through ``flashattn.interpret.launch`` (issue 20).
+
+    launch_kernel(q.device, grid, kernel, args)     # every launch site of the package
+    device_arch(q.device), device_sm_count(q.device)   # "sm_90", 132 for an interpreted H200
+
+The opt-in is ``FLASHATTN_INTERPRET=1`` in the environment (read at each call) or
+``with flashattn.interpret.enabled():``; ``interpreting(device)`` says whether it applies to a
+device (a CPU one). Then the public operators (``attention``, ``sdpa``, ``decode``,
+``attention_varlen`` and their backward) run the real kernels on the CPU tensors, with the
+configurations a GPU of ``flashattn.interpret.arch()`` (default sm_90, an H200 of 132 SMs)
+gets: the same step for ``step="best"``, the same tiles, split counts and grids. A tuned step
+(``step="autotune"``, ``"arch_tuned"``, ``"warp_groups"``, and ``"best"``, which is one) never
+times anything there: ``autotune.choose`` takes the winner cached for that GPU on this machine
+if there is one (read-only), else the first configuration of its search space (what
+``FLASHATTN_AUTOTUNE=0`` picks on a GPU).
+
+Without the opt-in a CPU tensor is refused as before (``contract``), and the message names it.
+Nothing here imports ``cuda.tile`` unless a GPU launch happens: the interpreter works where
+cuda-tile is not installed (``interpreting`` installs its shim then).
+
+A call the interpreter would take more than ``LONG_CALL_S`` seconds over says so before it
+starts (``expect``: a ``SlowInterpreterWarning`` with the estimate): the count of (query tile,
+key tile) steps of its kernels times ``STEP_COST_S``.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import warnings
+
+__all__ = ["interpreting", "launch_kernel", "on_device", "device_arch", "device_sm_count",
+           "device_name", "capturing", "expect", "attention_steps", "SlowInterpreterWarning",
+           "STEP_COST_S", "LONG_CALL_S"]
+
+# The interpreter's rough cost of one (query tile, key tile) step of a kernel, in seconds: the
+# one constant every estimate uses (a first guess, to be replaced by a measured one).
+STEP_COST_S = 1e-3
+# Calls estimated above this many seconds warn before they start.
+LONG_CALL_S = 60.0
+
+
+class SlowInterpreterWarning(UserWarning):
+    """A call that the CPU interpreter will take long over (more than ``LONG_CALL_S``)."""
+
+
+def interpreting(device) -> bool:
+    """True when the launches for tensors on ``device`` go to the interpreter: a CPU device,
+    and ``flashattn.interpret.active()`` (``FLASHATTN_INTERPRET=1`` or inside
+    ``flashattn.interpret.enabled()``). Installs the interpreter's ``cuda.tile`` shim then (a
+    no-op where cuda-tile is installed), so that the kernel modules import."""
+    if getattr(device, "type", device) != "cpu":
+        return False
+    from . import interpret
+    if not interpret.active():
+        return False
+    interpret.install_shim()
+    return True
+
+
+def launch_kernel(device, grid, kernel, args, *, stream: str = "device") -> None:
+    """Launch ``kernel`` over ``grid`` with ``args``: in the interpreter for CPU tensors with the
+    opt-in (``interpreting``), else ``ct.launch`` on a CUDA stream, ``stream="device"``:
+    ``torch.cuda.current_stream(device)``, ``"current"``: ``torch.cuda.current_stream()`` (the
+    current device's, what ``launch.launch`` has always used)."""
+    if interpreting(device):
+        from . import interpret
+        interpret.launch(tuple(grid), kernel, args)
+        return
+    import cuda.tile as ct
+    import torch
+    if stream == "device":
+        s = torch.cuda.current_stream(device)
+    elif stream == "current":
+        s = torch.cuda.current_stream()
+    else:
+        raise ValueError(f"stream must be 'device' or 'current', got {stream!r}")
+    ct.launch(s, grid, kernel, args)
+
+
+def on_device(device):
+    """``torch.cuda.device(device)`` for a CUDA device; nothing for a CPU one."""
+    if getattr(device, "type", None) == "cpu":
+        return contextlib.nullcontext()
+    import torch
+    return torch.cuda.device(device)
+
+
+def device_arch(device) -> str:
+    """"sm_90" for an H100/H200, ...; for an interpreted CPU device the interpreter's
+    ``arch()``."""
+    if interpreting(device):
+        from . import interpret
+        return interpret.arch()
+    import torch
+    major, minor = torch.cuda.get_device_capability(device)
+    return f"sm_{major}{minor}"
+
+
+def device_sm_count(device) -> int:
+    """The SM count of the GPU (for an interpreted CPU device: the one it stands in for)."""
+    if interpreting(device):
+        from . import interpret
+        return interpret.sm_count()
+    import torch
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def device_name(device) -> str:
+    """``torch.cuda.get_device_name``; for an interpreted CPU device the name of the GPU it
+    stands in for, as that GPU reports it ("NVIDIA H200"): the key of its autotune cache."""
+    if interpreting(device):
+        from . import interpret
+        return interpret.ARCH_NAMES[interpret.arch()]
+    import torch
+    return torch.cuda.get_device_name(device)
+
+
+def capturing(device) -> bool:
+    """Whether a CUDA graph is being captured on ``device``'s current stream (never for a CPU
+    device, where ``torch.cuda`` is not asked)."""
+    if getattr(device, "type", None) != "cuda":
+        return False
+    import torch
+    return bool(torch.cuda.is_current_stream_capturing())
+
+
+# --- the estimate of a long call --------------------------------------------------------------
+def attention_steps(len_q: int, len_k: int, tile_m: int, tile_n: int, *, causal: bool,
+                    offset: int = 0) -> int:
+    """(query tile, key tile) pairs one head of one sequence visits: every key tile for each
+    query tile, or with ``causal`` those up to the tile's last row, which sits at position
+    ``offset + row`` (``input_pos``; ``len_k - len_q`` for the bottom-right alignment)."""
+    len_q, len_k = int(len_q), int(len_k)
+    if len_q <= 0 or len_k <= 0:
+        return 0
+    nk = -(-len_k // tile_n)
+    nq = -(-len_q // tile_m)
+    if not causal:
+        return nq * nk
+    total = 0
+    for i in range(nq):
+        last = int(offset) + min((i + 1) * tile_m, len_q) - 1     # the tile's last row's position
+        total += max(0, min(nk, -(-(last + 1) // tile_n)))
+    return total
+
+
+_state = threading.local()
+
+
+def _caller_stacklevel() -> int:
+    """The stacklevel of the first frame outside flashattn and torch (the user's call)."""
+    import sys
+    here = os.path.dirname(os.path.abspath(__file__))
+    skip = [here]
+    files = {os.path.abspath(contextlib.__file__)}          # the ``with`` of ``expect``
+    torch_mod = sys.modules.get("torch")
+    if torch_mod is not None and getattr(torch_mod, "__file__", None):
+        skip.append(os.path.dirname(os.path.abspath(torch_mod.__file__)))
+    frame, level = sys._getframe(1), 1
+    while frame is not None:
+        path = os.path.abspath(frame.f_code.co_filename)
+        if (path not in files and not any(path.startswith(p + os.sep) for p in skip)
+                and not frame.f_code.co_filename.startswith("<frozen")):
+            return level
+        frame, level = frame.f_back, level + 1
+    return 2
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+_QUIET = contextlib.nullcontext()
+
+
+def expect(device, steps, what):
+    """A context manager around the launches of one call. When the interpreter runs them and
+    ``steps`` (query tile, key tile) steps at ``STEP_COST_S`` each come to more than
+    ``LONG_CALL_S``, it warns (``SlowInterpreterWarning``) before they start; calls nested
+    inside (the square kernels a varlen backward runs per sequence) do not warn again.
+    ``steps`` and ``what`` (the call, for the message) may be zero-argument callables: they are
+    evaluated only for the interpreter, so a GPU call pays nothing for the estimate."""
+    if not interpreting(device):
+        return _QUIET
+    return _expect(steps, what)
+
+
+@contextlib.contextmanager
+def _expect(steps, what):
+    if not getattr(_state, "depth", 0):
+        steps = int(steps() if callable(steps) else steps)
+        seconds = steps * STEP_COST_S
+        if seconds > LONG_CALL_S:
+            what = what() if callable(what) else what
+            warnings.warn(
+                f"{what} in the CPU interpreter: about {steps:,} (query tile, key tile) "
+                f"steps at ~{STEP_COST_S * 1e3:g} ms each, roughly {_duration(seconds)} before "
+                "it returns; smaller shapes run faster (or use a GPU, or "
+                "flashattn.reference for the values only)",
+                SlowInterpreterWarning, stacklevel=_caller_stacklevel())
+    _state.depth = getattr(_state, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _state.depth -= 1
