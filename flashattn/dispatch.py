@@ -36,7 +36,7 @@ __all__ = ["interpreting", "launch_kernel", "on_device", "device_arch", "device_
 
 # The interpreter's rough cost of one (query tile, key tile) step of a kernel, in seconds: the
 # one constant every estimate uses (a first guess, to be replaced by a measured one).
-STEP_COST_S = 1e-3
+STEP_COST_S = 1.5e-3   # measured on a 2-core CPU: 0.6-2.0 ms per (64-128)x128 tile step, D 64-128
 # Calls estimated above this many seconds warn before they start.
 LONG_CALL_S = 60.0
 

@@ -337,7 +337,7 @@ def _mutant(tmp_path, name, old, new):
     src = FMHA_SRC.read_text()
     assert src.count(old) >= 1, f"the kernel no longer holds the text to mutate for {name!r}"
     path = tmp_path / f"fmha_mutant_{abs(hash(name))}.py"
-    path.write_text(src.replace(old, new, 1))
+    path.write_text(src.replace(old, new))                             # every occurrence
     spec = importlib.util.spec_from_file_location(path.stem, path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)

@@ -107,7 +107,7 @@ def device_name(a: str | None = None) -> str:
 def install_shim() -> bool:
     """Register ``flashattn.interpret.tile`` as ``cuda.tile`` when cuda-tile is not installed
     (True if it did). Called by ``launch``; harmless when cuda-tile is there."""
-    from .rebind import install_shim as _install
+    from .shim import install_shim as _install
     return _install()
 
 
@@ -119,8 +119,11 @@ def launch(grid, kernel, args, *, shuffle: bool = False, seed: int | None = None
     arrays, Python scalars, constants). Programs run in grid order (x fastest) or, with
     ``shuffle``, in a random order drawn from ``seed``.
     """
+    from .rebind import rebound
     from .runner import run
-    run(grid, kernel, args, shuffle=shuffle, seed=seed)
+    from .shim import module
+    module()
+    run(grid, kernel, args, bind=rebound, shuffle=shuffle, seed=seed)
 
 
 def trace():

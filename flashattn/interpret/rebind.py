@@ -33,22 +33,6 @@ def real_ct():
     return ct
 
 
-def install_shim() -> bool:
-    """Register the shim as ``cuda.tile`` if cuda-tile is not installed."""
-    if "cuda.tile" in sys.modules:
-        return False
-    if real_ct() is not None:
-        return False
-    from . import shim
-    if "cuda" not in sys.modules:
-        pkg = types.ModuleType("cuda")
-        pkg.__path__ = []
-        sys.modules["cuda"] = pkg
-    sys.modules["cuda.tile"] = shim.module()
-    sys.modules["cuda"].tile = sys.modules["cuda.tile"]
-    return True
-
-
 def _real_names() -> dict:
     ct = real_ct()
     if ct is None:
@@ -66,8 +50,9 @@ _REAL_IDS: dict | None = None
 
 
 def _shim_module():
-    from . import shim
-    return shim.module()
+    if T.SHIM_MODULE is None:
+        raise RuntimeError("flashattn.interpret.shim.module() must be made before rebinding")
+    return T.SHIM_MODULE
 
 
 def _is_ct_module(v) -> bool:

@@ -16,7 +16,6 @@ import numpy as np
 
 from . import tile as T
 from .errors import InterpreterError
-from .rebind import rebound
 
 # ------------------------------------------------------------------------------------------
 # the program being run
@@ -419,7 +418,8 @@ def _kernel_name(kernel) -> str:
     return getattr(f, "__name__", repr(kernel))
 
 
-def run(grid, kernel, args, *, shuffle=False, seed=None):
+def run(grid, kernel, args, *, bind, shuffle=False, seed=None):
+    """Run every program of ``grid``; ``bind(f)`` rebinds the kernel function (``rebind``)."""
     import torch
     pyfunc = getattr(kernel, "_pyfunc", kernel)
     if not inspect.isfunction(pyfunc):
@@ -457,7 +457,7 @@ def run(grid, kernel, args, *, shuffle=False, seed=None):
         else:
             raise InterpreterError(f"kernel {name}: argument {p.name} is a {type(v).__name__}; "
                                    "the interpreter takes CPU tensors, bools, ints and floats")
-    f = rebound(pyfunc)
+    f = bind(pyfunc)
     order = [(x, y, z) for z in range(grid[2]) for y in range(grid[1]) for x in range(grid[0])]
     if shuffle:
         rng = np.random.default_rng(seed)
@@ -514,11 +514,3 @@ class Trace:
         """The tile indices of ``op`` on ``array`` (by one program, if given), in order."""
         return [i for k, b, o, a, i, _ in self.events
                 if o == op and (array is None or a == array) and (program is None or b == program)]
-
-
-def launch(stream, grid, kernel, args):
-    """``ct.launch`` of the shim (cuda.tile not installed): the stream is ignored."""
-    run(grid, kernel, args)
-
-
-typing  # noqa: B018 (kept for annotations in user mods)

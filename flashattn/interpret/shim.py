@@ -1,14 +1,34 @@
 """The interpreter's ``cuda.tile`` module: ``tile``'s names plus the memory operations."""
 from __future__ import annotations
 
+import sys
 import types
 
-from . import runner, tile
+from . import rebind, runner, tile
 
 _MODULE = None
 
 _FROM_RUNNER = ("load", "store", "gather", "scatter", "atomic_add", "atomic_xchg", "atomic_max",
-                "atomic_min", "atomic_cas", "bid", "num_blocks", "num_tiles", "launch")
+                "atomic_min", "atomic_cas", "bid", "num_blocks", "num_tiles")
+
+
+def launch(stream, grid, kernel, args):
+    """``ct.launch`` of the shim: the stream is ignored."""
+    module()
+    runner.run(grid, kernel, args, bind=rebind.rebound)
+
+
+def install_shim() -> bool:
+    """Register the shim as ``cuda.tile`` if cuda-tile is not installed (True if it did)."""
+    if "cuda.tile" in sys.modules or rebind.real_ct() is not None:
+        return False
+    if "cuda" not in sys.modules:
+        pkg = types.ModuleType("cuda")
+        pkg.__path__ = []
+        sys.modules["cuda"] = pkg
+    sys.modules["cuda.tile"] = module()
+    sys.modules["cuda"].tile = sys.modules["cuda.tile"]
+    return True
 
 
 def module() -> types.ModuleType:
@@ -22,6 +42,7 @@ def module() -> types.ModuleType:
                 setattr(m, k, v)
         for k in _FROM_RUNNER:
             setattr(m, k, getattr(runner, k))
+        m.launch = launch
         m.Array = runner.Array
         m.Tile = tile.Tile
         m.ScalarInt64 = tile.typing.Annotated[int, _ScalarAnnotation(tile.int64)]
@@ -32,6 +53,7 @@ def module() -> types.ModuleType:
                                  "interpreter (flashattn.interpret)")
         m.__getattr__ = __getattr__
         _MODULE = m
+        tile.SHIM_MODULE = m
     return _MODULE
 
 

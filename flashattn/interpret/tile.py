@@ -1017,4 +1017,5 @@ TileTypeError = TileValueError = TileCompilerError = TileError
 
 
 # bid, num_blocks, load, store, gather, scatter, atomics, launch: the program state lives in
-# ``runner``; these names are filled in from there (see runner.py's end).
+# ``runner``; ``shim.module()`` puts them beside these names and records itself here.
+SHIM_MODULE = None

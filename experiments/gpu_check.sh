@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Issue 25 on the H200, in two device calls (each under 10 minutes), from the repository root
+# after `source .gpu/activate.sh`:
+#
+#   bash experiments/gpu_check.sh agree     # interpreter vs GPU, the GPU suite, the spot check
+#   bash experiments/gpu_check.sh chapters  # every chapter live (nbrun), times per chapter
+#
+# Logs and data go to $OUT/<part>/ and come back as at most 8 files (one tarball plus logs).
+set -uo pipefail
+part=${1:?agree or chapters}
+out=${OUT:-/tmp/out}/$part
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1 MPLBACKEND=Agg
+python3 -m flashattn info > "$out/info.txt" 2>&1
+
+if [ "$part" = agree ]; then
+  t0=$(date +%s)
+  python3 experiments/gpu_agreement.py --out "$out/agreement.json" 2>&1 | tee "$out/agreement.log"
+  echo "agreement: $(( $(date +%s) - t0 )) s" | tee -a "$out/times.txt"
+  t0=$(date +%s)
+  timeout 330 python3 -m pytest -o addopts="" -p no:cacheprovider -m gpu tests/ -n 14 -q \
+    > "$out/gpu-suite.log" 2>&1
+  echo "gpu suite rc=$?: $(( $(date +%s) - t0 )) s" | tee -a "$out/times.txt"
+  tail -4 "$out/gpu-suite.log"
+  for c in causal no-causal; do
+    t0=$(date +%s)
+    flag=$([ $c = causal ] && echo "" || echo "--no-causal")
+    timeout 150 python3 -m flashattn bench --steps best,best#2,arch_tuned,pipeline \
+      --seqlens 4096,16384 --baselines cudnn --rounds 15 $flag --out "$out/spot-$c.json" \
+      > "$out/spot-$c.log" 2>&1
+    echo "spot $c rc=$?: $(( $(date +%s) - t0 )) s" | tee -a "$out/times.txt"
+    tail -14 "$out/spot-$c.log"
+  done
+else
+  mkdir -p "$out/nb"
+  for nb in notebooks/[0-9]*.ipynb; do
+    name=$(basename "$nb" .ipynb)
+    t0=$(date +%s.%N)
+    timeout 200 python3 -m flashattn nbrun "$nb" "$out/nb/$name.ipynb" > "$out/nb/$name.log" 2>&1
+    rc=$?
+    printf "%s rc=%s %.1f s\n" "$name" "$rc" "$(echo "$(date +%s.%N) - $t0" | bc)" \
+      | tee -a "$out/times.txt"
+  done
+  tar -cJf "$out/notebooks.tar.xz" -C "$out" nb && rm -rf "$out/nb"
+fi
