@@ -32,14 +32,18 @@ if [ "$part" = agree ]; then
     tail -14 "$out/spot-$c.log"
   done
 else
-  mkdir -p "$out/nb"
+  python3 experiments/order_probe.py > "$out/order-probe.log" 2>&1
+  cat "$out/order-probe.log"
+  nbdir=/tmp/nb-live && mkdir -p "$nbdir"
+  start=$(date +%s)
   for nb in notebooks/[0-9]*.ipynb; do
     name=$(basename "$nb" .ipynb)
+    if [ $(( $(date +%s) - start )) -gt 480 ]; then echo "$name skipped (time)" | tee -a "$out/times.txt"; continue; fi
     t0=$(date +%s.%N)
-    timeout 200 python3 -m flashattn nbrun "$nb" "$out/nb/$name.ipynb" > "$out/nb/$name.log" 2>&1
+    timeout 150 python3 -m flashattn nbrun "$nb" "$nbdir/$name.ipynb" > "$nbdir/$name.log" 2>&1
     rc=$?
     printf "%s rc=%s %.1f s\n" "$name" "$rc" "$(echo "$(date +%s.%N) - $t0" | bc)" \
       | tee -a "$out/times.txt"
+    tar -cJf "$out/notebooks.tar.xz" -C "$nbdir" .
   done
-  tar -cJf "$out/notebooks.tar.xz" -C "$out" nb && rm -rf "$out/nb"
 fi
