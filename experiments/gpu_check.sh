@@ -39,11 +39,10 @@ else
   for nb in notebooks/[0-9]*.ipynb; do
     name=$(basename "$nb" .ipynb)
     if [ $(( $(date +%s) - start )) -gt 480 ]; then echo "$name skipped (time)" | tee -a "$out/times.txt"; continue; fi
-    t0=$(date +%s.%N)
+    t0=$(date +%s%N)
     timeout 150 python3 -m flashattn nbrun "$nb" "$nbdir/$name.ipynb" > "$nbdir/$name.log" 2>&1
     rc=$?
-    printf "%s rc=%s %.1f s\n" "$name" "$rc" "$(echo "$(date +%s.%N) - $t0" | bc)" \
-      | tee -a "$out/times.txt"
+    echo "$name rc=$rc $(( ($(date +%s%N) - t0) / 1000000 )) ms" | tee -a "$out/times.txt"
     tar -cJf "$out/notebooks.tar.xz" -C "$nbdir" .
   done
 fi
