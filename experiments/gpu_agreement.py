@@ -267,9 +267,11 @@ def targeted(gpu: bool) -> list[dict]:
     import interpret_kernels as K
 
     def both(kernel, grid, make):
+        """``make()`` builds the inputs once (CPU); each side runs on its own copy."""
+        inputs = make()
         res = {}
         for dev in (["cpu", "cuda"] if gpu else ["cpu"]):
-            args = make(dev)
+            args = tuple(a.clone().to(dev) if isinstance(a, torch.Tensor) else a for a in inputs)
             if dev == "cpu":
                 interpret.launch(grid, kernel, args)
             else:
@@ -291,19 +293,19 @@ def targeted(gpu: bool) -> list[dict]:
         print(row, flush=True)
 
     rec("zero padding past the end (load, ragged store dropped)",
-        both(K.copy_kernel, (2,), lambda d: (x.to(d), torch.full((100,), 7.0).half().to(d), 64)))
+        both(K.copy_kernel, (2,), lambda: (x, torch.full((100,), 7.0).half(), 64)))
     rec("undetermined padding: the defined part",
-        both(K.load_no_padding, (2,), lambda d: (x.to(d), torch.zeros(128).half().to(d), 64)),
+        both(K.load_no_padding, (2,), lambda: (x, torch.zeros(128).half(), 64)),
         defined=slice(0, 100))
     a2 = torch.randn(4, 4).half()
     rec("order='F' load (transposed), as documented",
-        both(K.transpose_kernel, (1,), lambda d: (a2.to(d), torch.zeros(4, 4).half().to(d))))
+        both(K.transpose_kernel, (1,), lambda: (a2, torch.zeros(4, 4).half())))
     rec("order=(0,2,1) with a ragged tile and zero padding",
-        both(K.order_kernel, (2, 2), lambda d: (torch.randn(3, 5, 6).half().to(d),
-                                                torch.zeros(3, 8, 8).half().to(d))))
+        both(K.order_kernel, (2, 2), lambda: (torch.randn(3, 5, 6).half(),
+                                              torch.zeros(3, 8, 8).half())))
     rec("atomic tickets: every program once",
-        both(K.ticket, (16,), lambda d: (torch.zeros(1, dtype=torch.int32).to(d),
-                                        torch.full((16,), -1, dtype=torch.int32).to(d))), idx=0)
+        both(K.ticket, (16,), lambda: (torch.zeros(1, dtype=torch.int32),
+                                      torch.full((16,), -1, dtype=torch.int32))), idx=0)
     return out
 
 
@@ -312,10 +314,11 @@ def main(argv=None):
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--cpu-only", action="store_true", help="the interpreter's side only")
     p.add_argument("--only", help="run the cases whose name contains this")
+    p.add_argument("--targeted-only", action="store_true", help="only the targeted kernels")
     a = p.parse_args(argv)
     gpu = not a.cpu_only and torch.cuda.is_available()
     torch.manual_seed(0)
-    rows = run_cases(gpu, a.only)
+    rows = [] if a.targeted_only else run_cases(gpu, a.only)
     checks = [] if a.only else targeted(gpu)
     doc = dict(meta=flashattn.env.metadata() if hasattr(flashattn.env, "metadata") else {},
                gpu=gpu, rows=rows, targeted=checks)

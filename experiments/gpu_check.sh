@@ -11,6 +11,8 @@ part=${1:?agree or chapters}
 out=${OUT:-/tmp/out}/$part
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 MPLBACKEND=Agg
+# Nsight Compute's report reader (chapters read the recorded profiles through it)
+for d in /opt/nvidia/nsight-compute/*/extras/python; do [ -d "$d" ] && export PYTHONPATH="$PYTHONPATH:$d"; done
 python3 -m flashattn info > "$out/info.txt" 2>&1
 
 if [ "$part" = agree ]; then
@@ -32,11 +34,14 @@ if [ "$part" = agree ]; then
     tail -14 "$out/spot-$c.log"
   done
 else
+  python3 experiments/gpu_agreement.py --targeted-only --out "$out/targeted.json" \
+    > "$out/targeted.log" 2>&1
+  cat "$out/targeted.log"
   python3 experiments/order_probe.py > "$out/order-probe.log" 2>&1
   cat "$out/order-probe.log"
   nbdir=/tmp/nb-live && mkdir -p "$nbdir"
   start=$(date +%s)
-  for nb in notebooks/[0-9]*.ipynb; do
+  for nb in ${CHAPTERS:-notebooks/[0-9]*.ipynb}; do
     name=$(basename "$nb" .ipynb)
     if [ $(( $(date +%s) - start )) -gt 480 ]; then echo "$name skipped (time)" | tee -a "$out/times.txt"; continue; fi
     t0=$(date +%s%N)
