@@ -1,23 +1,29 @@
 """The backward kernels (kernels/fmha_bwd.py) without a GPU: their specs, constants, grids and
 configurations, the host launcher's argument lists and validation (CPU), the emulation of each
-architecture's tiles, the kernels' own source run on NumPy arrays by a stand-in for cuda.tile
-(``NumpyTile``), and (``slow``) their ahead-of-time compilation for Hopper and Blackwell.
+architecture's tiles, the kernels themselves run on a CPU by ``flashattn.interpret`` (against the
+fp64 reference, by the FlashAttention criterion), and (``slow``) their ahead-of-time compilation
+for Hopper and Blackwell.
 
     python -m pytest -o addopts="" -m slow tests/test_backward_kernels.py -s   # prints the table
 """
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from flashattn import kernels
+from criteria import assert_flash_criterion, seed_of
+from flashattn import interpret, kernels
 from flashattn import reference as R
 from flashattn.contract import tile_d_for
 from flashattn.kernels import (BWD, BWD_CONFIGS, SPECS, KernelContractError, bwd_configs,
                                bwd_constants, bwd_grid)
 from flashattn.launch_bwd import backward_launches, check_backward_tensors
 from flashattn.steps import ARCHS, Config
+from test_backward_gpu import reference, torch_same_precision
+
+pytestmark = pytest.mark.usefixtures("one_thread")   # tests/conftest.py: many small products
 
 HEAD_DIMS = (16, 64, 80, 128, 200, 256)
 
@@ -210,141 +216,46 @@ def test_each_architectures_tiles_emulate_exactly(arch, head_dim):
         assert np.abs(g - w).max() <= 2e-5 * np.abs(w).max()
 
 
-# --- the kernels' own source, run by a NumPy stand-in for cuda.tile ----------------------------
-class NumpyTile:
-    """The part of ``cuda.tile`` the backward kernels use, in NumPy, one program at a time.
-
-    Runs the kernels' Python source itself (``kernel._pyfunc`` with ``ct`` rebound), so their
-    index arithmetic, loop bounds, masks, padding and orientation are checked on a CPU. Loads
-    follow ct.load's documented semantics (``order`` permutes the array's axes before tiling;
-    elements past the array take ``padding_mode``, and UNDETERMINED padding reads as NaN so a
-    missing padding mode shows up); a tile entirely outside the array (undefined behaviour)
-    raises. Stores drop elements past the array. MMAs take fp16 operands, accumulate in fp32.
-    """
-    float32, int32, bool_ = np.float32, np.int32, np.bool_
-
-    class PaddingMode:
-        UNDETERMINED, ZERO, POS_INF, NEG_INF = math.nan, 0.0, math.inf, -math.inf
-
-    def __init__(self):
-        self.bids = (0, 0, 0)
-
-    def bid(self, axis):
-        return self.bids[axis]
-
-    @staticmethod
-    def cdiv(a, b):
-        return -(-a // b)
-
-    @staticmethod
-    def _window(view_shape, index, shape):
-        src, dst = [], []
-        for n, i, t in zip(view_shape, index, shape):
-            start = i * t
-            assert 0 <= start < n, f"tile {index} of shape {shape} lies outside {view_shape}"
-            stop = min(start + t, n)
-            src.append(slice(start, stop))
-            dst.append(slice(0, stop - start))
-        return tuple(src), tuple(dst)
-
-    def load(self, array, index, shape, order="C", padding_mode=math.nan, latency=None,
-             check_bounds=True):
-        order = tuple(range(array.ndim)) if order == "C" else tuple(order)
-        view = array.transpose(order)
-        tile = np.full(shape, padding_mode, dtype=array.dtype)
-        src, dst = self._window(view.shape, index, shape)
-        tile[dst] = view[src]
-        return tile
-
-    def store(self, array, index, tile):
-        src, dst = self._window(array.shape, index, tile.shape)
-        array[src] = tile[dst].astype(array.dtype)
-
-    @staticmethod
-    def full(shape, value, dtype):
-        return np.full(shape, value, dtype=dtype)
-
-    @staticmethod
-    def arange(n, dtype):
-        return np.arange(n, dtype=dtype)
-
-    @staticmethod
-    def mma(a, b, acc):
-        assert a.dtype == b.dtype == np.float16 and acc.dtype == np.float32, \
-            (a.dtype, b.dtype, acc.dtype)
-        assert a.shape[1] == b.shape[0] and acc.shape == (a.shape[0], b.shape[1])
-        return acc + a.astype(np.float32) @ b.astype(np.float32)
-
-    @staticmethod
-    def transpose(x):
-        return x.T
-
-    @staticmethod
-    def exp2(x, flush_to_zero=False):
-        with np.errstate(over="ignore", invalid="ignore"):
-            p = np.exp2(x)
-        if flush_to_zero:
-            p = np.where(np.abs(p) < np.finfo(np.float32).tiny, np.float32(0), p)
-        return p.astype(np.float32)
-
-    @staticmethod
-    def where(mask, a, b):
-        return np.where(mask, a, b).astype(np.float32)
-
-    @staticmethod
-    def sum(x, axis):
-        return x.sum(axis=axis, dtype=np.float32)
-
-    class MemoryOrder:
-        RELAXED = "relaxed"
-
-    @staticmethod
-    def atomic_add(array, indices, update, memory_order=None):
-        """Elementwise add at broadcast ``indices``; indices past the array are dropped (the
-        default bounds check)."""
-        idx = np.broadcast_arrays(*(np.asarray(i) for i in indices),
-                                  np.asarray(update, np.float32))
-        *idx, upd = idx
-        ok = np.ones(upd.shape, bool)
-        for i, n in zip(idx, array.shape):
-            ok &= (i >= 0) & (i < n)
-        np.add.at(array, tuple(i[ok] for i in idx), upd[ok])
+# --- the kernels themselves, run on a CPU by flashattn.interpret ------------------------------
+# backward_launches builds the launches on the host without CUDA (it passes tensors through);
+# each kernel then runs over its grid in the interpreter, in a shuffled program order (programs
+# must not depend on one another), into NaN-poisoned outputs: an element left unwritten fails.
+# The verdict is the FlashAttention criterion (tests/criteria.py): each gradient within twice
+# PyTorch's own fp16 error of the fp64 reference, plus a floor.
+FLOOR = 1e-3                               # fp16, relative to max(1, max |reference|)
 
 
-def run_source(kernel, grid, args):
-    """Run a ``@ct.kernel``'s source on every program of ``grid`` with NumPy arrays."""
-    import types
-    f = kernel._pyfunc
-    tile = NumpyTile()
-    # Rebind ``ct`` for the kernel and for the module's helper functions it calls.
-    glb = {**f.__globals__, "ct": tile}
-    for name, obj in f.__globals__.items():
-        if isinstance(obj, types.FunctionType) and obj.__module__ == f.__module__:
-            glb[name] = types.FunctionType(obj.__code__, glb, obj.__name__, obj.__defaults__,
-                                           obj.__closure__)
-    fn = types.FunctionType(f.__code__, glb, f.__name__, f.__defaults__, f.__closure__)
-    for z in range(grid[2]):
-        for y in range(grid[1]):
-            for x in range(grid[0]):
-                tile.bids = (x, y, z)
-                with np.errstate(invalid="ignore", over="ignore"):
-                    fn(*args)
-
-
-def run_backward_source(q, k, v, out, dout, lse, *, causal, scale, input_pos, configs,
-                        deterministic=True):
-    """The kernels' source through ``backward_launches``, into NaN-poisoned outputs (the
-    atomics variant: dQ into a zeroed fp32 buffer, as ``attention_backward`` gives it)."""
-    pytest.importorskip("cuda.tile")
-    nan = lambda t, dt=np.float16: np.full(t.shape, np.nan, dt)          # noqa: E731
-    dq, dk, dv, delta = nan(q), nan(k), nan(v), nan(lse, np.float32)
+def run_backward_kernels(q, k, v, out, dout, lse, *, causal, scale, input_pos, configs,
+                         deterministic=True, module=None, seed=0):
+    """dq, dk, dv, delta from the backward kernels run by the interpreter (the atomics
+    variant: dQ summed into a zeroed fp32 buffer, as ``attention_backward`` gives it).
+    ``module``: take the kernels from it (a mutant of kernels/fmha_bwd.py) instead."""
+    dq, dk, dv = (torch.full_like(t, math.nan) for t in (q, k, v))
+    delta = torch.full(lse.shape, math.nan, dtype=torch.float32)
     if not deterministic:
-        dq = np.zeros(q.shape, np.float32)
+        dq = torch.zeros(q.shape, dtype=torch.float32)
     for x in backward_launches(q, k, v, out, dout, lse, delta, dq, dk, dv, causal=causal,
                                scale=scale, input_pos=input_pos, arch=None, configs=configs,
                                deterministic=deterministic):
-        run_source(x.spec.kernel(), x.grid, x.args)
+        kernel = x.spec.kernel() if module is None else getattr(module, x.spec.function)
+        interpret.launch(x.grid, kernel, x.args, shuffle=True, seed=seed)
     return dq, dk, dv, delta
+
+
+def fp16_inputs(B, Hq, Hkv, Nq, Nk, D, *, seed):
+    g = torch.Generator().manual_seed(seed)
+    return tuple(torch.randn(s, generator=g).half() for s in
+                 ((B, Hq, Nq, D), (B, Hkv, Nk, D), (B, Hkv, Nk, D), (B, Hq, Nq, D)))
+
+
+def assert_gradients(grads, ref, pt, *, seed):
+    """The criterion for dq, dk, dv (any of them NaN or inf fails it)."""
+    for name, g, r, p in zip(("dq", "dk", "dv"), grads, ref, pt):
+        g = torch.as_tensor(g)
+        try:
+            assert_flash_criterion(g, r, p, FLOOR * max(1.0, r.abs().max().item()), seed=seed)
+        except AssertionError as e:
+            raise AssertionError(f"{name}: {e}") from None
 
 
 SOURCE_CASES = [  # (B, Hq, Hkv, Nq, Nk, D, causal, input_pos)
@@ -361,111 +272,145 @@ SOURCE_CONFIGS = {"64x64": {}, "small": {"bwd_dkdv": Config(16, 32), "bwd_dq": C
 
 @pytest.mark.parametrize("configs", SOURCE_CONFIGS)
 @pytest.mark.parametrize("case", SOURCE_CASES, ids=lambda c: "-".join(map(str, c)))
-def test_kernel_source_on_numpy(case, configs):
+def test_kernels_on_the_interpreter(case, configs, request):
     B, Hq, Hkv, Nq, Nk, D, causal, pos = case
-    rng = np.random.default_rng(Nq * 1000 + Nk)
-    q, k, v, dout = (rng.standard_normal(s).astype(np.float16) for s in
-                     ((B, Hq, Nq, D), (B, Hkv, Nk, D), (B, Hkv, Nk, D), (B, Hq, Nq, D)))
+    seed = seed_of(request.node.callspec.id)
+    q, k, v, dout = fp16_inputs(B, Hq, Hkv, Nq, Nk, D, seed=seed)
     scale = 0.7 / math.sqrt(D)
     kw = dict(causal=causal, scale=scale, input_pos=pos)
-    f64 = [t.astype(np.float64) for t in (q, k, v, dout)]
-    out = R.attention(*f64[:3], **kw).astype(np.float16)
-    lse = R.attention_lse(f64[0], f64[1], **kw).astype(np.float32)
+    out64, lse64, exact = reference(q, k, v, dout, causal, scale, pos)
+    out, lse = out64.half(), lse64.float()
+    pt = torch_same_precision(q, k, v, dout, causal, scale, pos)
     cfg = {**bwd_configs(None, D), **SOURCE_CONFIGS[configs]}
-    dq, dk, dv, delta = run_backward_source(q, k, v, out, dout, lse, configs=cfg, **kw)
-    for name, g in (("dq", dq), ("dk", dk), ("dv", dv), ("delta", delta)):
-        assert not np.isnan(g).any(), f"{name}: {np.isnan(g).sum()} elements unwritten or NaN"
-    assert np.allclose(delta, (out.astype(np.float32) * dout).sum(-1), rtol=1e-5, atol=1e-5)
-    # The emulation of the same tiles, with P and dS rounded to fp16 as the kernels round them.
+    dq, dk, dv, delta = run_backward_kernels(q, k, v, out, dout, lse, configs=cfg, seed=seed,
+                                             **kw)
+    assert not torch.isnan(delta).any(), f"delta: {torch.isnan(delta).sum()} unwritten"
+    assert torch.allclose(delta, (out.float() * dout.float()).sum(-1), rtol=1e-5, atol=1e-5)
+    assert_gradients((dq, dk, dv), exact, pt, seed=seed)
+    # The emulation of the same tiles (P and dS rounded to fp16, as the kernels round them)
+    # agrees with the kernels to their fp16 output rounding: chapter 12 reads the emulation.
     emu = R.emulate_backward(q, k, v, out, dout, lse, config=cfg["bwd_dkdv"],
                              dq_config=cfg["bwd_dq"], round_p=True, **kw)
-    exact = R.attention_backward(*f64, **kw)
     for name, g, e, x in zip(("dq", "dk", "dv"), (dq, dk, dv), emu, exact):
-        g = g.astype(np.float32)
-        top = max(np.abs(x).max(), 1.0)
-        assert np.abs(g - e).max() <= 2e-3 * top, (name, np.abs(g - e).max())   # fp16 output
-        assert np.abs(g - x).max() <= 1e-2 * top, (name, np.abs(g - x).max())
+        top = max(x.abs().max().item(), 1.0)
+        err = np.abs(g.float().numpy() - e).max()
+        assert err <= 2e-3 * top, (name, err)
     if pos + Nq < Nk:                                      # keys no query sees
         assert (dk[:, :, pos + Nq:] == 0).all() and (dv[:, :, pos + Nq:] == 0).all()
-    # The atomics variant: the same dK and dV, and dQ (fp32, summed by atomic adds) within
-    # fp16 rounding of the separate pass's.
-    dqa, dka, dva, _ = run_backward_source(q, k, v, out, dout, lse, configs=cfg,
-                                           deterministic=False, **kw)
-    assert dqa.dtype == np.float32 and not np.isnan(dqa).any()
-    assert np.array_equal(dka, dk) and np.array_equal(dva, dv)
-    top = max(np.abs(exact[0]).max(), 1.0)
-    assert np.abs(dqa - dq.astype(np.float32)).max() <= 2e-3 * top
-    assert np.abs(dqa - exact[0]).max() <= 1e-2 * top
+    # The atomics variant: the same dK and dV, bit for bit, and dQ (fp32, summed by atomic adds
+    # in another program order) within fp16 rounding of the separate pass's.
+    dqa, dka, dva, _ = run_backward_kernels(q, k, v, out, dout, lse, configs=cfg,
+                                            deterministic=False, seed=seed + 1, **kw)
+    assert dqa.dtype == torch.float32 and not torch.isnan(dqa).any()
+    assert torch.equal(dka, dk) and torch.equal(dva, dv)
+    top = max(exact[0].abs().max().item(), 1.0)
+    assert (dqa - dq.float()).abs().max().item() <= 2e-3 * top
+    assert_gradients((dqa.half(), dk, dv), exact, pt, seed=seed)
 
 
 @pytest.mark.parametrize("causal", [False, True])
-def test_kernel_source_masks_the_ragged_key_tile(causal):
+def test_kernels_mask_the_ragged_key_tile(causal):
     """Very negative scores make the LSE very negative: a padded key (score 0) left unmasked
     would give P = exp(0 - lse) = inf and dS x 0 = NaN in dQ. The ragged tile is masked."""
     B, H, Nq, Nk, D = 1, 2, 20, 37, 16
-    rng = np.random.default_rng(21)
-    q = np.full((B, H, Nq, D), 4.0, np.float16)
-    k = (rng.standard_normal((B, H, Nk, D)) - 4.0).astype(np.float16)
-    v = rng.standard_normal((B, H, Nk, D)).astype(np.float16)
-    dout = rng.standard_normal((B, H, Nq, D)).astype(np.float16)
-    kw = dict(causal=causal, scale=0.25, input_pos=Nk - Nq if causal else 0)
-    f64 = [t.astype(np.float64) for t in (q, k, v, dout)]
-    lse = R.attention_lse(f64[0], f64[1], **kw).astype(np.float32)
-    assert lse.max() < -40
-    out = R.attention(*f64[:3], **kw).astype(np.float16)
-    dq, dk, dv, _ = run_backward_source(q, k, v, out, dout, lse, configs=SOURCE_CONFIGS["small"],
-                                        **kw)
-    exact = R.attention_backward(*f64, **kw)
-    for name, g, x in zip(("dq", "dk", "dv"), (dq, dk, dv), exact):
-        assert np.isfinite(g).all(), name
-        assert np.abs(g - x).max() <= 1e-2 * max(np.abs(x).max(), 1.0), name
+    seed = 21
+    g = torch.Generator().manual_seed(seed)
+    q = torch.full((B, H, Nq, D), 4.0).half()
+    k = (torch.randn(B, H, Nk, D, generator=g) - 4.0).half()
+    v = torch.randn(B, H, Nk, D, generator=g).half()
+    dout = torch.randn(B, H, Nq, D, generator=g).half()
+    pos = Nk - Nq if causal else 0
+    out, lse, exact = reference(q, k, v, dout, causal, 0.25, pos)
+    assert lse.max().item() < -40
+    pt = torch_same_precision(q, k, v, dout, causal, 0.25, pos)
+    for deterministic in (True, False):
+        dq, dk, dv, _ = run_backward_kernels(q, k, v, out.half(), dout, lse.float(),
+                                             configs=SOURCE_CONFIGS["small"], causal=causal,
+                                             scale=0.25, input_pos=pos,
+                                             deterministic=deterministic)
+        assert_gradients((dq.half(), dk, dv), exact, pt, seed=seed)
 
 
 @pytest.mark.parametrize("bad_lse", [-math.inf, math.inf])
 def test_rows_that_see_no_key(bad_lse):
     """A row with LSE -inf (the forward's log 0 for a row that sees no key; +inf, FA2's way to
     say it) gets P = 0 and dS = 0: dQ 0, nothing added to dK or dV, even when its output is
-    NaN (the forward's 0 / 0). The kernels' source and the emulation agree."""
+    NaN (the forward's 0 / 0). The kernels and the emulation agree."""
     B, Hq, Hkv, Nq, Nk, D = 1, 4, 2, 40, 50, 32
-    rng = np.random.default_rng(5)
-    q, k, v, dout = (rng.standard_normal(s).astype(np.float16) for s in
-                     ((B, Hq, Nq, D), (B, Hkv, Nk, D), (B, Hkv, Nk, D), (B, Hq, Nq, D)))
+    seed = 5
+    q, k, v, dout = fp16_inputs(B, Hq, Hkv, Nq, Nk, D, seed=seed)
     kw = dict(causal=True, scale=0.2, input_pos=10)
-    f64 = [t.astype(np.float64) for t in (q, k, v, dout)]
-    out = R.attention(*f64[:3], **kw).astype(np.float16)
-    lse = R.attention_lse(f64[0], f64[1], **kw).astype(np.float32)
+    out, lse, _ = reference(q, k, v, dout, True, 0.2, 10)
+    out, lse = out.half(), lse.float()
     rows = [0, 17, 39]
     lse[:, 1, rows] = bad_lse
-    out[:, 1, rows] = np.nan
+    out[:, 1, rows] = math.nan
     # What remains: the gradients with those rows' upstream gradient taken away.
-    do0 = f64[3].copy()
-    do0[:, 1, rows] = 0.0
-    want = R.attention_backward(*f64[:3], do0, **kw)
+    do0 = dout.clone()
+    do0[:, 1, rows] = 0
+    _, _, want = reference(q, k, v, do0, True, 0.2, 10)
+    pt = torch_same_precision(q, k, v, do0, True, 0.2, 10)
     cfg = {"bwd_dkdv": Config(16, 32), "bwd_dq": Config(16, 16)}
-    got_src = run_backward_source(q, k, v, out, dout, lse, configs=cfg, **kw)[:3]
-    got_emu = R.emulate_backward(q, k, v, out, dout, lse, config=cfg["bwd_dkdv"],
-                                 dq_config=cfg["bwd_dq"], round_p=True, **kw)
-    for got in (got_src, got_emu):
-        for name, g, w in zip(("dq", "dk", "dv"), got, want):
-            g = g.astype(np.float32)
-            assert np.isfinite(g).all(), name
-            assert np.abs(g - w).max() <= 1e-2 * max(np.abs(w).max(), 1.0), name
+    got_kernels = run_backward_kernels(q, k, v, out, dout, lse, configs=cfg, **kw)[:3]
+    got_atomic = run_backward_kernels(q, k, v, out, dout, lse, configs=cfg, deterministic=False,
+                                      **kw)[:3]
+    got_emu = [torch.from_numpy(g) for g in
+               R.emulate_backward(q, k, v, out, dout, lse, config=cfg["bwd_dkdv"],
+                                  dq_config=cfg["bwd_dq"], round_p=True, **kw)]
+    for got in (got_kernels, got_atomic, got_emu):
+        assert_gradients(got, want, pt, seed=seed)
         assert (got[0][:, 1, rows] == 0).all()
 
 
-def test_the_numpy_stand_in_catches_a_missing_padding_mode():
-    """The stand-in reads undetermined padding as NaN: a load without padding_mode past the end
-    of K would poison the result, as on the GPU (the forward's NaN-in-P.V lesson)."""
-    t = NumpyTile()
-    a = np.ones((1, 1, 5, 4), np.float16)
-    tile = t.load(a, index=(0, 0, 1, 0), shape=(1, 1, 4, 4))
-    assert np.isnan(tile[0, 0, 1:]).all() and (tile[0, 0, 0] == 1).all()
-    tile = t.load(a, index=(0, 0, 0, 1), shape=(1, 1, 4, 4), order=(0, 1, 3, 2),
-                  padding_mode=t.PaddingMode.ZERO)                     # [D, N] of (N, D)
-    assert tile.shape == (1, 1, 4, 4) and (tile[0, 0, :, 0] == 1).all()
-    assert (tile[0, 0, :, 1:] == 0).all()
-    with pytest.raises(AssertionError, match="outside"):
-        t.load(a, index=(0, 0, 2, 0), shape=(1, 1, 4, 4))
+# Loads whose zero padding matters (the old NaN-in-P.V lesson of the forward): without it the
+# interpreter reads the elements past a ragged length as NaN (a GPU reads whatever is there).
+KERNEL_FILE = Path(kernels.__file__).parent / "fmha_bwd.py"
+MUTATIONS = {
+    # bwd_dq, K in the loop: the ragged key tile's padded keys, unmasked before the -inf mask.
+    "dq-K": ("        k = ct.load(K, index=(batch_idx, kv_head, j, 0), shape=(1, 1, TILE_N, "
+             "TILE_D),\n                    padding_mode=ct.PaddingMode.ZERO)"),
+    # bwd_dq, V^T: dP's padded columns, times P = 0 there.
+    "dq-Vt": ("                     order=(0, 1, 3, 2),\n"
+              "                     padding_mode=ct.PaddingMode.ZERO)"),
+    # bwd_dkdv, Q in the loop: the ragged query tile's padded rows, P^T = exp(NaN).
+    "dkdv-Q": ("        q = ct.load(Q, index=(batch_idx, head_idx, i, 0), shape=(1, 1, TILE_M, "
+               "TILE_D),\n                    padding_mode=ct.PaddingMode.ZERO)"),
+}
+
+
+def _without_padding(text: str) -> str:
+    head, _, _ = text.rpartition(",\n")
+    return head + ")"
+
+
+@pytest.mark.parametrize("mutation", MUTATIONS)
+def test_the_interpreter_catches_a_missing_padding_mode(mutation, tmp_path):
+    """The kernel file with one ``padding_mode=ct.PaddingMode.ZERO`` taken out, run through
+    the interpreter on ragged lengths, gives NaN gradients (or an InterpreterError); the
+    unmutated kernels on the same inputs are exact (test_kernels_on_the_interpreter)."""
+    import importlib.util
+    src = KERNEL_FILE.read_text()
+    old = MUTATIONS[mutation]
+    assert src.count(old) == 1, f"the load of {mutation!r} is not in {KERNEL_FILE} as written"
+    path = tmp_path / f"fmha_bwd_{mutation.replace('-', '_')}.py"
+    path.write_text(src.replace(old, _without_padding(old)))
+    interpret.install_shim()                              # no cuda.tile: the interpreter's
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    mutant = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mutant)
+    B, Hq, Hkv, Nq, Nk, D = 1, 2, 1, 45, 37, 32           # ragged tiles; D == TILE_D
+    q, k, v, dout = fp16_inputs(B, Hq, Hkv, Nq, Nk, D, seed=3)
+    kw = dict(causal=False, scale=0.2, input_pos=0, configs={"bwd_dkdv": Config(16, 16),
+                                                             "bwd_dq": Config(16, 16)})
+    out, lse, _ = reference(q, k, v, dout, False, 0.2, 0)
+    args = (q, k, v, out.half(), dout, lse.float())
+    good = run_backward_kernels(*args, **kw)[:3]
+    assert not any(torch.isnan(g).any() for g in good)
+    try:
+        bad = run_backward_kernels(*args, module=mutant, **kw)[:3]
+    except interpret.InterpreterError:
+        return
+    assert any(torch.isnan(g).any() for g in bad), f"{mutation}: the missing padding went unseen"
 
 
 # --- ahead of time (slow) -------------------------------------------------------------------------
