@@ -147,7 +147,6 @@ def attend_query_tile(Q, K, V, Out, Lse, qk_scale, input_pos, bid_x, batch_idx, 
                     order=(0, 1, 3, 2), latency=K_LAT, padding_mode=ct.PaddingMode.ZERO)
         qk_next = ct.mma(q, k.reshape((TILE_D, TILE_N)),
                          ct.full((TILE_M, TILE_N), 0.0, dtype=ct.float32))
-
     # --- Main loop over key/value tiles ---
     for j in range(0, Tc):
         if PIPELINE:
@@ -161,16 +160,15 @@ def attend_query_tile(Q, K, V, Out, Lse, qk_scale, input_pos, bid_x, batch_idx, 
         else:
             # K is read transposed straight from (Nk, D) memory: order swaps the last two axes.
             if UNCHECKED_KV:
-                # Chapter 10: the host proved every K/V tile in bounds (Nk % TILE_N == 0,
-                # D == TILE_D).
+                # Chapter 10: the host proved every K/V tile in bounds (Nk % TILE_N == 0, D == TILE_D).
                 k = ct.load(K, index=(batch_idx, kv_head, 0, j), shape=(1, 1, TILE_D, TILE_N),
                             order=(0, 1, 3, 2), latency=K_LAT, check_bounds=False)
             else:
                 k = ct.load(K, index=(batch_idx, kv_head, 0, j), shape=(1, 1, TILE_D, TILE_N),
                             order=(0, 1, 3, 2), latency=K_LAT, padding_mode=ct.PaddingMode.ZERO)
-            k = k.reshape((TILE_D, TILE_N))                          # [TILE_D, TILE_N]
-            qk = ct.full((TILE_M, TILE_N), 0.0, dtype=ct.float32)   # [TILE_M, TILE_N]
-            qk = ct.mma(q, k, qk)                                    # S = Q K^T
+            k = k.reshape((TILE_D, TILE_N))                              # [TILE_D, TILE_N]
+            qk = ct.full((TILE_M, TILE_N), 0.0, dtype=ct.float32)       # [TILE_M, TILE_N]
+            qk = ct.mma(q, k, qk)                                        # S = Q K^T
 
         if SPLIT_LOOP:
             # Only tiles that straddle the diagonal (or the end of K) need the mask.

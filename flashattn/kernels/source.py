@@ -27,6 +27,9 @@ _SHAPE_FLAGS = ("CAUSAL", "EVEN_K")
 # backward (issue 11). Folded away with WRITE_LSE=False, they leave the listings.
 OUTPUT_FLAGS = {"WRITE_LSE": False}
 OUTPUT_PARAMS = ("Lse", "WRITE_LSE")
+# Flags added after the book's listings were written (E26's PIPELINE): folded away and dropped
+# from every listing, so a step's source reads as before they existed.
+LATE_FLAGS = ("PIPELINE",)
 
 
 def kernel_source(kind: str = "fmha") -> str:
@@ -369,7 +372,7 @@ def step_source(name: str, *, causal: bool | None = None, even_k: bool | None = 
             src = _drop_docstring_mentions(*out)
         src = prune_definitions(src)
     else:
-        src = prune_unused(src, OUTPUT_PARAMS)
+        src = prune_unused(src, OUTPUT_PARAMS + LATE_FLAGS)
     if functions:
         src = "\n\n".join(_function_source(src, f) for f in functions)
     return src
