@@ -129,7 +129,8 @@ def backward(r) -> str:
     """Every backward document: ours (and the libraries) per pass, N: TFLOPS, x cuDNN, x FA2."""
     out = ["| workload | pass | impl | N | TFLOPS | % of peak | × cuDNN [95 % CI] | "
            "× FA2 [95 % CI] |", "|---|---|---|---|---|---|---|---|"]
-    for f in sorted((ROOT / "results" / "h200" / "bench-backward").glob("*.json")):
+    # json_docs: NAME.json or NAME.json.xz (the recorded documents are committed compressed).
+    for f in results.json_docs(ROOT / "results" / "h200" / "bench-backward"):
         doc = read_json(f)
         w = doc["meta"]["workload"]["name"]
         for x in doc["rows"]:

@@ -200,6 +200,8 @@ def format_table(reports: list[KernelReport]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     import argparse
+
+    from .contract import MAX_HEAD_DIM, head_dim_arg
     p = argparse.ArgumentParser(prog="python -m flashattn compile",
                                 description="Compile steps ahead of time (no GPU needed) and "
                                             "report registers, spills, shared memory and SASS.")
@@ -207,7 +209,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="target architecture (repeatable; default sm_90 and sm_100)")
     p.add_argument("--step", action="append", choices=STEP_NAMES + tuple(EXPERIMENTS),
                    help="step or experiment to compile (repeatable; default: all steps)")
-    p.add_argument("--head-dim", type=int, default=128)
+    p.add_argument("--head-dim", type=head_dim_arg, default=128,
+                   help="head dim D, 1 to %d as the API takes (default 128)" % MAX_HEAD_DIM)
     p.add_argument("--no-causal", action="store_true")
     p.add_argument("--dtype", choices=["float16", "bfloat16"], default="float16")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")

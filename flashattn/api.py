@@ -54,6 +54,9 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None,
             which). NotImplementedError never; D up to 256 and any lengths >= 1 are supported.
     """
     import torch
+    if not isinstance(step, str):
+        raise TypeError(f"step must be a str (a name from flashattn.STEPS, or 'best'), got "
+                        f"{type(step).__name__}")
     if _differentiable(q, k, v):
         from . import autograd
         return autograd.attention(q, k, v, causal=causal, scale=scale, input_pos=input_pos,
@@ -97,8 +100,17 @@ def sdpa(query, key, value, attn_mask=None, dropout_p: float = 0.0, is_causal: b
 
     Differentiable as ``attention``. Raises NotImplementedError for what the kernels do not do
     (an attention mask tensor, dropout), and ValueError for different head counts without
-    ``enable_gqa=True``, as PyTorch.
+    ``enable_gqa=True``, as PyTorch; TypeError for a query, key or value that is not a tensor.
     """
+    import torch
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    # isinstance only (no check_flag): torch.compile traces this function with fullgraph=True.
+    if isinstance(enable_gqa, torch.Tensor) or not isinstance(enable_gqa, (bool, int)):
+        raise TypeError(f"enable_gqa must be a bool, got {type(enable_gqa).__name__}")
+    if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)):
+        raise TypeError(f"dropout_p must be a float, got {type(dropout_p).__name__}")
     if attn_mask is not None:
         raise NotImplementedError("flashattn.sdpa does not support attn_mask; use is_causal=True "
                                   "for causal masking or torch's scaled_dot_product_attention")
@@ -106,7 +118,7 @@ def sdpa(query, key, value, attn_mask=None, dropout_p: float = 0.0, is_causal: b
         raise NotImplementedError(f"flashattn.sdpa does not support dropout (dropout_p="
                                   f"{dropout_p}); train without attention dropout, or use torch's "
                                   "scaled_dot_product_attention")
-    if getattr(query, "ndim", 4) == 4 and getattr(key, "ndim", 4) == 4:
+    if query.ndim == 4 and key.ndim == 4:
         if query.shape[1] != key.shape[1] and not enable_gqa:
             raise ValueError(f"query has {query.shape[1]} heads and key {key.shape[1]}: pass "
                              "enable_gqa=True for grouped-query attention")

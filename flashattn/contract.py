@@ -59,6 +59,28 @@ def parse_gqa(gqa, heads: int | None = None) -> tuple[int, int] | None:
     return hq, hkv
 
 
+def check_head_dim(D) -> int:
+    """``D`` as an int if it is a head dim the kernels take (1 .. ``MAX_HEAD_DIM``); TypeError
+    for a non-integer, ValueError otherwise. The rule of every entry point, the command line's
+    ``--head-dim`` included (``head_dim_arg``)."""
+    if isinstance(D, bool) or not _is_int(D):
+        raise TypeError(f"head dim must be an int, got {type(D).__name__}")
+    if D < 1 or D > MAX_HEAD_DIM:
+        raise ValueError(f"head dim must be between 1 and {MAX_HEAD_DIM}, got {D}")
+    return int(D)
+
+
+def head_dim_arg(text: str) -> int:
+    """``type=`` of a ``--head-dim`` option: ``check_head_dim`` of the integer ``text``, so a
+    command refuses (argparse's error, exit status 2) what the API refuses."""
+    import argparse
+    try:
+        return check_head_dim(int(text))
+    except ValueError as e:
+        msg = str(e) if str(e).startswith("head dim") else f"takes an integer, got {text!r}"
+        raise argparse.ArgumentTypeError(msg) from None
+
+
 def _check_head_dim(D: int, Dk: int, kv: str) -> None:
     """q's head dim D equals the keys' Dk (``kv`` names them in the message), within 1..256."""
     if Dk != D:
@@ -119,11 +141,36 @@ def _is_int(x) -> bool:
         return False
 
 
+def check_flag(name: str, x) -> bool:
+    """``x`` as a bool; TypeError naming ``name`` for anything but a bool or an int (a tensor,
+    a string: ``"no"`` would otherwise be true)."""
+    if type(x).__module__.startswith("torch") or not isinstance(x, (bool, int)):
+        raise TypeError(f"{name} must be a bool, got {type(x).__name__}")
+    return bool(x)
+
+
 def check_causal(causal) -> bool:
     """``causal`` as a bool; TypeError for anything but a bool or an int (a tensor, a string)."""
-    if type(causal).__module__.startswith("torch") or not isinstance(causal, (bool, int)):
-        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
-    return bool(causal)
+    return check_flag("causal", causal)
+
+
+def check_optional_int(name: str, x, *, minimum: int = 0):
+    """``x``: None, or an int of at least ``minimum`` (TypeError, ValueError naming ``name``)."""
+    if x is None:
+        return None
+    if isinstance(x, bool) or not _is_int(x):
+        raise TypeError(f"{name} must be an int or None, got {type(x).__name__}")
+    if x < minimum:
+        raise ValueError(f"{name} must be at least {minimum}, got {x}")
+    return int(x)
+
+
+def check_out(out):
+    """``out``: None or a torch.Tensor (its shape, dtype and device: the caller's rule)."""
+    import torch
+    if out is not None and not isinstance(out, torch.Tensor):
+        raise TypeError(f"out must be a torch.Tensor or None, got {type(out).__name__}")
+    return out
 
 
 def _on_kernel_device(t, interpret: bool) -> bool:
@@ -335,6 +382,7 @@ def check_decode(q, k_cache, v_cache, cache_seqlens, block_table=None, *, scale=
     on_cpu = _device_type(cache_seqlens) == "cpu"
     if check_values is None:
         check_values = on_cpu
+    check_values = check_flag("check_values", check_values)
     if check_values:
         if not on_cpu and _capturing():
             raise ValueError("check_values=True reads cache_seqlens and block_table on the "
@@ -361,7 +409,7 @@ def check_decode_tensors(q, k_cache, v_cache, cache_seqlens, block_table=None, *
     import torch
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache),
                     ("cache_seqlens", cache_seqlens), ("block_table", block_table)):
-        if t is not None and not isinstance(t, torch.Tensor):
+        if not isinstance(t, torch.Tensor) and not (name == "block_table" and t is None):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
         if _dtype_str(t) not in DTYPES:
@@ -467,6 +515,7 @@ def check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seqle
     (``check_varlen_values``: a synchronisation for device tensors).
     """
     check_causal(causal)
+    check_values = check_flag("check_values", check_values)
     arrays = (("q", q), ("k", k), ("v", v), ("cu_seqlens_q", cu_seqlens_q),
               ("cu_seqlens_k", cu_seqlens_k))
     for name, t in arrays:
@@ -500,24 +549,35 @@ def check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seqle
     return dims
 
 
+def is_meta(*tensors) -> bool:
+    """All of ``tensors`` on PyTorch's ``meta`` device (shapes, no data)."""
+    return all(_device_type(t) == "meta" for t in tensors)
+
+
 def check_varlen_tensors(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seqlen_k,
                          causal=False, scale=None, check_values=True,
                          interpret: bool = False) -> VarlenDims:
     """The varlen kernel's contract: ``check_varlen`` plus torch CUDA tensors (CPU ones with
-    ``interpret``), q, k, v float16 or bfloat16."""
+    ``interpret``), q, k, v float16 or bfloat16.
+
+    Meta tensors (all five on ``meta``, as a model built there passes them) are checked for
+    everything but their values, which they do not have: ``check_values`` is ignored for them,
+    as the dense operator's fake implementation checks shapes only."""
     import torch
     for name, t in (("q", q), ("k", k), ("v", v), ("cu_seqlens_q", cu_seqlens_q),
                     ("cu_seqlens_k", cu_seqlens_k)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    meta = is_meta(q, k, v, cu_seqlens_q, cu_seqlens_k)
+    check_values = check_flag("check_values", check_values)
     for name, t in (("q", q), ("k", k), ("v", v)):
         if _dtype_str(t) not in DTYPES:
             raise TypeError(f"{name} has dtype {t.dtype}; the varlen kernel takes float16 or "
                             "bfloat16 (for float32 use flashattn.reference.varlen_attention)")
     dims = check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_seqlen_q,
                         max_seqlen_k=max_seqlen_k, causal=causal, scale=scale,
-                        check_values=check_values)
-    if not _on_kernel_device(q, interpret):
+                        check_values=check_values and not meta)
+    if not meta and not _on_kernel_device(q, interpret):
         raise ValueError(f"the varlen kernel runs on a CUDA GPU; the tensors are on {q.device}. "
                          "On a CPU use flashattn.reference.varlen_attention, " + INTERPRET_HINT)
     return dims

@@ -37,7 +37,7 @@ from __future__ import annotations
 import functools
 import math
 
-from .contract import check_decode_tensors
+from .contract import check_decode_tensors, check_optional_int, check_out
 from .dispatch import (device_arch, device_sm_count, expect, interpreting, launch_kernel,
                        on_device)
 from .kernels import (DECODE_COMBINE, DECODE_COMBINE_ROW, DECODE_SPLIT, DECODE_SPLIT_HINTS,
@@ -70,7 +70,9 @@ def decode_plan(dims, *, num_splits=None, max_seqlen=None, sm_count: int, arch=N
         num_splits = decode_num_splits(B=dims.B, Hkv=dims.Hkv, rows=rows, max_seqlen=bound,
                                        head_dim=dims.D, sm_count=sm_count, page_size=page,
                                        arch=arch)
-    if isinstance(num_splits, bool) or int(num_splits) != num_splits or num_splits < 1:
+    import numbers
+    if (isinstance(num_splits, bool) or not isinstance(num_splits, numbers.Real)
+            or int(num_splits) != num_splits or num_splits < 1):
         raise ValueError(f"num_splits must be a positive integer, got {num_splits!r}")
     num_splits = int(num_splits)
     if num_splits > 65535:
@@ -144,6 +146,8 @@ def decode(q, k_cache, v_cache, cache_seqlens, *, block_table=None, scale=None,
     interp = interpreting(getattr(q, "device", None))
     dims = check_decode_tensors(q, k_cache, v_cache, cache_seqlens, block_table, scale=scale,
                                 check_values=check_values, interpret=interp)
+    check_optional_int("max_seqlen", max_seqlen, minimum=0)   # num_splits: decode_plan
+    check_out(out)
     B, Hq, Nq, D = q.shape
     Hkv = dims.Hkv
     if scale is None:

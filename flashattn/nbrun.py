@@ -251,6 +251,32 @@ def _run_plain(path_in: str, path_out: str | None) -> int:
     return status
 
 
+def check_paths(path_in: str, path_out: str | None = None) -> None:
+    """Raise ValueError, one line naming the path, unless ``path_in`` is a notebook (a JSON
+    file with a list of cells) and ``path_out`` (if given) a file that can be written: what
+    ``main`` checks before running a cell."""
+    if not os.path.exists(path_in):
+        raise ValueError(f"no such notebook: {path_in}")
+    if os.path.isdir(path_in):
+        raise ValueError(f"{path_in} is a directory; give one notebook (.ipynb) in it")
+    try:
+        with open(path_in, encoding="utf-8") as f:
+            nb = json.load(f)
+    except (UnicodeDecodeError, ValueError) as e:
+        raise ValueError(f"{path_in} is not a notebook: not JSON ({e})") from None
+    except OSError as e:
+        raise ValueError(f"cannot read {path_in}: {e.strerror or e}") from None
+    if not (isinstance(nb, dict) and isinstance(nb.get("cells"), list)):
+        raise ValueError(f"{path_in} is not a notebook: JSON without a list of \"cells\"")
+    if path_out:
+        if os.path.isdir(path_out):
+            raise ValueError(f"OUT {path_out} is a directory; give the executed notebook's file "
+                             "name")
+        parent = os.path.dirname(os.path.abspath(path_out))
+        if not os.path.isdir(parent):
+            raise ValueError(f"OUT {path_out}: no folder {parent}")
+
+
 def main(argv: list[str] | None = None) -> int:
     import argparse
     p = argparse.ArgumentParser(prog="python -m flashattn nbrun",
@@ -261,6 +287,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("notebook", help="the notebook to run")
     p.add_argument("out", nargs="?", help="where to write the executed notebook")
     a = p.parse_args(argv)
+    try:
+        check_paths(a.notebook, a.out)
+    except ValueError as e:
+        p.error(str(e))             # one line, exit status 2: no cell has run
     return run(a.notebook, a.out)
 
 

@@ -102,7 +102,9 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
 
     Returns:
         (total_q, Hq, D) in q's dtype. A row that sees no key (an empty key sequence, or
-        causal with ``len_q > len_k``) is 0, as FlashAttention's.
+        causal with ``len_q > len_k``) is 0, as FlashAttention's. On ``meta`` tensors (all of
+        q, k, v and the offsets; a model built on the meta device) an empty meta tensor of that
+        shape, as ``flashattn.attention`` gives: shapes and dtypes checked, offsets not read.
 
     Differentiable: with grad mode on and q, k or v requiring grad, the call goes through a
     ``torch.autograd.Function`` whose backward is ``attention_varlen_backward`` (the square
@@ -132,13 +134,18 @@ def _forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
              scale, check_values, config, out):
     """``attention_varlen`` without autograd: the checks and the kernel's launch."""
     import torch
-    from .contract import check_causal
+    from .contract import check_causal, check_out
     causal = check_causal(causal)
     interp = interpreting(getattr(q, "device", None))
     dims = check_varlen_tensors(q, k, v, cu_seqlens_q, cu_seqlens_k,
                                 max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
                                 causal=causal, scale=scale, check_values=check_values,
                                 interpret=interp)
+    check_out(out)
+    from .steps import Config
+    if config is not None and not isinstance(config, Config):
+        raise TypeError(f"config must be a flashattn.Config (tiles and hints, e.g. "
+                        f"flashattn.Config(64, 64)) or None, got {type(config).__name__}")
     if out is None:
         out = torch.empty((dims.total_q, dims.Hq, dims.D), dtype=q.dtype, device=q.device)
     elif (tuple(out.shape) != tuple(q.shape) or out.dtype != q.dtype or out.device != q.device
@@ -146,6 +153,8 @@ def _forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
         raise ValueError(f"out must be a {tuple(q.shape)} tensor of {q.dtype} on {q.device} "
                          f"with a contiguous last dimension, got {tuple(out.shape)} "
                          f"{out.dtype} on {out.device}")
+    if q.device.type == "meta":
+        return out                  # shapes only (check_varlen_tensors): nothing launches
     if dims.total_q == 0:
         return out
     if dims.total_k == 0:
@@ -269,6 +278,8 @@ def attention_varlen_backward(q, k, v, out, dout, cu_seqlens_q, cu_seqlens_k,
                                 causal=causal, scale=scale, check_values=False,
                                 interpret=interpreting(getattr(q, "device", None)))
     check_varlen_grad_tensors(q, out, dout)
+    if q.device.type == "meta":     # shapes only, as the forward: no offsets to loop over
+        return tuple(torch.empty(t.shape, dtype=t.dtype, device="meta") for t in (q, k, v))
     if cu_seqlens_q.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
         raise ValueError("attention_varlen_backward reads cu_seqlens on the host (it loops over "
                          "the sequences), which CUDA-graph capture does not allow")

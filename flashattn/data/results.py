@@ -80,12 +80,17 @@ def _read(path: Path) -> dict | None:
         return None
 
 
-def _json_docs(folder: Path) -> list[Path]:
+def json_docs(folder) -> list[Path]:
     """The JSON documents of ``folder``, each by its plain name (``NAME.json``) whether it is
-    committed plain or compressed (``NAME.json.xz``; ``read_json`` reads either), sorted."""
+    committed plain or compressed (``NAME.json.xz``; ``read_json`` reads either), sorted.
+    What a script globs for instead of ``*.json``, which misses the compressed ones."""
+    folder = Path(folder)
     names = {f.name for f in folder.glob("*.json")}
     names |= {f.name[:-3] for f in folder.glob("*.json.xz")}
     return [folder / n for n in sorted(names)]
+
+
+_json_docs = json_docs
 
 
 def _step_key(step) -> tuple:
@@ -281,7 +286,7 @@ def _compile_frame(kernels: list[dict], columns=("step", "arch", "kernel", "conf
 def _load_compile(d: Path):
     """The per-arch reports (``compile/<arch>.json``; not the tile grid)."""
     kernels, metas = [], {}
-    for f in sorted((d / "compile").glob("*.json")):
+    for f in json_docs(d / "compile"):
         doc = _read(f)
         if f.name == TILE_GRID_FILE or not doc or "kernels" not in doc:
             continue
@@ -501,4 +506,5 @@ def source_line(meta) -> str:
 __all__ = ["load", "available", "Results", "source_line", "results_root", "DEFAULT_WORKLOAD",
            "LIBRARY_IMPLS", "experiments_root", "list_experiments", "load_experiment",
            "load_experiment_meta", "load_experiment_file", "load_experiment_profile",
-           "load_experiment_table", "load_experiment_log_table", "seed_b200", "TILE_GRID_FILE", "SEED_B200_FILE"]
+           "load_experiment_table", "load_experiment_log_table", "seed_b200", "TILE_GRID_FILE", "SEED_B200_FILE",
+           "json_docs"]

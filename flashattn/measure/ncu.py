@@ -11,8 +11,10 @@ measured one inside the NVTX range ``step:NAME``) and turns the report into a ti
      "rules": [{"step", "kernel", "section", "rule", "type", "message"}, ...]}
 
 written to ``DIR/summary.json`` (merged: rows of the steps profiled again are replaced). Elsewhere
-it prints the ``ncu`` command it would run and the summary recorded in
-``results/<gpu>/profiles/summary.json``, and exits 0.
+it prints the ``ncu`` command it would run and the recorded summary of each step under
+``results/<gpu>/profiles/`` (``summary.json``, ``n1024/summary.json``, ...) at the asked shape,
+or, when the step was recorded at other shapes only, the closest one, saying which
+(``show_recorded``), and exits 0.
 
 How kernels are selected. By default ncu profiles only kernels launched inside an NVTX push/pop
 range whose name matches ``step:.*`` (``--nvtx --nvtx-include "regex:step:.*/"``; the trailing
@@ -663,6 +665,119 @@ def format_rules(rules, steps=None, types=("OPTIMIZATION", "WARNING", "ERROR"),
 
 
 # ---------------------------------------------------------------------------------------------
+# The recorded profiles (what the command shows without a GPU)
+# ---------------------------------------------------------------------------------------------
+SHAPE_KEYS = ("N", "B", "Hq", "Hkv", "D", "dtype", "causal")
+
+
+def describe_shape(shape: dict | None) -> str:
+    """"N=4096 B=4 Hq=32 Hkv=32 D=128 float16 causal" (a summary's ``meta.shape``)."""
+    if not shape:
+        return "an unrecorded shape"
+    parts = [f"{k}={shape[k]}" for k in SHAPE_KEYS[:5] if k in shape]
+    if "dtype" in shape:
+        parts.append(str(shape["dtype"]))
+    if "causal" in shape:
+        parts.append("causal" if shape["causal"] else "not causal")
+    return " ".join(parts)
+
+
+def recorded_summaries(folder) -> list[Path]:
+    """The profile summaries under ``folder`` (``results/<gpu>/profiles``), each by its plain
+    name ``.../summary.json`` (read_json reads ``summary.json.xz`` too): the top-level one
+    first, then the subfolders' (n1024/, backward/, decode/, ...) by name."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    found = {f.with_name("summary.json") for f in folder.rglob("summary.json*")
+             if f.name in ("summary.json", "summary.json.xz")}
+    return sorted(found, key=lambda p: (p.parent != folder, str(p)))
+
+
+def recorded_shape(meta: dict, step: str) -> dict | None:
+    """The shape ``step`` was profiled at in a summary's meta (its own, else the summary's)."""
+    return (meta.get("per_step", {}).get(step, {}).get("shape") or meta.get("shape")) or None
+
+
+def find_recorded(folder, steps, shape: dict) -> dict:
+    """For each of ``steps``, the recorded summary to show for ``shape`` (keys ``SHAPE_KEYS``):
+    ``{step: dict(path, shape, exact)}``, or ``{step: None}`` when no summary has the step.
+
+    A summary recorded at exactly ``shape`` wins; otherwise the one whose shape agrees on the
+    most keys (``exact`` False: the caller says it shows another shape), the top-level summary
+    first among equals; a summary without a recorded shape comes last."""
+    docs = []
+    for path in recorded_summaries(folder):
+        try:
+            doc = read_json(path)
+        except (OSError, ValueError):
+            continue
+        docs.append((path, doc.get("meta", {}), {r.get("step") for r in doc.get("rows", [])}))
+    want = {k: shape.get(k) for k in SHAPE_KEYS}
+    chosen = {}
+    for step in steps:
+        best, best_score = None, None
+        for path, meta, have in docs:
+            if step not in have:
+                continue
+            got = recorded_shape(meta, step)
+            score = -1 if got is None else sum(got.get(k) == v for k, v in want.items())
+            if best_score is None or score > best_score:
+                best, best_score = dict(path=path, shape=got, exact=score == len(want)), score
+        chosen[step] = best
+    return chosen
+
+
+def _shown(path) -> str:
+    try:
+        return str(Path(path).relative_to(REPO))
+    except ValueError:
+        return str(path)
+
+
+def show_recorded(folder, steps, shape: dict, *, rules: bool = False) -> None:
+    """Print the recorded summary of ``steps`` at ``shape`` (``find_recorded``), saying so when
+    a step was recorded at another shape only, or not at all."""
+    summaries = recorded_summaries(folder)
+    if not summaries:
+        print(f"No recorded profiles in {_shown(folder)}.")
+        return
+    chosen = find_recorded(folder, steps, shape)
+    missing = [s for s, c in chosen.items() if c is None]
+    groups: dict = {}
+    for s, c in chosen.items():
+        if c is not None:
+            groups.setdefault(c["path"], []).append(s)
+    asked = describe_shape(shape)
+    for path, have in groups.items():
+        doc_meta = read_json(path).get("meta", {})
+        other = [s for s in have if not chosen[s]["exact"]]
+        if other:
+            at = "; ".join(sorted({describe_shape(chosen[s]["shape"]) for s in other}))
+            print(f"No recorded profile of {', '.join(other)} at the asked shape ({asked}); "
+                  f"showing the one recorded at {at} instead.\n")
+        shapes = {describe_shape(chosen[s]["shape"]) for s in have}
+        print(f"Recorded in {_shown(path)}"
+              + (f" ({doc_meta.get('gpu_name') or doc_meta.get('gpu', '')}, ncu "
+                 f"{doc_meta.get('ncu_version', '?')})" if doc_meta else "")
+              + f", at {'; '.join(sorted(shapes))}:\n")
+        rows, rule_rows = load_summary(path)
+        print(format_summary(rows, have))
+        if rules and not rule_rows.empty:
+            print("\n" + format_rules(rule_rows, have))
+        print()
+    if missing:
+        recorded = set()
+        for p in summaries:
+            try:
+                recorded |= {r.get("step") for r in read_json(p).get("rows", [])}
+            except (OSError, ValueError):
+                pass
+        print(f"(no recorded profile for {', '.join(missing)} in {_shown(folder)}; recorded "
+              f"steps: {', '.join(sorted(recorded)) or 'none'})")
+
+
+# ---------------------------------------------------------------------------------------------
 # Command line
 # ---------------------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
@@ -700,23 +815,9 @@ def main(argv: list[str] | None = None) -> int:
     if not ok:
         print(f"Not profiling here ({why}). On a GPU machine this runs:\n\n    "
               + shlex.join(cmd) + "\n")
-        recorded = REPO / "results" / a.gpu / "profiles" / "summary.json"
-        if json_path(recorded) is None:
-            print(f"No recorded profiles in {recorded.relative_to(REPO)}.")
-            return 0
-        rows, rules = load_summary(recorded)
-        meta = read_json(recorded).get("meta", {})
-        print(f"Recorded in {recorded.relative_to(REPO)}"
-              + (f" ({meta.get('gpu_name') or meta.get('gpu', '')}, ncu "
-                 f"{meta.get('ncu_version', '?')})" if meta else "") + ":\n")
-        have = [s for s in a.step if s in set(rows["step"])]
-        if not have:
-            print(f"(no recorded profile for {', '.join(a.step)}; recorded steps: "
-                  f"{', '.join(sorted(set(rows['step']))) or 'none'})")
-            return 0
-        print(format_summary(rows, have))
-        if a.rules and not rules.empty:
-            print("\n" + format_rules(rules, have))
+        asked = dict(N=a.seqlen, B=a.batch, Hq=hq, Hkv=hkv, D=a.head_dim, dtype=a.dtype,
+                     causal=a.causal)
+        show_recorded(REPO / "results" / a.gpu / "profiles", a.step, asked, rules=a.rules)
         return 0
     report = _run_and_summarize(a.step, out, name=name, ncu=a.ncu, filter=a.filter,
                                 command=shlex.join(cmd), **shape)

@@ -79,8 +79,14 @@ BWD_QUICK = dict(seqlens=(256,), batch=1, heads=2, rounds=3, inner=2, baselines=
 
 
 def default_out(quick: bool = False) -> Path:
+    """Where ``record`` writes without ``--out``: the dataset folder ``results/<gpu>``; with
+    ``quick``, a new temporary folder (a quick run tests the tools: it never lands in the
+    repository's results/, where it would look like data)."""
+    if quick:
+        import tempfile
+        return Path(tempfile.mkdtemp(prefix="flashattn-record-quick-"))
     from ..data.results import results_root
-    return results_root() / (gpu_slug() + ("-quick" if quick else ""))
+    return results_root() / gpu_slug()
 
 
 def _extra_name(w: dict, heads: int) -> str:
@@ -247,8 +253,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m flashattn record",
                                 description="Record benchmarks, Nsight Compute profiles and "
                                             "compile reports under results/<gpu>/.")
-    p.add_argument("--out", help="output folder (default: results/<gpu>, or results/<gpu>-quick "
-                                 "with --quick)")
+    p.add_argument("--out", help="output folder (default: results/<gpu>, the dataset; with "
+                                 "--quick a new temporary folder, never the repository)")
     p.add_argument("--part", choices=[*PARTS, "all"], default="all",
                    help="what to record (default: all; each part fits a 10-minute command)")
     p.add_argument("--quick", action="store_true", help="a tiny workload, to test the tools")
@@ -257,7 +263,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workload", action="append",
                    help="bench-extra: only this workload (repeatable), e.g. fp16-full-d128")
     a = p.parse_args(argv)
-    out = Path(a.out) if a.out else default_out(a.quick)
     parts = list(PARTS) if a.part == "all" else [a.part]
     command = command_line()
     valid = [_extra_name(w, 32) for w in EXTRA_WORKLOADS]
@@ -274,6 +279,11 @@ def main(argv: list[str] | None = None) -> int:
                 return 1
             print("no CUDA GPU: recording the compile part only", file=sys.stderr)
             parts = ["compile"]
+    out = Path(a.out) if a.out else default_out(a.quick)
+    if not a.out:
+        print(f"no --out: writing to {out}" + (" (a temporary folder: --quick tests the tools; "
+              "pass --out to keep it elsewhere)" if a.quick else " (the dataset)"),
+              file=sys.stderr)
     failed = []
     t_all = time.perf_counter()
     for part in parts:

@@ -22,7 +22,7 @@ import math
 import sys
 
 from ..contract import DTYPES, check_tensors
-from ..contract import parse_gqa
+from ..contract import head_dim_arg, parse_gqa
 from ..impls import IMPLS
 
 
@@ -31,7 +31,7 @@ def add_shape_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seqlen", type=int, default=4096, help="Nq = Nk (default 4096)")
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--heads", type=int, default=32, help="query heads (= kv heads unless --gqa)")
-    p.add_argument("--head-dim", type=int, default=128)
+    p.add_argument("--head-dim", type=head_dim_arg, default=128)
     p.add_argument("--dtype", choices=list(DTYPES), default="float16")
     p.add_argument("--causal", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--gqa", metavar="HQ:HKV", help="grouped-query heads, e.g. 32:8")

@@ -8,7 +8,7 @@ own parser from these pieces, so an option means the same in all three, and ends
 """
 from __future__ import annotations
 
-from ..contract import DTYPE_SHORT, parse_gqa
+from ..contract import DTYPE_SHORT, head_dim_arg, parse_gqa
 
 # The seed's workload: B=4, H=32, D=128, fp16, causal, N from 1K to 16K.
 DEFAULT_SEQLENS = (1024, 2048, 4096, 8192, 16384)
@@ -37,7 +37,7 @@ def add_workload_args(p, *, baselines, default_baselines=None) -> None:
     p.add_argument("--dtype", choices=list(DTYPE_SHORT), default="float16")
     p.add_argument("--gqa", default=None, metavar="HQ:HKV",
                    help="grouped-query attention, e.g. 32:8 (overrides --heads)")
-    p.add_argument("--head-dim", type=int, default=DEFAULT_HEAD_DIM)
+    p.add_argument("--head-dim", type=head_dim_arg, default=DEFAULT_HEAD_DIM)
     p.add_argument("--batch", type=int, default=DEFAULT_BATCH)
     p.add_argument("--heads", type=int, default=DEFAULT_HEADS)
     p.add_argument("--baselines", default=",".join(default_baselines),
