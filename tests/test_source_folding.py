@@ -8,7 +8,8 @@ import textwrap
 import pytest
 
 from flashattn.kernels import FMHA
-from flashattn.kernels.source import OUTPUT_PARAMS, prune_unused, specialize, step_diff, step_source
+from flashattn.kernels.source import (LATE_FLAGS, OUTPUT_PARAMS, prune_unused, specialize, step_diff,
+                                     step_source)
 from flashattn.steps import EXPERIMENTS, STEPS
 
 FUSED = [n for n, s in {**STEPS, **EXPERIMENTS}.items() if s.kernel == "fmha"]
@@ -38,7 +39,8 @@ def test_the_lse_output_is_not_in_any_steps_listing(step, causal, even_k):
     src = step_source(step, causal=causal, even_k=even_k)
     assert "Lse" not in src and "WRITE_LSE" not in src and "log2(l_i)" not in src
     # The rendered kernel takes the spec's parameters, less the LSE output and its flag.
-    assert _params(src, "fmha_kernel") == [p for p in FMHA.params if p not in OUTPUT_PARAMS]
+    assert _params(src, "fmha_kernel") == [p for p in FMHA.params
+                                           if p not in OUTPUT_PARAMS + LATE_FLAGS]
     compile(src, step, "exec")
 
 
@@ -49,7 +51,8 @@ def test_with_the_lse_only_the_lse_lines_change(step):
     plain = step_source(step, causal=True).splitlines()
     lse = step_source(step, causal=True, write_lse=True).splitlines()
     assert "Lse" in "\n".join(lse) and "WRITE_LSE" not in "\n".join(lse)   # folded to True
-    assert _params("\n".join(lse), "fmha_kernel") == [p for p in FMHA.params if p != "WRITE_LSE"]
+    assert _params("\n".join(lse), "fmha_kernel") == [p for p in FMHA.params
+                                                       if p != "WRITE_LSE" and p not in LATE_FLAGS]
     # Take out the LSE block (its statements and the comment above them) and the argument.
     i = next(n for n, ln in enumerate(lse) if "lse = (m_i + ct.log2(l_i))" in ln)
     assert "ct.store(Lse" in lse[i + 1]
