@@ -33,6 +33,16 @@ def _outputs(cap, result) -> list[dict]:
     return outs
 
 
+def _code_cells(nb: dict):
+    """(execution number, cell, source) of each code cell of ``nb``, in order."""
+    n = 0
+    for cell in nb["cells"]:
+        if cell["cell_type"] == "code":
+            n += 1
+            src = cell["source"]
+            yield n, cell, "".join(src) if isinstance(src, list) else src
+
+
 def _importable(name: str) -> bool:
     import importlib.util
     try:
@@ -63,12 +73,7 @@ def run(path_in: str, path_out: str | None = None) -> int:
     os.chdir(os.path.dirname(os.path.abspath(path_in)))
     status = 0
     try:
-        n = 0
-        for cell in nb["cells"]:
-            if cell["cell_type"] != "code":
-                continue
-            n += 1
-            src = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
+        for n, cell, src in _code_cells(nb):
             t0 = time.perf_counter()
             with capture_output() as cap:
                 res = shell.run_cell(src, store_history=True)
@@ -191,12 +196,7 @@ def _run_plain(path_in: str, path_out: str | None) -> int:
     os.chdir(os.path.dirname(os.path.abspath(path_in)))
     status = 0
     try:
-        n = 0
-        for cell in nb["cells"]:
-            if cell["cell_type"] != "code":
-                continue
-            n += 1
-            src = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
+        for n, cell, src in _code_cells(nb):
             src = "\n".join("" if ln.lstrip().startswith(("%", "!")) else ln
                              for ln in src.split("\n"))
             t0 = time.perf_counter()

@@ -14,7 +14,7 @@ import importlib.util
 import sys
 import types
 
-from . import tile as T
+import flashattn.interpret.tile as T
 
 _CACHE: dict = {}
 
@@ -87,26 +87,24 @@ def _range(*args):
         yield T.Tile(i, T.int32)
 
 
-def _max(*args, **kwargs):
-    if len(args) >= 2 and not kwargs and any(isinstance(a, T.Tile) for a in args):
-        r = args[0]
-        for a in args[1:]:
-            r = T.maximum(r, a)
-        return r
-    if len(args) == 1 and isinstance(args[0], T.Tile):
-        return T.max(args[0])
-    return builtins.max(*args, **kwargs)
+def _elementwise(builtin, pairwise, reduce):
+    """cuTile's ``max``/``min``: element-wise over tiles (a single tile: its reduction), the
+    builtin otherwise."""
+    def f(*args, **kwargs):
+        if len(args) >= 2 and not kwargs and any(isinstance(a, T.Tile) for a in args):
+            r = args[0]
+            for a in args[1:]:
+                r = pairwise(r, a)
+            return r
+        if len(args) == 1 and isinstance(args[0], T.Tile):
+            return reduce(args[0])
+        return builtin(*args, **kwargs)
+    f.__name__ = builtin.__name__
+    return f
 
 
-def _min(*args, **kwargs):
-    if len(args) >= 2 and not kwargs and any(isinstance(a, T.Tile) for a in args):
-        r = args[0]
-        for a in args[1:]:
-            r = T.minimum(r, a)
-        return r
-    if len(args) == 1 and isinstance(args[0], T.Tile):
-        return T.min(args[0])
-    return builtins.min(*args, **kwargs)
+_max = _elementwise(builtins.max, T.maximum, T.max)
+_min = _elementwise(builtins.min, T.minimum, T.min)
 
 
 OVERRIDES = {"max": _max, "min": _min, "range": _range}

@@ -14,7 +14,7 @@ import typing
 
 import numpy as np
 
-from . import tile as T
+import flashattn.interpret.tile as T
 from .errors import InterpreterError
 
 # ------------------------------------------------------------------------------------------

@@ -4,7 +4,9 @@ from __future__ import annotations
 import sys
 import types
 
-from . import rebind, runner, tile
+import flashattn.interpret.rebind as rebind
+import flashattn.interpret.runner as runner
+import flashattn.interpret.tile as tile
 
 _MODULE = None
 
