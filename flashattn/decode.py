@@ -37,6 +37,7 @@ from __future__ import annotations
 import functools
 import math
 
+from . import kernels as _kernels
 from .contract import check_decode_tensors, check_optional_int, check_out
 from .dispatch import (device_arch, device_sm_count, expect, interpreting, launch_kernel,
                        on_device)
@@ -85,10 +86,15 @@ def decode_plan(dims, *, num_splits=None, max_seqlen=None, sm_count: int, arch=N
     if kind == "fused":
         # The last split of each row block merges; a counter per row block says which is last.
         split_c = dict(split_c, FUSED=True)
+    # The combine as a programmatic dependent of the split kernel (kernels.DECODE_PDL).
+    pdl = bool(_kernels.DECODE_PDL and kind in ("row", "block") and arch in _kernels.PDL_ARCHS)
+    if pdl and _kernels.DECODE_PDL_TRIGGER and not dims.paged:   # tileiras 13.4.92: SIGSEGV paged
+        split_c = dict(split_c, PDL=True)
     if kind == "row":
-        comb_c = decode_combine_row_constants(head_dim=dims.D, num_splits=num_splits)
+        comb_c = decode_combine_row_constants(head_dim=dims.D, num_splits=num_splits, pdl=pdl)
     else:
-        comb_c = decode_combine_constants(split_tile_m=split_c["TILE_M"], head_dim=dims.D)
+        comb_c = decode_combine_constants(split_tile_m=split_c["TILE_M"], head_dim=dims.D,
+                                          pdl=pdl)
     if dims.B * dims.Hkv > 65535:
         raise ValueError(f"B x Hkv = {dims.B * dims.Hkv} exceeds 65535 (a grid axis): decode "
                          "the batch in parts")
@@ -99,7 +105,7 @@ def decode_plan(dims, *, num_splits=None, max_seqlen=None, sm_count: int, arch=N
                 combine_constants=comb_c,
                 split_grid=decode_split_grid(B=dims.B, Hkv=dims.Hkv, rows=rows,
                                              tile_m=split_c["TILE_M"], num_splits=num_splits),
-                combine=kind,
+                combine=kind, pdl=pdl,
                 combine_grid=(None if kind in (None, "fused") else decode_combine_grid(
                     B=dims.B, Hkv=dims.Hkv, rows=rows, tile_m=comb_c.get("TILE_M", 1))),
                 counter_shape=((dims.B * dims.Hkv, decode_row_blocks(rows, split_c["TILE_M"]))
@@ -198,7 +204,7 @@ def decode(q, k_cache, v_cache, cache_seqlens, *, block_table=None, scale=None,
             spec = DECODE_COMBINE_ROW if plan["combine"] == "row" else DECODE_COMBINE
             launch_kernel(q.device, plan["combine_grid"], spec.kernel(),
                           spec.args(dict(Opart=opart, Lse=lse, Out=out_rows), {},
-                                    plan["combine_constants"]))
+                                    plan["combine_constants"]), pdl=plan["pdl"])
     return out
 
 

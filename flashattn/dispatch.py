@@ -59,11 +59,14 @@ def interpreting(device) -> bool:
     return True
 
 
-def launch_kernel(device, grid, kernel, args, *, stream: str = "device") -> None:
+def launch_kernel(device, grid, kernel, args, *, stream: str = "device",
+                  pdl: bool = False) -> None:
     """Launch ``kernel`` over ``grid`` with ``args``: in the interpreter for CPU tensors with the
     opt-in (``interpreting``), else ``ct.launch`` on a CUDA stream, ``stream="device"``:
     ``torch.cuda.current_stream(device)``, ``"current"``: ``torch.cuda.current_stream()`` (the
-    current device's, what ``launch.launch`` has always used)."""
+    current device's, what ``launch.launch`` has always used). ``pdl``: launch as a
+    programmatic dependent of the previous kernel in the stream (the kernel waits for it with
+    ``ct.grid_dependency_control_wait``); the interpreter runs launches in order regardless."""
     if interpreting(device):
         from . import interpret
         interpret.launch(tuple(grid), kernel, args)
@@ -76,7 +79,10 @@ def launch_kernel(device, grid, kernel, args, *, stream: str = "device") -> None
         s = torch.cuda.current_stream()
     else:
         raise ValueError(f"stream must be 'device' or 'current', got {stream!r}")
-    ct.launch(s, grid, kernel, args)
+    if pdl:
+        ct.launch(s, grid, kernel, args, programmatic_dependent_launch=True)
+    else:
+        ct.launch(s, grid, kernel, args)
 
 
 def on_device(device):

@@ -215,7 +215,8 @@ def test_decode_signature_declares_int32_tables():
     by_name = dict(zip(DECODE_SPLIT.params, params))
     assert by_name["BlockTable"].dtype == ct.int32 and by_name["SeqLens"].dtype == ct.int32
     assert by_name["Opart"].dtype == ct.float32 and by_name["Q"].dtype == ct.bfloat16
-    assert [p.value for p in params[-6:]] == [c[n] for n in DECODE_SPLIT.constants]
+    assert [p.value for p in params[-len(DECODE_SPLIT.constants):]] == [
+        c[n] for n in DECODE_SPLIT.constants]
 
 
 @pytest.mark.parametrize("head_dim", [16, 64, 80, 128, 256])
@@ -324,7 +325,7 @@ def emulated_gpu(monkeypatch):
                                      emulate_split_kernel)
     launched = []
 
-    def fake_launch(stream, grid, kernel, args):
+    def fake_launch(stream, grid, kernel, args, **launch_options):
         args = [a.numpy() if isinstance(a, torch.Tensor) else a for a in args]
         if kernel is DECODE_SPLIT.kernel():
             emulate_split_kernel(grid, *args)
@@ -391,7 +392,7 @@ def test_host_launches_compute_decode_attention(emulated_gpu, B, Hq, Hkv, Nq, D,
     rows = Hq // Hkv * Nq
     c = decode_split_constants(rows=rows, head_dim=D, page_size=32 if paged else None,
                                arch="sm_90", final=final)
-    assert split.args[-6:] == [c[n] for n in DECODE_SPLIT.constants]
+    assert split.args[-len(DECODE_SPLIT.constants):] == [c[n] for n in DECODE_SPLIT.constants]
     assert split.args[9] == pytest.approx(1 / math.sqrt(D)) and split.args[10] == Nq
     if splits is not None:
         assert split.grid[1] == splits
@@ -552,7 +553,7 @@ def test_host_fused_merge_is_one_launch(emulated_gpu, monkeypatch, B, Hq, Hkv, N
     assert rest == []                                     # no combine launch
     c = decode_split_constants(rows=rows, head_dim=D, page_size=None, arch="sm_90",
                                final=final, fused=not final)
-    assert split.args[-6:] == [c[n] for n in DECODE_SPLIT.constants]
+    assert split.args[-len(DECODE_SPLIT.constants):] == [c[n] for n in DECODE_SPLIT.constants]
     if final:
         assert counters == []                             # one split: nothing to count
     else:

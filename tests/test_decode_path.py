@@ -67,7 +67,7 @@ def emulated_gpu(monkeypatch):
     from flashattn.kernels import DECODE_COMBINE, DECODE_SPLIT
     from flashattn.reference import emulate_combine_kernel, emulate_split_kernel
 
-    def fake_launch(stream, grid, kernel, args):
+    def fake_launch(stream, grid, kernel, args, **launch_options):
         args = [a.numpy() if isinstance(a, torch.Tensor) else a for a in args]
         (emulate_split_kernel if kernel is DECODE_SPLIT.kernel() else
          emulate_combine_kernel)(grid, *args)

@@ -265,7 +265,7 @@ def captured(monkeypatch, tmp_path):
     import torch
     got = SimpleNamespace(launched=[], exported=[])
 
-    def fake_launch(stream, grid, kernel, args):
+    def fake_launch(stream, grid, kernel, args, **launch_options):
         got.launched.append((grid, args))
 
     def fake_export(kernel, signatures, out, **kw):

@@ -187,7 +187,7 @@ def emulated(monkeypatch, square):
     from flashattn.reference import emulate_varlen_kernel
     launched = []
 
-    def fake_launch(stream, grid, kernel, args):
+    def fake_launch(stream, grid, kernel, args, **launch_options):
         assert kernel is VARLEN_FWD.kernel()
         emulate_varlen_kernel(grid, *[a.numpy() if isinstance(a, torch.Tensor) else a
                                       for a in args])

@@ -323,7 +323,7 @@ def emulated_gpu(monkeypatch):
     from flashattn.reference import emulate_varlen_kernel
     launched = []
 
-    def fake_launch(stream, grid, kernel, args):
+    def fake_launch(stream, grid, kernel, args, **launch_options):
         assert kernel is VARLEN_FWD.kernel()
         arrays = [a.numpy() if isinstance(a, torch.Tensor) else a for a in args]
         emulate_varlen_kernel(grid, *arrays)

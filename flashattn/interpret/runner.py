@@ -382,6 +382,15 @@ def num_blocks(axis):
     return T.Tile(CTX.grid[a], T.int32)
 
 
+def grid_dependency_control_wait():
+    """A programmatic dependent's wait: every launch runs to its end before the next starts
+    here, so what the previous kernel wrote is already there."""
+
+
+def grid_dependency_control_launch_dependents():
+    """Let a dependent launch be scheduled: a hint, nothing to do in order."""
+
+
 def num_tiles(array, /, axis, shape, order="C"):
     arr = _array(array)
     perm = _order(order, arr.ndim)

@@ -78,7 +78,7 @@ def merge_splits(Opart, Lse, bh, bid_m, TILE_M: ConstInt, TILE_D: ConstInt):
 def decode_split_kernel(Q, K, V, BlockTable, SeqLens, Opart, Lse, Out, Counter,
                         qk_scale: float, num_q: int,
                         TILE_M: ConstInt, TILE_N: ConstInt, TILE_D: ConstInt,
-                        PAGED: ConstBool, FINAL: ConstBool, FUSED: ConstBool):
+                        PAGED: ConstBool, FINAL: ConstBool, FUSED: ConstBool, PDL: ConstBool):
     """Partial attention of one GQA group over one run of the cache.
 
     Grid: ``(cdiv(G * Nq, TILE_M), num_splits, B * Hkv)``. qk_scale: the softmax scale (natural
@@ -91,7 +91,9 @@ def decode_split_kernel(Q, K, V, BlockTable, SeqLens, Opart, Lse, Out, Counter,
     visible), and the program that counts last merges all the splits of its row block as
     ``decode_combine_kernel`` does, writes ``Out`` and sets the counter back to 0 (E23: the
     merge without a second launch). ``Counter`` (B * Hkv, row blocks) int32 must be 0 at
-    launch; without FUSED it is a placeholder, never touched.
+    launch; without FUSED it is a placeholder, never touched. With PDL (the combine launched as
+    a programmatic dependent) each program, its partial stored, lets the combine's programs be
+    scheduled; they wait for this grid to finish before they read a partial.
     """
     # --- Program id -> (row block, split, batch, kv head) ---
     bid_m = ct.bid(0)
@@ -187,6 +189,8 @@ def decode_split_kernel(Q, K, V, BlockTable, SeqLens, Opart, Lse, Out, Counter,
     else:
         ct.store(Opart, index=(split, bh, bid_m, 0), tile=o.reshape((1, 1, TILE_M, TILE_D)))
         ct.store(Lse, index=(split, bh, bid_m), tile=lse.reshape((1, 1, TILE_M)))
+        if PDL:
+            ct.grid_dependency_control_launch_dependents()
         if FUSED:
             # Count this split in; the last one merges. acq_rel: the stores above are
             # published before the count, and the last program sees every split's stores.
@@ -201,13 +205,16 @@ def decode_split_kernel(Q, K, V, BlockTable, SeqLens, Opart, Lse, Out, Counter,
 
 
 @ct.kernel
-def decode_combine_kernel(Opart, Lse, Out, TILE_M: ConstInt, TILE_D: ConstInt):
+def decode_combine_kernel(Opart, Lse, Out, TILE_M: ConstInt, TILE_D: ConstInt, PDL: ConstBool):
     """Merge the splits' partial outputs: the LSE algebra, as an online softmax over splits.
 
     Grid: ``(cdiv(G * Nq, TILE_M), B * Hkv, 1)``. Out is written in its own dtype; rows past
     G * Nq and columns past D are dropped by the store. A row whose splits all have
-    ``lse = -inf`` (no visible key) gets 0; a NaN partial stays NaN.
+    ``lse = -inf`` (no visible key) gets 0; a NaN partial stays NaN. PDL: launched as a
+    programmatic dependent of the split kernel, so wait for its partials first.
     """
+    if PDL:
+        ct.grid_dependency_control_wait()
     bid_m = ct.bid(0)
     bh = ct.bid(1)
     num_kv_heads = Out.shape[1]
@@ -219,7 +226,8 @@ def decode_combine_kernel(Opart, Lse, Out, TILE_M: ConstInt, TILE_D: ConstInt):
 
 
 @ct.kernel
-def decode_combine_row_kernel(Opart, Lse, Out, TILE_D: ConstInt, TILE_S: ConstInt):
+def decode_combine_row_kernel(Opart, Lse, Out, TILE_D: ConstInt, TILE_S: ConstInt,
+                              PDL: ConstBool):
     """Merge the splits' partial outputs of one row: the LSE algebra, ``TILE_S`` splits a step.
 
     Grid: ``(G * Nq, B * Hkv, 1)``: one program per packed row. Each step loads the
@@ -231,8 +239,11 @@ def decode_combine_row_kernel(Opart, Lse, Out, TILE_D: ConstInt, TILE_S: ConstIn
     (E18b: faster at B=1, slower with thousands of rows); the host picks it with
     ``kernels.decode_combine_kind`` (few rows and many splits: E21).
     Out is written in its own dtype; columns past D are dropped by the store. A row whose
-    splits all have ``lse = -inf`` (no visible key) gets 0; a NaN partial stays NaN.
+    splits all have ``lse = -inf`` (no visible key) gets 0; a NaN partial stays NaN. PDL: as
+    ``decode_combine_kernel``'s.
     """
+    if PDL:
+        ct.grid_dependency_control_wait()
     row = ct.bid(0)
     bh = ct.bid(1)
     num_splits = Opart.shape[0]

@@ -49,11 +49,15 @@ INV_LOG_2 = 1.0 / math.log(2)  # exp(x) = exp2(x * log2(e)): the hardware has ex
 @ct.kernel
 def bwd_preprocess_kernel(Out, dO, Delta,
                           num_heads: int,
-                          TILE_M: ConstInt, TILE_D: ConstInt):
+                          TILE_M: ConstInt, TILE_D: ConstInt, PDL: ConstInt):
     """Delta[b, h, i] = sum_d dO[b, h, i, d] * Out[b, h, i, d], in fp32.
 
     One program per query tile per (batch, head): grid ``(cdiv(Nq, TILE_M), B * Hq, 1)``.
+    PDL 2: the dK/dV pass is launched as a programmatic dependent; let it be scheduled at once
+    (PDL 1: it is, but only once this grid exits).
     """
+    if PDL == 2:
+        ct.grid_dependency_control_launch_dependents()
     bid_x = ct.bid(0)
     batch_idx = ct.bid(1) // num_heads
     head_idx = ct.bid(1) % num_heads
@@ -71,10 +75,17 @@ def bwd_preprocess_kernel(Out, dO, Delta,
 def bwd_dkdv_kernel(Q, K, V, dO, LSE, Delta, dK, dV,
                     qk_scale: float, input_pos: int, num_kv_heads: int, group_size: int,
                     TILE_M: ConstInt, TILE_N: ConstInt, TILE_D: ConstInt,
-                    CAUSAL: ConstBool, EVEN_K: ConstBool):
+                    CAUSAL: ConstBool, EVEN_K: ConstBool, PDL: ConstInt):
     """dK, dV of key/value tile ``ct.bid(0)`` of one (batch, key/value head); dQ is left to
     ``bwd_dq_kernel``. Grid ``(cdiv(Nk, TILE_N), B * Hkv, 1)``. The loop is ``dkdv_program``'s.
+    PDL 1 or 2: launched as a programmatic dependent of the preprocess (wait for Delta); 2:
+    the dQ pass, which reads nothing this kernel writes, may start on the SMs its tail leaves
+    idle.
     """
+    if PDL >= 1:
+        ct.grid_dependency_control_wait()
+    if PDL == 2:
+        ct.grid_dependency_control_launch_dependents()
     dkdv_program(Q, K, V, dO, LSE, Delta, dK, dV, dK, qk_scale, input_pos, num_kv_heads,
                  group_size, TILE_M, TILE_N, TILE_D, CAUSAL, EVEN_K, False)
 
@@ -195,9 +206,14 @@ def dkdv_program(Q, K, V, dO, LSE, Delta, dK, dV, dQacc,
 def bwd_dq_kernel(Q, K, V, dO, LSE, Delta, dQ,
                   qk_scale: float, input_pos: int, num_heads: int, group_size: int,
                   TILE_M: ConstInt, TILE_N: ConstInt, TILE_D: ConstInt,
-                  CAUSAL: ConstBool, EVEN_K: ConstBool):
+                  CAUSAL: ConstBool, EVEN_K: ConstBool, PDL: ConstInt):
     """dQ of query tile ``ct.bid(0)`` of one (batch, query head): the forward's loop over key
-    tiles, with dQ += dS K in place of O += P V. Grid ``(cdiv(Nq, TILE_M), B * Hq, 1)``."""
+    tiles, with dQ += dS K in place of O += P V. Grid ``(cdiv(Nq, TILE_M), B * Hq, 1)``.
+    PDL 1: launched as a programmatic dependent of the dK/dV pass; wait for it first. PDL 2:
+    the dK/dV pass lets it start once the preprocess has finished (its own wait), so Delta is
+    complete; dQ needs nothing of dK/dV, so only the final store waits for that grid."""
+    if PDL == 1:
+        ct.grid_dependency_control_wait()
     bid_x = ct.bid(0)
     batch_idx = ct.bid(1) // num_heads
     head_idx = ct.bid(1) % num_heads
@@ -254,4 +270,8 @@ def bwd_dq_kernel(Q, K, V, dO, LSE, Delta, dQ,
         dq = ct.mma(ds.astype(Q.dtype), k, dq)                       # dQ += dS K (unscaled)
 
     dq = (dq * qk_scale).reshape((1, 1, TILE_M, TILE_D)).astype(dQ.dtype)
+    if PDL == 2:
+        # Finish after the dK/dV pass, as a plain launch would: what follows in the stream
+        # may read dK and dV once this grid is done.
+        ct.grid_dependency_control_wait()
     ct.store(dQ, index=(batch_idx, head_idx, bid_x, 0), tile=dq)     # rows past Nq dropped

@@ -283,7 +283,7 @@ def online_step(qk, m_i, l_i, acc, v, scale2):
 
 def emulate_split_kernel(grid, Q, K, V, BlockTable, SeqLens, Opart, Lse, Out, Counter,
                          qk_scale, num_q, TILE_M, TILE_N, TILE_D, PAGED, FINAL=False,
-                         FUSED=False, order_seed=0):
+                         FUSED=False, PDL=False, order_seed=0):
     """``decode_split_kernel`` on NumPy arrays in the kernel's layout, program by program.
 
     Arguments in the kernel's order (``grid`` first); Opart and Lse are written in place and
@@ -393,16 +393,17 @@ def _merge_block(Opart, Lse, Out, bh, bid_m, TILE_M, TILE_D):
     Out[b, kv_head, sl][:n] = out[:n, :D]
 
 
-def emulate_combine_kernel(grid, Opart, Lse, Out, TILE_M, TILE_D):
+def emulate_combine_kernel(grid, Opart, Lse, Out, TILE_M, TILE_D, PDL=False):
     """``decode_combine_kernel`` on NumPy arrays: an online softmax over the splits (base 2);
-    writes ``Out`` (B, Hkv, rows, D) in place, dropping rows and columns past its shape."""
+    writes ``Out`` (B, Hkv, rows, D) in place, dropping rows and columns past its shape.
+    PDL (a dependent launch's wait) changes nothing here: launches run one after another."""
     m_blocks, _, _ = grid
     with np.errstate(invalid="ignore", over="ignore"):
         for bid_m, bh in np.ndindex(m_blocks, grid[1]):
             _merge_block(Opart, Lse, Out, bh, bid_m, TILE_M, TILE_D)
 
 
-def emulate_combine_row_kernel(grid, Opart, Lse, Out, TILE_D, TILE_S):
+def emulate_combine_row_kernel(grid, Opart, Lse, Out, TILE_D, TILE_S, PDL=False):
     """``decode_combine_row_kernel`` on NumPy arrays, one program per packed row: an online softmax
     over the splits (base 2), ``TILE_S`` splits per step (those past the last read as
     ``lse = -inf``, ``o = 0``, the kernel's padding); writes ``Out`` (B, Hkv, rows, D) in place,
