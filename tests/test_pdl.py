@@ -109,3 +109,16 @@ def test_sass_has_the_instructions_only_when_asked():
     assert _gdc(kernels.BWD_PREPROCESS, pc) == (0, 0)
     assert _gdc(kernels.BWD_PREPROCESS, dict(pc, PDL=1)) == (0, 0)   # signals at exit
     assert _gdc(kernels.BWD_PREPROCESS, dict(pc, PDL=2)) == (0, 1)
+
+
+def test_listings_show_the_shipped_code():
+    """Chapters 12 and 13 list the backward and decoding kernels as they ship: the switch and
+    its branches folded away, the parameter gone."""
+    from flashattn.chapter import backward, decode as chapter_decode
+    for name in ("bwd_preprocess_kernel", "bwd_dkdv_kernel", "bwd_dq_kernel"):
+        text = backward.listing(name)
+        assert "PDL" not in text and "grid_dependency" not in text, name
+    for name in ("decode_split_kernel", "decode_combine_kernel", "decode_combine_row_kernel"):
+        text = chapter_decode.kernel_listing(name)
+        assert "PDL" not in text and "grid_dependency" not in text, name
+        assert text.startswith("@ct.kernel")

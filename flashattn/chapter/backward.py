@@ -153,8 +153,8 @@ def listing(name: str) -> str:
     ``@ct.kernel`` line, or a plain function such as ``dkdv_program``), read from the file."""
     import inspect
     from ..kernels import fmha_bwd
-    from ..kernels.source import _function_source
-    return _function_source(inspect.getsource(fmha_bwd), name)
+    from ..kernels.source import _function_source, shipped_source
+    return _function_source(shipped_source(inspect.getsource(fmha_bwd)), name)
 
 
 # --- the recorded benchmarks -----------------------------------------------------------------------

@@ -849,7 +849,8 @@ def kernel_listing(name: str) -> str:
     is parsed, not imported, so no compiler is needed)."""
     from pathlib import Path
     path = Path(__file__).resolve().parents[1] / "kernels" / "decode.py"
-    src = path.read_text(encoding="utf-8")
+    from ..kernels.source import shipped_source
+    src = shipped_source(path.read_text(encoding="utf-8"))
     tree = ast.parse(src)
     lines = src.splitlines()
     for node in tree.body:

@@ -91,9 +91,7 @@ def decode_split_kernel(Q, K, V, BlockTable, SeqLens, Opart, Lse, Out, Counter,
     visible), and the program that counts last merges all the splits of its row block as
     ``decode_combine_kernel`` does, writes ``Out`` and sets the counter back to 0 (E23: the
     merge without a second launch). ``Counter`` (B * Hkv, row blocks) int32 must be 0 at
-    launch; without FUSED it is a placeholder, never touched. With PDL (the combine launched as
-    a programmatic dependent) each program, its partial stored, lets the combine's programs be
-    scheduled; they wait for this grid to finish before they read a partial.
+    launch; without FUSED it is a placeholder, never touched.
     """
     # --- Program id -> (row block, split, batch, kv head) ---
     bid_m = ct.bid(0)
@@ -190,6 +188,8 @@ def decode_split_kernel(Q, K, V, BlockTable, SeqLens, Opart, Lse, Out, Counter,
         ct.store(Opart, index=(split, bh, bid_m, 0), tile=o.reshape((1, 1, TILE_M, TILE_D)))
         ct.store(Lse, index=(split, bh, bid_m), tile=lse.reshape((1, 1, TILE_M)))
         if PDL:
+            # E27 (off): the combine, a programmatic dependent, may be scheduled now; it
+            # waits for this grid to finish before it reads a partial.
             ct.grid_dependency_control_launch_dependents()
         if FUSED:
             # Count this split in; the last one merges. acq_rel: the stores above are
@@ -210,10 +210,10 @@ def decode_combine_kernel(Opart, Lse, Out, TILE_M: ConstInt, TILE_D: ConstInt, P
 
     Grid: ``(cdiv(G * Nq, TILE_M), B * Hkv, 1)``. Out is written in its own dtype; rows past
     G * Nq and columns past D are dropped by the store. A row whose splits all have
-    ``lse = -inf`` (no visible key) gets 0; a NaN partial stays NaN. PDL: launched as a
-    programmatic dependent of the split kernel, so wait for its partials first.
+    ``lse = -inf`` (no visible key) gets 0; a NaN partial stays NaN.
     """
     if PDL:
+        # E27 (off): launched as a programmatic dependent of the split kernel.
         ct.grid_dependency_control_wait()
     bid_m = ct.bid(0)
     bh = ct.bid(1)
@@ -239,10 +239,10 @@ def decode_combine_row_kernel(Opart, Lse, Out, TILE_D: ConstInt, TILE_S: ConstIn
     (E18b: faster at B=1, slower with thousands of rows); the host picks it with
     ``kernels.decode_combine_kind`` (few rows and many splits: E21).
     Out is written in its own dtype; columns past D are dropped by the store. A row whose
-    splits all have ``lse = -inf`` (no visible key) gets 0; a NaN partial stays NaN. PDL: as
-    ``decode_combine_kernel``'s.
+    splits all have ``lse = -inf`` (no visible key) gets 0; a NaN partial stays NaN.
     """
     if PDL:
+        # E27 (off): launched as a programmatic dependent of the split kernel.
         ct.grid_dependency_control_wait()
     row = ct.bid(0)
     bh = ct.bid(1)

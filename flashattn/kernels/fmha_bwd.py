@@ -53,10 +53,9 @@ def bwd_preprocess_kernel(Out, dO, Delta,
     """Delta[b, h, i] = sum_d dO[b, h, i, d] * Out[b, h, i, d], in fp32.
 
     One program per query tile per (batch, head): grid ``(cdiv(Nq, TILE_M), B * Hq, 1)``.
-    PDL 2: the dK/dV pass is launched as a programmatic dependent; let it be scheduled at once
-    (PDL 1: it is, but only once this grid exits).
     """
     if PDL == 2:
+        # E27 (off): the dK/dV pass, a programmatic dependent, may be scheduled at once.
         ct.grid_dependency_control_launch_dependents()
     bid_x = ct.bid(0)
     batch_idx = ct.bid(1) // num_heads
@@ -78,13 +77,12 @@ def bwd_dkdv_kernel(Q, K, V, dO, LSE, Delta, dK, dV,
                     CAUSAL: ConstBool, EVEN_K: ConstBool, PDL: ConstInt):
     """dK, dV of key/value tile ``ct.bid(0)`` of one (batch, key/value head); dQ is left to
     ``bwd_dq_kernel``. Grid ``(cdiv(Nk, TILE_N), B * Hkv, 1)``. The loop is ``dkdv_program``'s.
-    PDL 1 or 2: launched as a programmatic dependent of the preprocess (wait for Delta); 2:
-    the dQ pass, which reads nothing this kernel writes, may start on the SMs its tail leaves
-    idle.
     """
-    if PDL >= 1:
+    if PDL == 1 or PDL == 2:
+        # E27 (off): a programmatic dependent of the preprocess: wait for Delta.
         ct.grid_dependency_control_wait()
     if PDL == 2:
+        # The dQ pass reads nothing this kernel writes: it may start beside this one's tail.
         ct.grid_dependency_control_launch_dependents()
     dkdv_program(Q, K, V, dO, LSE, Delta, dK, dV, dK, qk_scale, input_pos, num_kv_heads,
                  group_size, TILE_M, TILE_N, TILE_D, CAUSAL, EVEN_K, False)
@@ -208,11 +206,11 @@ def bwd_dq_kernel(Q, K, V, dO, LSE, Delta, dQ,
                   TILE_M: ConstInt, TILE_N: ConstInt, TILE_D: ConstInt,
                   CAUSAL: ConstBool, EVEN_K: ConstBool, PDL: ConstInt):
     """dQ of query tile ``ct.bid(0)`` of one (batch, query head): the forward's loop over key
-    tiles, with dQ += dS K in place of O += P V. Grid ``(cdiv(Nq, TILE_M), B * Hq, 1)``.
-    PDL 1: launched as a programmatic dependent of the dK/dV pass; wait for it first. PDL 2:
-    the dK/dV pass lets it start once the preprocess has finished (its own wait), so Delta is
-    complete; dQ needs nothing of dK/dV, so only the final store waits for that grid."""
+    tiles, with dQ += dS K in place of O += P V. Grid ``(cdiv(Nq, TILE_M), B * Hq, 1)``."""
     if PDL == 1:
+        # E27 (off): a programmatic dependent of the dK/dV pass: wait for it first. With
+        # PDL == 2 dK/dV lets this start once the preprocess is done (Delta complete), and
+        # only the final store waits.
         ct.grid_dependency_control_wait()
     bid_x = ct.bid(0)
     batch_idx = ct.bid(1) // num_heads
