@@ -1,4 +1,4 @@
-"""flashattn.chapter.summary (chapter 11) on the recorded dataset, and README's quoted numbers
+"""flashattn.chapter.summary (chapter 13) on the recorded dataset, and README's quoted numbers
 against the data they quote (experiments/readme_figure.py prints them)."""
 import math
 import re
