@@ -1,5 +1,5 @@
 """flashattn.chapter.decode: the recorded decode data, the launch arithmetic and the tables of
-chapter 13 (CPU only: the recorded H200 dataset and the kernels' launch rules)."""
+chapter 12 (CPU only: the recorded H200 dataset and the kernels' launch rules)."""
 import math
 
 import numpy as np

@@ -1,4 +1,4 @@
-"""flashattn.chapter.summary (chapter 11) on the recorded dataset, and README's quoted numbers
+"""flashattn.chapter.summary (chapter 13) on the recorded dataset, and README's quoted numbers
 against the data they quote (experiments/readme_figure.py prints them)."""
 import math
 import re
@@ -143,3 +143,45 @@ def test_intro_numbers(r):
     assert nums["rounds"] == r.bench_meta[summary.WORKLOAD]["method"]["rounds"]
     for k, v in nums.items():                          # plain Python values: glue writes repr()
         assert type(v) in (int, float, str), (k, type(v))
+
+
+def test_regime_numbers_say_what_the_data_show(r, probe):
+    """The two power-regime measurements: the probe's back-to-back intervals lie above its
+    idle-start ones at every N; the sustained whole-workload recording is below 1 at every N."""
+    reg = summary.regime_numbers(r, probe)
+    assert reg["probe_apart"] is True
+    lo_busy = float(reg["probe_busy"].split("–")[0])
+    hi_idle = float(reg["probe_idle"].split("–")[1])
+    assert lo_busy > hi_idle
+    assert reg["whole_below_one"] is True
+    assert float(reg["whole_sustained"].split("–")[1]) < 1
+
+
+# README's method paragraph: one row per dataset, with the rounds its metadata records.
+README_DATASETS = {
+    "`results/h200/bench/`": "bench/fp16-causal-d128.json",
+    "`results/h200/bench-backward/fp16-*`": "bench-backward/fp16-causal-d128-bwd.json",
+    "`results/h200/bench-backward/bf16-*`": "bench-backward/bf16-causal-d128-bwd.json",
+    "`results/h200/decode/decode`": "decode/decode.json",
+    "`results/h200/decode/host.json`": "decode/host.json",
+}
+
+
+@pytest.mark.parametrize("label", list(README_DATASETS))
+def test_readme_states_the_rounds_of_each_dataset(label):
+    from flashattn.data.schema import read_json
+    meta = read_json(str(ROOT / "results" / "h200" / README_DATASETS[label]))["meta"]
+    rounds = meta["method"]["rounds"]
+    row = next(ln for ln in (ROOT / "README.md").read_text().splitlines()
+               if ln.startswith("|") and label in ln)
+    assert row.split("|")[2].strip() == str(rounds), (label, row, rounds)
+
+
+def test_readme_states_the_varlen_backward_method():
+    from flashattn.data.schema import read_json
+    doc = read_json(str(ROOT / "experiments" / "data" / "34-final" / "varlen_bwd.json"))
+    methods = {row["method"] for row in doc["rows"]}
+    rounds = doc["meta"]["command"].split("--rounds ")[1].split()[0]
+    row = next(ln for ln in (ROOT / "README.md").read_text().splitlines()
+               if ln.startswith("|") and "varlen_bwd.json" in ln)
+    assert row.split("|")[2].strip() == rounds and all(f"`{m}`" in row for m in methods)

@@ -1,4 +1,5 @@
-"""flashattn.chapter.decode: the data, tables and figures of chapter 13 (decoding).
+"""flashattn.chapter.decode: the data, tables and figures of chapter 12 (decoding) and of its
+experiment record (``book/appendix/decoding_experiments``).
 
 Everything here reads the recorded decode measurements of one GPU (``results/<gpu>/decode/``
 and the Nsight Compute profile ``results/<gpu>/profiles/decode/``) or computes from the launch

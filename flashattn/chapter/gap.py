@@ -1,4 +1,5 @@
-"""The remaining gap to cuDNN (chapter 10): effects against a control, stall breakdowns, the
+"""The remaining gap to cuDNN (chapter 10, and the experiment record ``book/appendix/experiments``):
+effects against a control, stall breakdowns, the
 memory units, and the forward-performance targets, all from the recorded data.
 
     from flashattn.chapter import gap

@@ -1,4 +1,5 @@
-"""Chapter 3's section "How the book times kernels": the control of every recorded workload, the
+"""The appendix page "How the book measures" (``book/appendix/measurement``; chapter 3 has the
+short version): the control of every recorded workload, the
 host time of a call, and the power-limit experiment (E11 in ``experiments/LOG.md``).
 
     from flashattn.chapter import method

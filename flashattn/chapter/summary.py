@@ -1,4 +1,4 @@
-"""Chapter 11: the journey in one table, the Hopper ladder beside the seed's B200 steps, the
+"""Chapter 13 (the summary): the journey in one table, the Hopper ladder beside the seed's B200 steps, the
 other workloads, and the two power regimes of the H200.
 
     from flashattn.chapter import summary
@@ -150,6 +150,34 @@ def power_regimes(doc):
     return pd.DataFrame(out).set_index(["N", "mode"])
 
 
+# The whole default workload recorded in the sustained regime (every sample a batch after an
+# untimed run of itself), beside the idle-start dataset: experiments/data/17-sustained/.
+SUSTAINED = "17-sustained"
+
+
+def regime_numbers(r, doc) -> dict:
+    """What the two power-regime measurements show, as the book states it: the noise probe
+    (``doc``: arch_tuned's 64x128 kernel against cuDNN, N = 4K-16K) after idle and back to back,
+    with whether the two modes' intervals are apart at every N; and the sustained recording of
+    the whole default workload (``best`` against cuDNN at every N, ``experiments/data/17-sustained``)
+    beside the idle-start dataset: its range, whether every point is below 1, where its
+    interval reaches 1, and where the two recordings' intervals separate."""
+    from .method import probe_summary, regime_table
+    ps = probe_summary(doc)
+    gap, batch = ps.xs("gap", level="mode"), ps.xs("batch", level="mode")
+    reg = regime_table(r.bench, r.experiment(SUSTAINED))
+    return {"probe_idle": f"{gap['ratio'].min():.2f}–{gap['ratio'].max():.2f}",
+            "probe_busy": f"{batch['ratio'].min():.2f}–{batch['ratio'].max():.2f}",
+            "probe_apart": bool((batch["ratio_lo"] > gap["ratio_hi"]).all()),
+            "probe_ns": ", ".join(fmt_n(int(n)) for n in gap.index),
+            "whole_sustained": f"{reg['sustained'].min():.3f}–{reg['sustained'].max():.3f}",
+            "whole_idle": f"{reg['idle'].min():.3f}–{reg['idle'].max():.3f}",
+            "whole_below_one": bool((reg["sustained"] < 1).all()),
+            "whole_reaches_one": ", ".join(fmt_n(int(n)) for n in reg.index[reg["sustained_hi"] >= 1])
+            or "none",
+            "whole_separated": ", ".join(fmt_n(int(n)) for n in reg.index[reg["separated"]]) or "none"}
+
+
 def readme_numbers(r, doc=None) -> dict[str, str]:
     """The numbers README.md quotes, formatted as it quotes them: the range of ``best`` over
     cuDNN causal and non-causal, over FlashAttention-2, at D=256, the largest control gap, the
@@ -166,6 +194,9 @@ def readme_numbers(r, doc=None) -> dict[str, str]:
     if doc is not None:
         p = power_regimes(doc).xs("batch", level="mode")["ours / cuDNN"]
         out["sustained"] = f"{p.min():.2f}–{p.max():.2f}"
+        reg = regime_numbers(r, doc)
+        out["probe_idle"] = reg["probe_idle"]
+        out["whole_sustained"] = reg["whole_sustained"]
     return out
 
 
