@@ -3,7 +3,7 @@
     import flashattn
     o = flashattn.attention(q, k, v, causal=True)            # fastest known step on this GPU
     o = flashattn.attention(q, k, v, causal=True, step="baseline")
-    o = flashattn.decode(q_new, k_cache, v_cache, cache_seqlens)   # a decode step (chapter 13)
+    o = flashattn.decode(q_new, k_cache, v_cache, cache_seqlens)   # a decode step (chapter 12)
     o = flashattn.attention_varlen(q, k, v, cu_seqlens, cu_seqlens, max_len, max_len)  # packed
     flashattn.STEPS                                           # the steps of the book, in order
     with flashattn.interpret.enabled():                       # or FLASHATTN_INTERPRET=1: CPU

@@ -67,7 +67,7 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None,
     if step != "best":
         get_step(step)  # unknown names fail before any work
     elif prefer_decode(q, k, causal, input_pos):
-        # A decode step (few query rows, a long cache): the split-KV kernels (chapter 13).
+        # A decode step (few query rows, a long cache): the split-KV kernels (chapter 12).
         return attention_via_decode(q, k, v, causal=causal, scale=scale, input_pos=input_pos)
     B, Hq, Nq, D = q.shape
     out = torch.empty((B, Hq, Nq, D), dtype=q.dtype, device=q.device)

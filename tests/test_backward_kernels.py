@@ -288,7 +288,7 @@ def test_kernels_on_the_interpreter(case, configs, request):
     assert torch.allclose(delta, (out.float() * dout.float()).sum(-1), rtol=1e-5, atol=1e-5)
     assert_gradients((dq, dk, dv), exact, pt, seed=seed)
     # The emulation of the same tiles (P and dS rounded to fp16, as the kernels round them)
-    # agrees with the kernels to their fp16 output rounding: chapter 12 reads the emulation.
+    # agrees with the kernels to their fp16 output rounding: chapter 11 reads the emulation.
     emu = R.emulate_backward(q, k, v, out, dout, lse, config=cfg["bwd_dkdv"],
                              dq_config=cfg["bwd_dq"], round_p=True, **kw)
     for name, g, e, x in zip(("dq", "dk", "dv"), (dq, dk, dv), emu, exact):

@@ -1,5 +1,5 @@
 """flashattn.chapter.backward: saved bytes, the recorded backward workloads, E14, the kernel
-profiles, the training run and the GPU suite's error ratios of chapter 12 (CPU only)."""
+profiles, the training run and the GPU suite's error ratios of chapter 11 (CPU only)."""
 import numpy as np
 import pandas as pd
 import pytest

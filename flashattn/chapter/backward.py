@@ -1,4 +1,4 @@
-"""The backward pass (chapter 12): what autograd saves, the five products, the recorded
+"""The backward pass (chapter 11): what autograd saves, the five products, the recorded
 backward benchmarks, the tile sweep (E14), the Nsight Compute profiles of the three backward
 kernels beside cuDNN's, the training run and the GPU suite's error ratios.
 
