@@ -1,0 +1,290 @@
+"""What the lesson pages share (``book/gpu_primer``, ``final_kernel``, ``autotuners``,
+``fa_generations``, ``blackwell``): the machine's figures, and the SASS of the kernels read back.
+
+Every SASS fact these pages show is computed here from a cubin that ``flashattn.aot`` compiles at
+the page's run (on a CPU, in seconds, cached in ``~/.cache/flashattn/cubins``); nothing is typed
+by hand. Figures of the hardware are either the recorded device metadata (``results/<gpu>/``) or
+published specifications, each with its source; published results of other people's kernels
+carry their paper.
+
+    sass = lessons.sass("best", "sm_90")          # the SASS listing of the kernel step="best" runs
+    lessons.loops(sass)                           # its K loops: (start, end) addresses
+    lessons.outline(sass, *lessons.loops(sass)[0])   # one K-loop iteration, instruction by role
+    lessons.techniques({"sm_90": s90, "sm_100": s100})   # the seeds' techniques, counted
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+# --- the machine -------------------------------------------------------------------------------
+
+HOPPER_TUNING = "NVIDIA, Tuning CUDA Applications for Hopper GPU Architecture (Hopper tuning guide)"
+CUDA_GUIDE = "NVIDIA, CUDA C++ Programming Guide, compute capability 9.0"
+H100_WHITEPAPER = "NVIDIA, H100 Tensor Core GPU Architecture (whitepaper)"
+H200_SPECS = "NVIDIA, H200 Tensor Core GPU product specifications (SXM)"
+
+# (what, published value, source). Hopper's limits per SM and the H200's memory: the figures the
+# primer explains, as NVIDIA publishes them. Not measurements of ours.
+PUBLISHED_H200 = (
+    ("threads per warp", "32", CUDA_GUIDE),
+    ("resident warps per SM (most)", "64", CUDA_GUIDE),
+    ("32-bit registers per SM", "65,536", CUDA_GUIDE),
+    ("registers per thread (most)", "255", CUDA_GUIDE),
+    ("shared memory per SM (most, carved out of L1)", "228 KB", HOPPER_TUNING),
+    ("tensor cores per SM", "4 (fourth generation)", H100_WHITEPAPER),
+    ("L2 cache", "50 MB", H100_WHITEPAPER),
+    ("HBM3e bandwidth", "4.8 TB/s", H200_SPECS),
+    ("dense FP16 tensor-core peak", "about 989 TFLOPS", H200_SPECS),
+)
+
+
+def device_table(r):
+    """The H200 in one table: what the recording says about the device it ran on (GPU, SMs,
+    memory, compute capability, the shared memory the driver configured for the final kernel),
+    then the published limits the primer uses, each with its source."""
+    import pandas as pd
+    m = r.profile_meta          # the device metadata of the profiled run (the final kernel's)
+    rows = [("GPU", m["gpu"], "recorded (device metadata)"),
+            ("compute capability", f"{m['compute_capability']} (sm_90)", "recorded"),
+            ("streaming multiprocessors (SMs)", f"{int(m['sm_count'])}", "recorded"),
+            ("GPU memory (HBM3e)", f"{m['gpu_memory_gib']:.1f} GiB", "recorded")]
+    rows += [(what, value, f"published: {src}") for what, value, src in PUBLISHED_H200]
+    return pd.DataFrame(rows, columns=["quantity", "value", "source"]).set_index("quantity")
+
+
+def final_kernel_resources(r, step: str = "warp_groups"):
+    """How the final kernel used the machine, from its Nsight Compute profile: threads per
+    program, registers, shared memory, programs per SM, grid and waves (integers as integers)."""
+    import pandas as pd
+    rows = r.profile[r.profile["step"] == step]
+    assert len(rows) == 1, f"{len(rows)} profiled kernels for {step!r}"
+    p = rows.iloc[0]
+    rows = [("threads per program (CTA)", p["launch__block_size"], "threads"),
+            ("warps per program", p["launch__block_size"] / 32, "warps"),
+            ("registers per thread (allocated)", p["launch__registers_per_thread_allocated"],
+             "registers"),
+            ("shared memory per program", p["launch__shared_mem_per_block"] / 1024, "KiB"),
+            ("programs per SM (occupancy limit: registers)",
+             p["launch__occupancy_limit_registers"], "programs"),
+            ("programs in the grid", p["launch__grid_size"], "programs"),
+            ("SMs", p["launch__sm_count"], "SMs")]
+    fmt = [f"{v:,.0f}" if float(v).is_integer() else f"{v:,.1f}" for _, v, _ in rows]
+    return pd.DataFrame({"value": fmt, "unit": [u for *_, u in rows]},
+                        index=pd.Index([w for w, *_ in rows], name="the final kernel"))
+
+
+# --- SASS, read back ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Instr:
+    addr: int            # byte offset in the kernel
+    op: str              # opcode with its modifiers, predicate stripped: "HGMMA.64x128x16.F32"
+    text: str            # the instruction as cuobjdump prints it, without the trailing ';'
+
+    @property
+    def base(self) -> str:
+        return self.op.split(".")[0]
+
+
+_LINE = re.compile(r"^\s*/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
+
+
+def sass(step: str, arch: str, config=None) -> str:
+    """The SASS listing of ``step``'s fused kernel for ``arch`` ("best" resolved for ``arch``),
+    compiled now (or read from the cubin cache); ``config`` pins another configuration."""
+    from .. import aot
+    from ..steps import resolve_name
+    name = resolve_name(step, arch).name
+    rep = aot.compile_step(name, arch, config=config, keep_sass=True)[0]
+    if rep.error:
+        raise RuntimeError(f"{name} for {arch}: {rep.error}")
+    return rep.sass_text  # type: ignore[attr-defined]
+
+
+def instructions(text: str) -> list[Instr]:
+    out = []
+    for line in text.splitlines():
+        m = _LINE.match(line)
+        if m:
+            body = re.sub(r"^@!?U?P[T\d]\s+", "", m[2])
+            out.append(Instr(int(m[1], 16), body.split()[0], m[2]))
+    return out
+
+
+def count(text_or_instrs, pattern: str) -> int:
+    """Instructions whose opcode (with modifiers) matches ``pattern`` (a regex, from the start)."""
+    ins = instructions(text_or_instrs) if isinstance(text_or_instrs, str) else text_or_instrs
+    rx = re.compile(pattern)
+    return sum(1 for i in ins if rx.match(i.op))
+
+
+def _target(i: Instr) -> int | None:
+    m = re.search(r"\bBRA\s+(?:`\(\S+\)\s*)?0x([0-9a-f]+)", i.text)
+    return int(m[1], 16) if m and i.base == "BRA" else None
+
+
+def loops(text: str, body: str = r"(HGMMA|UTC\w*MMA)") -> list[tuple[int, int]]:
+    """The kernel's loops whose body holds an instruction matching ``body`` (default: a
+    tensor-core MMA): (start, end) of each backward branch over such a body that does not span
+    an ``EXIT`` (out-of-line retry paths jump back across the kernel's end), innermost only, in
+    address order."""
+    ins = instructions(text)
+    rx = re.compile(body)
+    found = []
+    for i in ins:
+        t = _target(i)
+        if t is None or t >= i.addr:
+            continue
+        span = [j for j in ins if t <= j.addr <= i.addr]
+        if any(rx.match(j.op) for j in span) and not any(j.base == "EXIT" for j in span):
+            found.append((t, i.addr))
+    inner = [s for s in found if not any(o != s and s[0] <= o[0] and o[1] <= s[1]
+                                         for o in found)]
+    return sorted(set(inner))
+
+
+# The instructions a K-loop iteration is read by, and what each does there.
+ROLES = (
+    (r"SYNCS\.PHASECHK", "wait: a K or V tile has landed in shared memory (mbarrier)"),
+    (r"SYNCS\.ARRIVE\.TRANS64\.A1T0", "release: the buffer may be refilled (mbarrier arrive)"),
+    (r"SYNCS\.ARRIVE", "expect: the bytes a TMA copy will deliver (mbarrier)"),
+    (r"WARPGROUP\.ARRIVE", "warpgroup: registers ready for the MMA"),
+    (r"HGMMA", "tensor cores: warpgroup MMA (HGMMA)"),
+    (r"UTC\w*MMA", "tensor cores: MMA into tensor memory (tcgen05)"),
+    (r"WARPGROUP\.DEPBAR", "wait: the warpgroup's MMAs have finished"),
+    (r"UTCBAR", "commit: signal an mbarrier when the MMAs finish"),
+    (r"LDTM", "tensor memory -> registers"),
+    (r"STTM", "registers -> tensor memory"),
+    (r"SHFL", "warp shuffle: row max / row sum across threads"),
+    (r"MUFU\.EX2", "exp2 on the MUFU"),
+    (r"MUFU\.RCP", "reciprocal on the MUFU"),
+    (r"UTMALDG", "TMA: copy a tile global -> shared"),
+    (r"BAR\.", "barrier between warps"),
+)
+
+
+def role(op: str) -> str | None:
+    for pat, what in ROLES:
+        if re.match(pat, op):
+            return what
+    return None
+
+
+def outline(text: str, start: int, end: int, *, first_operand: bool = True):
+    """One pass over [start, end] (a loop from ``loops``) as a table: each run of instructions of
+    one role, in program order, with its first address, how many in a row, and the first of
+    them (``first_operand``: the opcode and its operands, which say where an MMA's operands come
+    from). Instructions of no role (integer arithmetic, FMUL, FMNMX, ...) are skipped."""
+    import pandas as pd
+    rows = []
+    for i in instructions(text):
+        if not start <= i.addr <= end:
+            continue
+        what = role(i.op)
+        if what is None:
+            continue
+        if rows and rows[-1]["role"] == what:
+            rows[-1]["count"] += 1
+            continue
+        shown = re.sub(r"\s+", " ", i.text if first_operand else i.op)
+        rows.append({"address": f"{i.addr:#06x}", "role": what, "count": 1,
+                     "first instruction": shown[:72]})
+    return pd.DataFrame(rows)
+
+
+def order(text: str, start: int, end: int) -> list[str]:
+    """The roles of [start, end] in program order, runs merged: what ``outline`` shows, as a list
+    (for assertions on the page: which comes before which)."""
+    return list(outline(text, start, end)["role"])
+
+
+# The seeds' hand-written techniques, and the SASS that shows each (or its replacement).
+TECHNIQUES = (
+    ("ldmatrix: shared memory -> MMA fragments", r"LDSM"),
+    ("stmatrix: MMA fragments -> shared memory (the output tile)", r"STSM"),
+    ("plain shared-memory loads / stores (LDS / STS)", r"(LDS|STS)(\.|$)"),
+    ("TMA tile copies, global -> shared (swizzle set in the tensor map)", r"UTMALDG"),
+    ("TMA tile copies, shared -> global", r"UTMASTG"),
+    ("warp-shuffle reductions (SHFL)", r"SHFL"),
+    ("MMA with its A operand in registers (P after softmax)", r"HGMMA\S*\s+R\d+,\s*R\d+"),
+    ("MMA with both operands in shared memory (Q K^T)", r"HGMMA\S*\s+R\d+,\s*gdesc"),
+    ("MMA into tensor memory (tcgen05)", r"UTC\w*MMA"),
+    ("fp32 -> fp16 packing (P for the second product)", r"F2FP"),
+    ("mbarrier waits (multi-stage buffers)", r"SYNCS\.PHASECHK\.TRANS64\.TRYWAIT"),
+    ("register re-allocation between warp groups", r"USETMAXREG"),
+)
+
+
+def techniques(listings: dict[str, str]):
+    """For each technique, how many instructions of each listing (arch -> SASS) show it.
+    Patterns match the instruction text (opcode and operands), so an MMA's operand sources can
+    be told apart."""
+    import pandas as pd
+    parsed = {a: instructions(t) for a, t in listings.items()}
+    rows = []
+    for what, pat in TECHNIQUES:
+        rx = re.compile(pat)
+        rows.append({"technique": what, **{arch: sum(1 for i in ins if rx.match(i.text))
+                                           for arch, ins in parsed.items()}})
+    return pd.DataFrame(rows).set_index("technique")
+
+
+def mbarrier_slots(text: str) -> int:
+    """Distinct mbarriers the kernel waits on (``SYNCS.PHASECHK`` addresses): one per buffer
+    stage and direction (full / empty), plus the output's."""
+    offs = set()
+    for i in instructions(text):
+        if i.op.startswith("SYNCS.PHASECHK"):
+            m = re.search(r"\[[^\]]*?(0x[0-9a-f]+)\]", i.text)
+            if m:
+                offs.add(int(m[1], 16))
+    return len(offs)
+
+
+def register_split(text: str) -> dict[str, list[int]]:
+    """The register budgets ``USETMAXREG`` sets: ``alloc`` (warp groups that grow: consumers)
+    and ``dealloc`` (warp groups that give registers back: the producer)."""
+    out = {"alloc": [], "dealloc": []}
+    for i in instructions(text):
+        if i.op.startswith("USETMAXREG"):
+            m = re.search(r"0x([0-9a-f]+)\s*$", i.text)
+            kind = "dealloc" if "DEALLOC" in i.op else "alloc"
+            if m:
+                out[kind].append(int(m[1], 16))
+    return {k: sorted(set(v)) for k, v in out.items()}
+
+
+# --- published results of other kernels ----------------------------------------------------------
+
+FA3_CITE = "Shah et al., FlashAttention-3 (arXiv 2407.08608), abstract"
+FA4_CITE = "Zadouri et al., FlashAttention-4 (arXiv 2603.05451), introduction"
+
+# What the FlashAttention-3 paper's abstract states for its forward pass on an H100 SXM5. The
+# per-length curves of its figures are not reproduced here: no source text of them was at hand.
+FA3_PUBLISHED = (
+    ("FP16 forward, best reported", "up to 740 TFLOPS (75 % of the H100's peak)"),
+    ("FP8 forward, best reported", "close to 1.2 PFLOPS"),
+    ("speed-up over FlashAttention-2 (FP16)", "1.5–2.0×"),
+)
+
+
+def fa3_beside_ours(r, workload: str = "fp16-causal-d128"):
+    """FlashAttention-3's published H100 figures beside the recorded H200 numbers of this
+    book's final kernel (``best``) and PyTorch's FlashAttention-2 on one workload: the best
+    TFLOPS over the recorded lengths, and the range of best / FlashAttention-2 (paired rounds)."""
+    import pandas as pd
+    b = r.bench[r.bench["workload"] == workload]
+    best = b[b["impl"] == "best"].set_index("Nq")
+    fa2 = b[b["impl"] == "sdpa_flash"].set_index("Nq")
+    ns = sorted(set(best.index) & set(fa2.index))
+    ratio = best.loc[ns, "tflops"] / fa2.loc[ns, "tflops"]
+    rows = [("FlashAttention-3, " + what, value, f"published, H100 SXM5 (other hardware): "
+             f"{FA3_CITE}") for what, value in FA3_PUBLISHED]
+    rows += [(f"this book's best kernel, {workload}, best over N = {min(ns)}–{max(ns)}",
+              f"{best.loc[ns, 'tflops'].max():.0f} TFLOPS", "recorded, H200 (results/h200)"),
+             (f"PyTorch's FlashAttention-2, {workload}, same lengths",
+              f"{fa2.loc[ns, 'tflops'].max():.0f} TFLOPS", "recorded, H200 (results/h200)"),
+             ("this book's best kernel / FlashAttention-2, same rounds",
+              f"{ratio.min():.2f}–{ratio.max():.2f}×", "recorded, H200 (results/h200)")]
+    return pd.DataFrame(rows, columns=["figure", "value", "source"]).set_index("figure")
