@@ -19,10 +19,11 @@ from dataclasses import dataclass
 
 # --- the machine -------------------------------------------------------------------------------
 
-HOPPER_TUNING = "NVIDIA, Tuning CUDA Applications for Hopper GPU Architecture (Hopper tuning guide)"
-CUDA_GUIDE = "NVIDIA, CUDA C++ Programming Guide, compute capability 9.0"
-H100_WHITEPAPER = "NVIDIA, H100 Tensor Core GPU Architecture (whitepaper)"
-H200_SPECS = "NVIDIA, H200 Tensor Core GPU product specifications (SXM)"
+# Short names; book/references.md gives each document in full.
+HOPPER_TUNING = "Hopper tuning guide"
+CUDA_GUIDE = "CUDA Programming Guide"
+H100_WHITEPAPER = "H100 whitepaper"
+H200_SPECS = "H200 specifications"
 
 # (what, published value, source). Hopper's limits per SM and the H200's memory: the figures the
 # primer explains, as NVIDIA publishes them. Not measurements of ours.
@@ -31,11 +32,11 @@ PUBLISHED_H200 = (
     ("resident warps per SM (most)", "64", CUDA_GUIDE),
     ("32-bit registers per SM", "65,536", CUDA_GUIDE),
     ("registers per thread (most)", "255", CUDA_GUIDE),
-    ("shared memory per SM (most, carved out of L1)", "228 KB", HOPPER_TUNING),
-    ("tensor cores per SM", "4 (fourth generation)", H100_WHITEPAPER),
+    ("shared memory per SM (most)", "228 KB", HOPPER_TUNING),
+    ("tensor cores per SM", "4", H100_WHITEPAPER),
     ("L2 cache", "50 MB", H100_WHITEPAPER),
     ("HBM3e bandwidth", "4.8 TB/s", H200_SPECS),
-    ("dense FP16 tensor-core peak", "about 989 TFLOPS", H200_SPECS),
+    ("FP16 tensor-core peak (dense)", "about 989 TFLOPS", H200_SPECS),
 )
 
 
@@ -45,7 +46,7 @@ def device_table(r):
     then the published limits the primer uses, each with its source."""
     import pandas as pd
     m = r.profile_meta          # the device metadata of the profiled run (the final kernel's)
-    rows = [("GPU", m["gpu"], "recorded (device metadata)"),
+    rows = [("GPU", m["gpu"], "recorded"),
             ("compute capability", f"{m['compute_capability']} (sm_90)", "recorded"),
             ("streaming multiprocessors (SMs)", f"{int(m['sm_count'])}", "recorded"),
             ("GPU memory (HBM3e)", f"{m['gpu_memory_gib']:.1f} GiB", "recorded")]
@@ -53,9 +54,10 @@ def device_table(r):
     return pd.DataFrame(rows, columns=["quantity", "value", "source"]).set_index("quantity")
 
 
-def final_kernel_resources(r, step: str = "warp_groups"):
-    """How the final kernel used the machine, from its Nsight Compute profile: threads per
-    program, registers, shared memory, programs per SM, grid and waves (integers as integers)."""
+def program_resources(r, step: str):
+    """How one step's kernel used the machine, from its Nsight Compute profile (B=4, H=32,
+    N=4K, D=128, causal): threads per program, registers, shared memory, programs per SM, grid
+    and waves (integers as integers)."""
     import pandas as pd
     rows = r.profile[r.profile["step"] == step]
     assert len(rows) == 1, f"{len(rows)} profiled kernels for {step!r}"
@@ -68,10 +70,16 @@ def final_kernel_resources(r, step: str = "warp_groups"):
             ("programs per SM (occupancy limit: registers)",
              p["launch__occupancy_limit_registers"], "programs"),
             ("programs in the grid", p["launch__grid_size"], "programs"),
-            ("SMs", p["launch__sm_count"], "SMs")]
+            ("SMs", p["launch__sm_count"], "SMs"),
+            ("waves (grid / (SMs × programs per SM))", p["launch__waves_per_multiprocessor"],
+             "waves")]
     fmt = [f"{v:,.0f}" if float(v).is_integer() else f"{v:,.1f}" for _, v, _ in rows]
+    sh = (r.profile_meta.get("per_step", {}).get(step) or r.profile_meta)["shape"]
+    rows.insert(0, ("workload", None, ""))
+    fmt.insert(0, f"B={sh['B']} H={sh['Hq']} N={sh['N']} D={sh['D']} {sh['dtype']}"
+                  f"{' causal' if sh['causal'] else ''}")
     return pd.DataFrame({"value": fmt, "unit": [u for *_, u in rows]},
-                        index=pd.Index([w for w, *_ in rows], name="the final kernel"))
+                        index=pd.Index([w for w, *_ in rows], name=f"step {step}"))
 
 
 # --- SASS, read back ---------------------------------------------------------------------------
