@@ -296,3 +296,37 @@ def fa3_beside_ours(r, workload: str = "fp16-causal-d128"):
              ("this book's best kernel / FlashAttention-2, same rounds",
               f"{ratio.min():.2f}–{ratio.max():.2f}×", "recorded, H200 (results/h200)")]
     return pd.DataFrame(rows, columns=["figure", "value", "source"]).set_index("figure")
+
+
+# --- cuTile's own autotuner, on the book's kernel -------------------------------------------------
+
+def cutile_search(q, k, v, *, causal: bool, step: str = "best"):
+    """Tune a step's search space with cuTile's autotuner, ``cuda.tile.tune.exhaustive_search``,
+    instead of the book's (``flashattn.autotune.search``): the same configurations, grids, kernels
+    and arguments (``launch.fmha_args``), timed cuTile's way. Returns its ``TuningResult``
+    (``.best.config`` is a ``Config``). CUDA tensors only: there is nothing to time on a CPU."""
+    import torch
+    from cuda.tile import tune
+
+    from ..launch import arch_of, fmha_args
+    from ..steps import resolve_name
+    arch = arch_of(q.device)
+    s = resolve_name(step, arch)
+    out = torch.empty_like(q)
+    scale = q.shape[-1] ** -0.5
+
+    def parts(cfg):                      # (grid, hinted kernel, args) of one configuration
+        return fmha_args(q, k, v, out, s, cfg, causal=causal, scale=scale, input_pos=0)
+
+    return tune.exhaustive_search(list(s.configs(arch)), torch.cuda.current_stream(),
+                                  grid_fn=lambda cfg: parts(cfg)[0],
+                                  kernel=lambda cfg: parts(cfg)[1],
+                                  args_fn=lambda cfg: parts(cfg)[2], quiet=True)
+
+
+def tuner_constants() -> dict:
+    """The constants that steer cuTile's search, read from the installed package."""
+    from cuda.tile.tune import _tune
+    return {name: getattr(_tune, name) for name in ("_WARM_UP_REPEATS", "_BATCH_REPEATS",
+                                                    "_MIN_REPEATS", "_MAX_REPEATS", "_TOP_K",
+                                                    "_MAX_MEASURE_TIME_US")}
