@@ -330,3 +330,119 @@ def tuner_constants() -> dict:
     return {name: getattr(_tune, name) for name in ("_WARM_UP_REPEATS", "_BATCH_REPEATS",
                                                     "_MIN_REPEATS", "_MAX_REPEATS", "_TOP_K",
                                                     "_MAX_MEASURE_TIME_US")}
+
+
+# --- FlashAttention-1, -2, -3 against the SASS ------------------------------------------------------
+
+def partitioning(r, step: str = "warp_groups"):
+    """Programs a launch has under FlashAttention-1's partitioning (one per batch and head) and
+    under FlashAttention-2's, which the book's kernel uses (one per query tile, batch and head),
+    for the profiled workload and the step's profiled tiles; beside the SMs it has to fill."""
+    import pandas as pd
+
+    from ..kernels import fmha_grid
+    from ..steps import Config, get_step
+    meta = r.profile_meta
+    sh = meta["per_step"][step]["shape"]
+    cfg = Config.parse(meta["per_step"][step]["config"])
+    gx, gy, gz = fmha_grid(get_step(step), cfg, B=sh["B"], Hq=sh["Hq"], Nq=sh["N"])
+    sms = int(meta["sm_count"])
+    rows = [("FlashAttention-1: one program per (batch, head)", sh["B"] * sh["Hq"]),
+            (f"FlashAttention-2: one per ({cfg.TILE_M}-row query tile, batch, head)", gx * gy * gz),
+            ("SMs of the GPU", sms)]
+    return pd.DataFrame({"programs": [f"{n:,}" for _, n in rows]},
+                        index=pd.Index([w for w, _ in rows],
+                                       name=f"B={sh['B']} H={sh['Hq']} N={sh['N']}"))
+
+
+def io_model(B: int, H: int, N: int, D: int, tile_m: int, tile_n: int, nbytes: int = 2):
+    """HBM traffic of one non-causal forward pass under the two loop orders, a model (bytes moved
+    by the algorithm, caches ignored), in GB. FlashAttention-1 (K/V outer, Q inner) re-reads Q and
+    reads and writes O and its row statistics once per K/V tile; FlashAttention-2 (Q outer, K/V
+    inner) reads Q once and writes O once, and re-reads K and V once per query tile."""
+    import pandas as pd
+    tq, tk = -(-N // tile_m), -(-N // tile_n)
+    mat = B * H * N * D * nbytes                      # one (B, H, N, D) tensor
+    stats = B * H * N * 4 * 2                         # m and l, fp32, per row
+    fa1 = {"Q": tk * mat, "K, V": 2 * mat, "O and m, l (read + write)": tk * (2 * mat + 2 * stats)}
+    fa2 = {"Q": mat, "K, V": 2 * tq * mat, "O and m, l (read + write)": mat}
+    df = pd.DataFrame({"FlashAttention-1 order": fa1, "FlashAttention-2 order": fa2}) / 1e9
+    df.loc["total"] = df.sum()
+    df.index.name = f"GB moved, B={B} H={H} N={N} D={D}, {tile_m}×{tile_n} tiles"
+    return df.round(2)
+
+
+def _depbar_waits(ins) -> list[int]:
+    """The counts of in-flight MMA groups each ``WARPGROUP.DEPBAR.LE gsb0, N`` allows."""
+    out = []
+    for i in ins:
+        if i.op.startswith("WARPGROUP.DEPBAR"):
+            m = re.search(r"gsb0,\s*0x([0-9a-f]+)", i.text)
+            out.append(int(m[1], 16) if m else -1)
+    return out
+
+
+def hopper_schedule(text: str):
+    """What the SASS of a Hopper kernel says about FlashAttention-3's three techniques: one row
+    each, with the evidence counted in the listing and a verdict in words."""
+    import pandas as pd
+    ins = instructions(text)
+    spans = loops(text)
+    body = [i for i in ins if any(a <= i.addr <= b for a, b in spans)]
+    split = register_split(text)
+    elect_tma = count(ins, r"ELECT") > 0 and count(ins, r"UTMALDG") > 0
+    waits = _depbar_waits(body)
+    named = [i for i in body if i.base == "BAR"]
+    rows = [
+        ("warp specialisation (a producer warpgroup feeds consumers)",
+         f"USETMAXREG: producers down to {split['dealloc']}, consumers up to {split['alloc']} "
+         f"registers; ELECT + UTMALDG: {'one thread issues the TMA copies' if elect_tma else 'none'}",
+         "yes" if split["alloc"] and split["dealloc"] and elect_tma else "no"),
+        ("ping-pong between two consumer warpgroups (named barriers order their MMAs)",
+         f"named barriers (BAR) inside the K loops: {len(named)}",
+         "yes" if named else "no: the two consumer warpgroups interleave as the schedulers pick"),
+        ("intra-warpgroup overlap (the next Q·Kᵀ issued before this softmax)",
+         "WARPGROUP.DEPBAR in the K loops allows at most "
+         f"{max(waits) if waits else 0} MMA group(s) in flight ({len(waits)} waits)",
+         "yes" if waits and max(waits) > 0 else "no: each product is waited for before the "
+                                                "softmax or the next product"),
+    ]
+    return pd.DataFrame(rows, columns=["FlashAttention-3 technique", "evidence in the SASS",
+                                       "does tileiras do it?"]).set_index(
+        "FlashAttention-3 technique")
+
+
+def shuffle_lanes(text: str) -> list[int]:
+    """The lane masks of the butterfly shuffles (``SHFL.BFLY ..., MASK, 0x1f``): which threads
+    a reduction combines."""
+    out = set()
+    for i in instructions(text):
+        if i.op.startswith("SHFL.BFLY"):
+            m = re.search(r",\s*0x([0-9a-f]+),\s*0x1f\s*$", i.text)
+            if m:
+                out.add(int(m[1], 16))
+    return sorted(out)
+
+
+def chained_registers(text: str) -> dict:
+    """In the first K loop: the register the first product (scores, both operands in shared
+    memory) accumulates into, and the register the second product (P·V) reads its A operand
+    from. Equal registers mean P is packed in place, with no data movement between the MMAs."""
+    ins = instructions(text)
+    a, b = loops(text)[0]
+    body = [i for i in ins if a <= i.addr <= b and i.base == "HGMMA"]
+    ss = next(i for i in body if re.match(r"HGMMA\S*\s+R\d+,\s*gdesc", i.text))
+    rs = next(i for i in body if re.match(r"HGMMA\S*\s+R\d+,\s*R\d+", i.text))
+    return {"scores accumulate into": re.match(r"HGMMA\S*\s+(R\d+)", ss.text)[1],
+            "P·V reads its A operand from": re.match(r"HGMMA\S*\s+R\d+,\s*(R\d+)", rs.text)[1]}
+
+
+def best_configs(r, impl: str = "best"):
+    """The configuration ``impl`` ran with in every recorded cell of the benchmark (the
+    autotuner's choice per workload and length), as a table: workload × N."""
+    b = r.bench[r.bench["impl"] == impl].copy()
+    b["configuration"] = b["config"].str.split(": ").str[-1].str.replace("x", "×", regex=False)
+    b["N"] = b["Nq"].map(lambda n: f"{n // 1024}K" if n % 1024 == 0 else str(n))
+    t = b.pivot_table(index="workload", columns="N", values="configuration", aggfunc="first")
+    order = sorted(t.columns, key=lambda s: int(s[:-1]) * 1024 if s.endswith("K") else int(s))
+    return t[order].fillna("")
