@@ -280,7 +280,8 @@ FA3_PUBLISHED = (
 def fa3_beside_ours(r, workload: str = "fp16-causal-d128"):
     """FlashAttention-3's published H100 figures beside the recorded H200 numbers of this
     book's final kernel (``best``) and PyTorch's FlashAttention-2 on one workload: the best
-    TFLOPS over the recorded lengths, and the range of best / FlashAttention-2 (paired rounds)."""
+    TFLOPS over the recorded lengths, and the range over those lengths of the ratio of the two
+    median times."""
     import pandas as pd
     b = r.bench[r.bench["workload"] == workload]
     best = b[b["impl"] == "best"].set_index("Nq")
@@ -293,7 +294,7 @@ def fa3_beside_ours(r, workload: str = "fp16-causal-d128"):
               f"{best.loc[ns, 'tflops'].max():.0f} TFLOPS", "recorded, H200 (results/h200)"),
              (f"PyTorch's FlashAttention-2, {workload}, same lengths",
               f"{fa2.loc[ns, 'tflops'].max():.0f} TFLOPS", "recorded, H200 (results/h200)"),
-             ("this book's best kernel / FlashAttention-2, same rounds",
+             ("this book's best kernel / FlashAttention-2 (ratio of the medians)",
               f"{ratio.min():.2f}–{ratio.max():.2f}×", "recorded, H200 (results/h200)")]
     return pd.DataFrame(rows, columns=["figure", "value", "source"]).set_index("figure")
 
@@ -400,7 +401,7 @@ def hopper_schedule(text: str):
          "yes" if split["alloc"] and split["dealloc"] and elect_tma else "no"),
         ("ping-pong between two consumer warpgroups (named barriers order their MMAs)",
          f"named barriers (BAR) inside the K loops: {len(named)}",
-         "yes" if named else "no: the two consumer warpgroups interleave as the schedulers pick"),
+         "yes" if named else "no: nothing orders the consumer warpgroups"),
         ("intra-warpgroup overlap (the next Q·Kᵀ issued before this softmax)",
          "WARPGROUP.DEPBAR in the K loops allows at most "
          f"{max(waits) if waits else 0} MMA group(s) in flight ({len(waits)} waits)",
@@ -433,8 +434,11 @@ def chained_registers(text: str) -> dict:
     body = [i for i in ins if a <= i.addr <= b and i.base == "HGMMA"]
     ss = next(i for i in body if re.match(r"HGMMA\S*\s+R\d+,\s*gdesc", i.text))
     rs = next(i for i in body if re.match(r"HGMMA\S*\s+R\d+,\s*R\d+", i.text))
-    return {"scores accumulate into": re.match(r"HGMMA\S*\s+(R\d+)", ss.text)[1],
-            "P·V reads its A operand from": re.match(r"HGMMA\S*\s+R\d+,\s*(R\d+)", rs.text)[1]}
+    import pandas as pd
+    return pd.Series({"the scores (Q·Kᵀ) accumulate into": re.match(r"HGMMA\S*\s+(R\d+)", ss.text)[1],
+                      "P·V reads its A operand from": re.match(r"HGMMA\S*\s+R\d+,\s*(R\d+)",
+                                                              rs.text)[1]},
+                     name="first register, first K loop")
 
 
 def best_configs(r, impl: str = "best"):
@@ -446,3 +450,69 @@ def best_configs(r, impl: str = "best"):
     t = b.pivot_table(index="workload", columns="N", values="configuration", aggfunc="first")
     order = sorted(t.columns, key=lambda s: int(s[:-1]) * 1024 if s.endswith("K") else int(s))
     return t[order].fillna("")
+
+
+# --- Blackwell ----------------------------------------------------------------------------------
+
+LOOP_COLUMNS = (("UTCHMMA", r"UTC\w*MMA"), ("UTCBAR", r"UTCBAR"), ("LDTM", r"LDTM"),
+                ("STTM", r"STTM"), ("MUFU.EX2", r"MUFU\.EX2"), ("SHFL", r"SHFL"),
+                ("named barriers", r"BAR\.(SYNC|ARV)"), ("mbarrier waits", r"SYNCS\.PHASECHK"))
+
+
+def loop_roles(text: str):
+    """Every loop of the kernel that issues MMAs or exponentials, one row each, with how many
+    instructions of each kind its body holds: which warps do what, on Blackwell."""
+    import pandas as pd
+    ins = instructions(text)
+    spans = sorted(set(loops(text)) | set(loops(text, r"MUFU\.EX2")))
+    rows = []
+    for a, b in spans:
+        body = [i for i in ins if a <= i.addr <= b]
+        row = {"loop": f"{a:#07x}–{b:#07x}"}
+        row.update({name: sum(1 for i in body if re.match(p, i.op)) for name, p in LOOP_COLUMNS})
+        rows.append(row)
+    df = pd.DataFrame(rows).set_index("loop")
+    df["does"] = ["issues the MMAs" if r["UTCHMMA"] else "softmax" if r["MUFU.EX2"] else ""
+                  for _, r in df.iterrows()]
+    return df
+
+
+def named_barriers(text: str):
+    """The named barriers inside the softmax loops (``BAR.SYNC id, threads`` waits, ``BAR.ARV id,
+    threads`` arrives without waiting), per loop, in program order: one loop waiting on the id
+    another arrives at is warpgroups taking turns."""
+    import pandas as pd
+    ins = instructions(text)
+    rows = []
+    for a, b in loops(text, r"MUFU\.EX2"):
+        seq = []
+        for i in ins:
+            if a <= i.addr <= b and re.match(r"BAR\.(SYNC|ARV)", i.op):
+                m = re.search(r"\s(0x[0-9a-f]+),\s*(0x[0-9a-f]+)", i.text)
+                kind = "wait on" if "SYNC" in i.op else "arrive at"
+                seq.append(f"{kind} barrier {int(m[1], 16)} ({int(m[2], 16)} threads)" if m
+                           else i.op)
+        rows.append({"softmax loop": f"{a:#07x}–{b:#07x}", "in order": "; then ".join(seq)})
+    return pd.DataFrame(rows).set_index("softmax loop")
+
+
+# What FlashAttention-4's authors publish about the B200 (other hardware; not measured here).
+FA4_PUBLISHED = (
+    ("BF16 tensor-core throughput, H100 → B200", "from 1 to 2.25 PFLOPS; SFU count and shared-"
+                                                  "memory bandwidth unchanged"),
+    ("forward bottleneck on the B200", "the exponentials on the SFUs (MUFU), not the MMAs"),
+    ("backward bottleneck on the B200", "shared-memory traffic"),
+    ("FlashAttention-4 forward, BF16, B200", "up to 1605 TFLOPS (71 % utilisation)"),
+    ("against cuDNN 9.13 and Triton", "up to 1.3× and 2.7× faster"),
+    ("softmax rescaling", "a new online softmax skips about 90 % of the rescalings"),
+    ("the exponential", "partly emulated with polynomials on the FMA units"),
+    ("two-CTA MMA", "two thread blocks share operands, to cut shared-memory traffic"),
+)
+
+
+def fa4_published():
+    import pandas as pd
+    return pd.DataFrame([(w, v, f"published, B200 (other hardware): {FA4_CITE}")
+                         for w, v in FA4_PUBLISHED],
+                        columns=["FlashAttention-4", "as published", "source"]).set_index(
+        "FlashAttention-4")
