@@ -356,21 +356,25 @@ def partitioning(r, step: str = "warp_groups"):
                                        name=f"B={sh['B']} H={sh['Hq']} N={sh['N']}"))
 
 
-def io_model(B: int, H: int, N: int, D: int, tile_m: int, tile_n: int, nbytes: int = 2):
+def io_model(B: int, H: int, N: int, D: int, tile_m: int, tile_n: int, nbytes: int = 2,
+             *, gb: bool = True):
     """HBM traffic of one non-causal forward pass under the two loop orders, a model (bytes moved
     by the algorithm, caches ignored), in GB. FlashAttention-1 (K/V outer, Q inner) re-reads Q and
     reads and writes O and its row statistics once per K/V tile; FlashAttention-2 (Q outer, K/V
-    inner) reads Q once and writes O once, and re-reads K and V once per query tile."""
+    inner) reads Q once and writes O once, and re-reads K and V once per query tile.
+    ``gb=False``: bytes, unrounded."""
     import pandas as pd
     tq, tk = -(-N // tile_m), -(-N // tile_n)
     mat = B * H * N * D * nbytes                      # one (B, H, N, D) tensor
     stats = B * H * N * 4 * 2                         # m and l, fp32, per row
     fa1 = {"Q": tk * mat, "K, V": 2 * mat, "O and m, l (read + write)": tk * (2 * mat + 2 * stats)}
     fa2 = {"Q": mat, "K, V": 2 * tq * mat, "O and m, l (read + write)": mat}
-    df = pd.DataFrame({"FlashAttention-1 order": fa1, "FlashAttention-2 order": fa2}) / 1e9
+    df = pd.DataFrame({"FlashAttention-1 order": fa1, "FlashAttention-2 order": fa2})
     df.loc["total"] = df.sum()
+    if not gb:
+        return df
     df.index.name = f"GB moved, B={B} H={H} N={N} D={D}, {tile_m}×{tile_n} tiles"
-    return df.round(2)
+    return (df / 1e9).round(2)
 
 
 def _depbar_waits(ins) -> list[int]:
