@@ -118,8 +118,8 @@ BLACKWELL = _listing([
 
 def test_loop_roles_and_named_barriers():
     t = lessons.loop_roles(BLACKWELL)
-    assert list(t["does"]) == ["softmax", "issues the MMAs"]
-    assert t.iloc[0]["LDTM"] == 1 and t.iloc[0]["named barriers"] == 2 and t.iloc[0]["UTCHMMA"] == 0
+    assert list(t["does"]) == ["softmax", "MMAs"]
+    assert t.iloc[0]["LDTM"] == 1 and t.iloc[0]["BAR"] == 2 and t.iloc[0]["UTCHMMA"] == 0
     assert t.iloc[1]["UTCHMMA"] == 1 and t.iloc[1]["UTCBAR"] == 1
     nb = lessons.named_barriers(BLACKWELL)
     assert nb.iloc[0]["in order"] == ("wait on barrier 2 (256 threads); then arrive at barrier 1 "

@@ -460,23 +460,24 @@ def best_configs(r, impl: str = "best"):
 
 LOOP_COLUMNS = (("UTCHMMA", r"UTC\w*MMA"), ("UTCBAR", r"UTCBAR"), ("LDTM", r"LDTM"),
                 ("STTM", r"STTM"), ("MUFU.EX2", r"MUFU\.EX2"), ("SHFL", r"SHFL"),
-                ("named barriers", r"BAR\.(SYNC|ARV)"), ("mbarrier waits", r"SYNCS\.PHASECHK"))
+                ("BAR", r"BAR\.(SYNC|ARV)"), ("waits", r"SYNCS\.PHASECHK"))
 
 
 def loop_roles(text: str):
     """Every loop of the kernel that issues MMAs or exponentials, one row each, with how many
-    instructions of each kind its body holds: which warps do what, on Blackwell."""
+    instructions of each kind its body holds: which warps do what, on Blackwell. ``BAR``: named
+    barriers (``BAR.SYNC``/``BAR.ARV``); ``waits``: mbarrier waits (``SYNCS.PHASECHK``)."""
     import pandas as pd
     ins = instructions(text)
     spans = sorted(set(loops(text)) | set(loops(text, r"MUFU\.EX2")))
     rows = []
     for a, b in spans:
         body = [i for i in ins if a <= i.addr <= b]
-        row = {"loop": f"{a:#07x}–{b:#07x}"}
+        row = {"loop": f"{a:#x}–{b:#x}"}
         row.update({name: sum(1 for i in body if re.match(p, i.op)) for name, p in LOOP_COLUMNS})
         rows.append(row)
     df = pd.DataFrame(rows).set_index("loop")
-    df["does"] = ["issues the MMAs" if r["UTCHMMA"] else "softmax" if r["MUFU.EX2"] else ""
+    df["does"] = ["MMAs" if r["UTCHMMA"] else "softmax" if r["MUFU.EX2"] else ""
                   for _, r in df.iterrows()]
     return df
 
@@ -496,7 +497,7 @@ def named_barriers(text: str):
                 kind = "wait on" if "SYNC" in i.op else "arrive at"
                 seq.append(f"{kind} barrier {int(m[1], 16)} ({int(m[2], 16)} threads)" if m
                            else i.op)
-        rows.append({"softmax loop": f"{a:#07x}–{b:#07x}", "in order": "; then ".join(seq)})
+        rows.append({"softmax loop": f"{a:#x}–{b:#x}", "in order": "; then ".join(seq)})
     return pd.DataFrame(rows).set_index("softmax loop")
 
 
