@@ -122,8 +122,17 @@ def test_loop_roles_and_named_barriers():
     assert t.iloc[0]["LDTM"] == 1 and t.iloc[0]["BAR"] == 2 and t.iloc[0]["UTCHMMA"] == 0
     assert t.iloc[1]["UTCHMMA"] == 1 and t.iloc[1]["UTCBAR"] == 1
     nb = lessons.named_barriers(BLACKWELL)
-    assert nb.iloc[0]["in order"] == ("wait on barrier 2 (256 threads); then arrive at barrier 1 "
-                                      "(256 threads)")
+    assert list(nb["waits for the loop"]) == ["none"]        # one loop: no partner
+    # Two softmax loops in turn: each waits on the barrier the other arrives at, whatever ids.
+    two = _listing([
+        "BAR.SYNC.DEFER_BLOCKING 0x5, 0x100", "MUFU.EX2 R1, R1", "BAR.ARV 0x6, 0x100",
+        "@P0 BRA 0x0",                                                   # loop 0x0-0x30
+        "BAR.SYNC.DEFER_BLOCKING 0x6, 0x100", "MUFU.EX2 R1, R1", "BAR.ARV 0x5, 0x100",
+        "@P0 BRA 0x40",                                                  # loop 0x40-0x70
+        "EXIT"])
+    nb = lessons.named_barriers(two)
+    assert list(nb["waits for the loop"]) == ["0x40–0x70", "0x0–0x30"]
+    assert list(nb["then lets go the loop"]) == ["0x40–0x70", "0x0–0x30"]
 
 
 def test_io_model_arithmetic():

@@ -483,21 +483,32 @@ def loop_roles(text: str):
 
 
 def named_barriers(text: str):
-    """The named barriers inside the softmax loops (``BAR.SYNC id, threads`` waits, ``BAR.ARV id,
-    threads`` arrives without waiting), per loop, in program order: one loop waiting on the id
-    another arrives at is warpgroups taking turns."""
+    """How the softmax loops are tied by named barriers (``BAR.SYNC id`` waits, ``BAR.ARV id``
+    arrives without waiting): for each loop, the loop that arrives at the barrier it waits on,
+    and the loop that waits on the barrier it arrives at. Two loops that name each other take
+    turns. Barrier ids are left out: the compiler numbers them as it likes."""
     import pandas as pd
     ins = instructions(text)
-    rows = []
-    for a, b in loops(text, r"MUFU\.EX2"):
-        seq = []
+    spans = loops(text, r"MUFU\.EX2")
+    waits, arrives = {}, {}
+    for a, b in spans:
         for i in ins:
             if a <= i.addr <= b and re.match(r"BAR\.(SYNC|ARV)", i.op):
-                m = re.search(r"\s(0x[0-9a-f]+),\s*(0x[0-9a-f]+)", i.text)
-                kind = "wait on" if "SYNC" in i.op else "arrive at"
-                seq.append(f"{kind} barrier {int(m[1], 16)} ({int(m[2], 16)} threads)" if m
-                           else i.op)
-        rows.append({"softmax loop": f"{a:#x}–{b:#x}", "in order": "; then ".join(seq)})
+                m = re.search(r"\s(0x[0-9a-f]+),\s*0x[0-9a-f]+", i.text)
+                if m:
+                    (waits if "SYNC" in i.op else arrives).setdefault((a, b), []).append(
+                        int(m[1], 16))
+
+    def name(span):
+        return f"{span[0]:#x}–{span[1]:#x}"
+
+    def partner(span, mine, theirs):
+        ids = set(mine.get(span, []))
+        return ", ".join(name(o) for o in spans if o != span and ids & set(theirs.get(o, [])))
+
+    rows = [{"softmax loop": name(sp),
+             "waits for the loop": partner(sp, waits, arrives) or "none",
+             "then lets go the loop": partner(sp, arrives, waits) or "none"} for sp in spans]
     return pd.DataFrame(rows).set_index("softmax loop")
 
 
