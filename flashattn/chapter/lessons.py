@@ -458,7 +458,7 @@ def best_configs(r, impl: str = "best"):
 # --- Blackwell ----------------------------------------------------------------------------------
 
 LOOP_COLUMNS = (("UTCHMMA", r"UTC\w*MMA"), ("UTCBAR", r"UTCBAR"), ("LDTM", r"LDTM"),
-                ("STTM", r"STTM"), ("MUFU.EX2", r"MUFU\.EX2"), ("SHFL", r"SHFL"),
+                ("STTM", r"STTM"), ("MUFU.EX2", r"MUFU\.EX2"),
                 ("BAR", r"BAR\.(SYNC|ARV)"), ("waits", r"SYNCS\.PHASECHK"))
 
 
