@@ -301,10 +301,12 @@ def fa3_beside_ours(r, workload: str = "fp16-causal-d128"):
 # --- cuTile's own autotuner, on the book's kernel -------------------------------------------------
 
 def cutile_search(q, k, v, *, causal: bool, step: str = "best"):
-    """Tune a step's search space with cuTile's autotuner, ``cuda.tile.tune.exhaustive_search``,
-    instead of the book's (``flashattn.autotune.search``): the same configurations, grids, kernels
-    and arguments (``launch.fmha_args``), timed cuTile's way. Returns its ``TuningResult``
-    (``.best.config`` is a ``Config``). CUDA tensors only: there is nothing to time on a CPU."""
+    """Tune a step's search space with cuTile's autotuner,
+    ``cuda.tile.tune.exhaustive_search``, instead of the book's
+    (``flashattn.autotune.search``): the same configurations, grids,
+    kernels and arguments (``launch.fmha_args``), timed cuTile's way.
+    Returns its ``TuningResult`` (``.best.config`` is a ``Config``).
+    CUDA tensors only: there is nothing to time on a CPU."""
     import torch
     from cuda.tile import tune
 
@@ -315,13 +317,15 @@ def cutile_search(q, k, v, *, causal: bool, step: str = "best"):
     out = torch.empty_like(q)
     scale = q.shape[-1] ** -0.5
 
-    def parts(cfg):                      # (grid, hinted kernel, args) of one configuration
-        return fmha_args(q, k, v, out, s, cfg, causal=causal, scale=scale, input_pos=0)
+    def parts(cfg):        # (grid, hinted kernel, args) of one configuration
+        return fmha_args(q, k, v, out, s, cfg, causal=causal, scale=scale,
+                         input_pos=0)
 
-    return tune.exhaustive_search(list(s.configs(arch)), torch.cuda.current_stream(),
-                                  grid_fn=lambda cfg: parts(cfg)[0],
-                                  kernel=lambda cfg: parts(cfg)[1],
-                                  args_fn=lambda cfg: parts(cfg)[2], quiet=True)
+    return tune.exhaustive_search(
+        list(s.configs(arch)), torch.cuda.current_stream(),
+        grid_fn=lambda cfg: parts(cfg)[0],
+        kernel=lambda cfg: parts(cfg)[1],
+        args_fn=lambda cfg: parts(cfg)[2], quiet=True)
 
 
 def tuner_constants() -> dict:
