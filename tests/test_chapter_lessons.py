@@ -63,14 +63,13 @@ def test_loops_take_the_mma_loop_and_skip_the_retry_path():
 
 def test_outline_merges_runs_in_program_order():
     roles = lessons.order(HOPPER, 0x10, 0x100)
-    assert roles[:4] == ["wait: a K or V tile has landed in shared memory (mbarrier)",
-                         "warpgroup: registers ready for the MMA",
-                         "tensor cores: warpgroup MMA (HGMMA)",
-                         "wait: the warpgroup's MMAs have finished"]
+    assert roles[:4] == ["wait: a K/V tile landed (mbarrier)", "warpgroup: operands ready",
+                         "MMA: HGMMA (warpgroup)", "wait for the MMAs"]
     t = lessons.outline(HOPPER, 0x10, 0x100)
-    hgmma = t[t["role"] == "tensor cores: warpgroup MMA (HGMMA)"]
+    hgmma = t[t["role"] == "MMA: HGMMA (warpgroup)"]
     assert list(hgmma["count"]) == [2, 1]                      # the run of two, then P·V
-    assert "exp2 on the MUFU" in roles and roles.index("exp2 on the MUFU") > 3
+    assert list(hgmma.index) == ["0x0030", "0x00e0"]
+    assert "exp2 (MUFU)" in roles and roles.index("exp2 (MUFU)") > 3
 
 
 def test_techniques_tell_operand_sources_apart():

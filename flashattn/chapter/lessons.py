@@ -154,20 +154,20 @@ def loops(text: str, body: str = r"(HGMMA|UTC\w*MMA)") -> list[tuple[int, int]]:
 
 # The instructions a K-loop iteration is read by, and what each does there.
 ROLES = (
-    (r"SYNCS\.PHASECHK", "wait: a K or V tile has landed in shared memory (mbarrier)"),
-    (r"SYNCS\.ARRIVE\.TRANS64\.A1T0", "release: the buffer may be refilled (mbarrier arrive)"),
-    (r"SYNCS\.ARRIVE", "expect: the bytes a TMA copy will deliver (mbarrier)"),
-    (r"WARPGROUP\.ARRIVE", "warpgroup: registers ready for the MMA"),
-    (r"HGMMA", "tensor cores: warpgroup MMA (HGMMA)"),
-    (r"UTC\w*MMA", "tensor cores: MMA into tensor memory (tcgen05)"),
-    (r"WARPGROUP\.DEPBAR", "wait: the warpgroup's MMAs have finished"),
-    (r"UTCBAR", "commit: signal an mbarrier when the MMAs finish"),
-    (r"LDTM", "tensor memory -> registers"),
-    (r"STTM", "registers -> tensor memory"),
-    (r"SHFL", "warp shuffle: row max / row sum across threads"),
-    (r"MUFU\.EX2", "exp2 on the MUFU"),
-    (r"MUFU\.RCP", "reciprocal on the MUFU"),
-    (r"UTMALDG", "TMA: copy a tile global -> shared"),
+    (r"SYNCS\.PHASECHK", "wait: a K/V tile landed (mbarrier)"),
+    (r"SYNCS\.ARRIVE\.TRANS64\.A1T0", "release the K/V buffer (mbarrier)"),
+    (r"SYNCS\.ARRIVE", "expect a TMA copy's bytes (mbarrier)"),
+    (r"WARPGROUP\.ARRIVE", "warpgroup: operands ready"),
+    (r"HGMMA", "MMA: HGMMA (warpgroup)"),
+    (r"UTC\w*MMA", "MMA: UTCHMMA (tensor memory)"),
+    (r"WARPGROUP\.DEPBAR", "wait for the MMAs"),
+    (r"UTCBAR", "commit the MMAs (mbarrier)"),
+    (r"LDTM", "tensor memory → registers"),
+    (r"STTM", "registers → tensor memory"),
+    (r"SHFL", "shuffle: row max / row sum"),
+    (r"MUFU\.EX2", "exp2 (MUFU)"),
+    (r"MUFU\.RCP", "reciprocal (MUFU)"),
+    (r"UTMALDG", "TMA copy, global → shared"),
     (r"BAR\.", "barrier between warps"),
 )
 
@@ -198,7 +198,7 @@ def outline(text: str, start: int, end: int, *, first_operand: bool = True):
         shown = re.sub(r"\s+", " ", i.text if first_operand else i.op)
         rows.append({"address": f"{i.addr:#06x}", "role": what, "count": 1,
                      "first instruction": shown[:72]})
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows).set_index("address")
 
 
 def order(text: str, start: int, end: int) -> list[str]:
