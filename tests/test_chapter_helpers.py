@@ -132,5 +132,8 @@ def test_table_formats_by_column_or_row_with_units_and_a_stable_id():
     assert ">501,775,908<" in html and ">21.7<" in html
     with pytest.raises(KeyError):
         chapter.table(df, units={"nope": "ms"})
+    mixed = pd.DataFrame({"a": [501775908.0, 21.73], "ratio": [0.75, 1.03]}, index=["n", "%"])
+    html = chapter.table(mixed, by="cell").to_html()
+    assert ">501,775,908<" in html and ">21.73<" in html and ">0.75<" in html
     with pytest.raises(ValueError):
-        chapter.table(df, by="cell")
+        chapter.table(df, by="value")

@@ -122,7 +122,9 @@ def table(df, decimals=2, *, units=None, na: str = "–", by: str = "column",
 
     ``by``: "column" when each column is one quantity (a column whose values are all whole
     numbers prints as integers, any other with ``decimals`` places); "row" when each row is
-    one (a profile's metrics beside each other: counts, then percentages). ``decimals`` is one
+    one (a profile's metrics beside each other: counts, then percentages); "cell" when each
+    value decides alone (a whole number as an integer: a metrics table with a ratio column,
+    where a count and its ratio share a row). ``decimals`` is one
     number or a dict {column or row label: places} (the others get 2). Returns a pandas Styler
     with a fixed table id (``uid``, else one derived from the labels), so the committed HTML
     that nbval compares is the same at every execution; ``df`` is not changed. Works on any
@@ -132,8 +134,8 @@ def table(df, decimals=2, *, units=None, na: str = "–", by: str = "column",
     import hashlib
 
     import pandas as pd
-    if by not in ("column", "row"):
-        raise ValueError(f"by is 'column' or 'row', not {by!r}")
+    if by not in ("column", "row", "cell"):
+        raise ValueError(f"by is 'column', 'row' or 'cell', not {by!r}")
     out = df.copy()
     if units:
         unknown = set(units) - set(out.columns)
@@ -145,12 +147,12 @@ def table(df, decimals=2, *, units=None, na: str = "–", by: str = "column",
     places = decimals if isinstance(decimals, dict) else {}
     default = 2 if isinstance(decimals, dict) else int(decimals)
     sty = out.style
-    labels = out.columns if by == "column" else out.index
+    labels = out.columns if by in ("column", "cell") else out.index
     for label in labels:
-        values = out[label] if by == "column" else out.loc[label]
-        integer = _all_integral(values.tolist())
+        values = out[label] if by in ("column", "cell") else out.loc[label]
+        integer = None if by == "cell" else _all_integral(values.tolist())
         d = places.get(label, default)
-        subset = [label] if by == "column" else pd.IndexSlice[[label], :]
+        subset = [label] if by in ("column", "cell") else pd.IndexSlice[[label], :]
         sty = sty.format(lambda v, d=d, i=integer: fmt_value(v, d, na, integer=i),
                          subset=subset)
     if uid is None:
