@@ -1,4 +1,4 @@
-// Hanging indents for wrapped code lines (issue 22, item 3). book.css wraps <pre> text inside
+// Hanging indents for wrapped code lines, break points in table identifiers (issue 22, item 3). book.css wraps <pre> text inside
 // the column; here each line of a highlighted block becomes a block whose continuation lines
 // start two columns right of the line's own indentation, so a wrapped shape comment reads as
 // part of its statement. A line that still wraps and ends in an aligned comment (the kernels'
@@ -50,7 +50,40 @@
     });
   }
 
+  // Tables: identifiers in headers and cells ("loop_split@64x128", "stack_bytes", "sm_90") may
+  // break after _ @ / = (a <wbr>, which copying ignores), so a column is as narrow as its words.
+  function breakIdentifiers(cell) {
+    const walker = document.createTreeWalker(cell, NodeFilter.SHOW_TEXT);
+    const nodes = [];
+    for (let n = walker.nextNode(); n; n = walker.nextNode()) {
+      if (/[_@\/=][^\s]/.test(n.textContent)) nodes.push(n);
+    }
+    for (const n of nodes) {
+      const frag = document.createDocumentFragment();
+      n.textContent.split(/(?<=[_@\/=])(?=\S)/).forEach((part, i) => {
+        if (i) frag.appendChild(document.createElement("wbr"));
+        frag.appendChild(document.createTextNode(part));
+      });
+      n.parentNode.replaceChild(frag, n);
+    }
+  }
+
+  // A table still a little wider than its box after that: smaller type, to no less than
+  // TABLE_MIN_SCALE of the table size set in book.css. What still does not fit fails the render test.
+  const TABLE_MIN_SCALE = 0.85;
+  function shrinkTable(table) {
+    const box = table.parentElement;
+    const over = () => Math.max(table.getBoundingClientRect().width, box.scrollWidth) - box.clientWidth;
+    if (over() <= 1) return;
+    const size = parseFloat(getComputedStyle(table).fontSize);
+    for (let scale = 0.97; scale >= TABLE_MIN_SCALE - 1e-9 && over() > 1; scale -= 0.03) {
+      table.style.fontSize = (size * scale).toFixed(2) + "px";
+    }
+  }
+
   function run() {
+    document.querySelectorAll("article table th, article table td").forEach(breakIdentifiers);
+    document.querySelectorAll("article table").forEach(shrinkTable);
     document.querySelectorAll("div.highlight pre").forEach(wrapLines);
     document.querySelectorAll("div.highlight pre").forEach(unalignComments);
     document.documentElement.dataset.codeWrapped = "1";
