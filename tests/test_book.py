@@ -211,3 +211,85 @@ def test_math_renders_offline(build, doc):
     if has_math:
         assert "<mjx-container" in dom, f"{doc}: the page has math but MathJax rendered none"
     _screenshot(page, doc.replace("/", "__"))
+
+
+# --- Everything fits the column (issue 22, item 3) --------------------------------------------
+
+PROBE_JS = Path(__file__).with_name("render_probe.js")
+# What the probe reports, and what each kind of problem means to a reader.
+RENDER_PROBLEMS = {
+    "merror": "MathJax errors (the TeX source shown instead of the formula)",
+    "math": "equations wider than the column (clipped or scrolling)",
+    "rawtex": "raw TeX on the page",
+    "code": "code blocks wider than the column (the ends of lines hidden)",
+    "tables": "tables wider than the page",
+}
+
+
+def render_report(page: Path, width: int = WIDTH) -> dict:
+    """Open a copy of ``page`` (same folder, so its scripts and styles load) with
+    ``tests/render_probe.js`` added, in a ``width``-pixel window, and return the probe's report
+    (a dict: a list per key of RENDER_PROBLEMS, and page_height in CSS pixels)."""
+    probe = page.with_name(f".render-probe-{page.name}")
+    script = f"<script>{PROBE_JS.read_text(encoding='utf-8')}</script>"
+    probe.write_text(page.read_text(encoding="utf-8").replace("</body>", script + "</body>", 1),
+                     encoding="utf-8")
+    try:
+        proc = _run_chromium("--virtual-time-budget=15000", f"--window-size={width},1600",
+                             "--dump-dom", probe.as_uri())
+    finally:
+        probe.unlink(missing_ok=True)
+    body = proc.stdout.rsplit("</script>", 1)[-1]            # after the probe's own source
+    m = re.search(r'<pre id="render-report"[^>]*>(.*?)</pre>', body, re.S)
+    assert m, f"{page.name}: the render probe wrote no report:\n{proc.stderr[-3000:]}"
+    import html as _html
+    return json.loads(_html.unescape(m.group(1)))
+
+
+def render_problems(report: dict) -> list[str]:
+    """One line per problem found, grouped by kind ('' when the page is clean)."""
+    lines = []
+    for key, what in RENDER_PROBLEMS.items():
+        found = report.get(key, [])
+        if found:
+            lines.append(f"{len(found)} {what}:")
+            lines += [f"    {item}" for item in found[:12]]
+    return lines
+
+
+@needs_chromium
+def test_render_probe_finds_overflow(tmp_path):
+    """The probe itself: a page with a wide code line, a wide table and raw TeX in the text is
+    reported on each count; a page whose code and table fit is clean. (No book build needed.)"""
+    wide = "x = 1  # " + "shape comment " * 30
+    cells = "".join(f"<td>column_number_{i}</td>" for i in range(40))
+    bad = tmp_path / "bad.html"
+    bad.write_text(
+        "<html><body><main><article class='bd-article' style='width:600px'>"
+        f"<div class='highlight'><pre>{wide}</pre></div>"
+        f"<div><table><tr>{cells}</tr></table></div>"
+        r"<p>the tile width \text{TILE\_N} as typed</p>"
+        "</article></main></body></html>", encoding="utf-8")
+    rep = render_report(bad)
+    assert len(rep["code"]) == 1 and len(rep["tables"]) == 1 and len(rep["rawtex"]) == 1, rep
+    good = tmp_path / "good.html"
+    good.write_text(
+        "<html><body><main><article class='bd-article' style='width:600px'>"
+        "<div class='highlight'><pre>x = 1  # [TILE_M, D]</pre></div>"
+        "<div><table><tr><td>1</td><td>2</td></tr></table></div><p>plain text</p>"
+        "</article></main></body></html>", encoding="utf-8")
+    assert render_problems(render_report(good)) == []
+
+
+@needs_chromium
+@pytest.mark.parametrize("doc", _toc_pages())
+def test_page_fits_the_column(build, doc):
+    """Every page of the book, in a 1280-pixel window (the book's layout with both sidebars):
+    no MathJax error, no equation, code block or table wider than the column, no raw TeX. The
+    DOM shows it after MathJax and book/_static's scripts have run (render_probe.js)."""
+    assert build.returncode == 0, "book build failed; see test_book_builds_without_warnings"
+    page = HTML / f"{doc}.html"
+    assert page.exists(), page
+    rep = render_report(page)
+    problems = render_problems(rep)
+    assert not problems, f"{doc} does not fit the page:\n" + "\n".join(problems)

@@ -18,6 +18,21 @@ def test_recorded_mode_banner_names_the_gpu_and_date(monkeypatch):
     assert "H200" in text and "2026-" in text and "results/h200/" in text
 
 
+def test_recorded_mode_note_is_one_small_line(monkeypatch):
+    """Issue 22, item 4: the page says its mode once, in a small note (no "Mode: ..." banner)."""
+    pytest.importorskip("IPython")
+    monkeypatch.setenv("FLASHATTN_BOOK_MODE", "recorded")
+    chapter.gpu_available.cache_clear()
+    try:
+        text, note = chapter.note_text(), chapter.mode_note()
+    finally:
+        chapter.gpu_available.cache_clear()
+    assert "H200" in text and "2026-" in text and "results/h200/" in text
+    assert "\n" not in text and "Mode:" not in text and "**" not in text
+    assert note._repr_html_() == f'<p class="provenance-note">{text}</p>'
+    assert repr(note) == text                       # what nbval compares: the note, no address
+
+
 def test_glue_returns_the_formatted_value():
     assert chapter.glue("test_value", 3.14159, ".2f") == "3.14"
 

@@ -98,3 +98,42 @@ def test_tile_registers():
     assert helpers.tile_registers(128, 128, consumers=256)[0] == 64.0
     with pytest.raises(ValueError):
         helpers.tile_registers(0, 64)
+
+
+# --- Tables for people (issue 22, item 4) ------------------------------------------------------
+
+def test_fmt_value_counts_as_integers_and_no_nan():
+    from flashattn.chapter import fmt_value, verdict
+    assert fmt_value(501775908.0) == "501,775,908"
+    assert fmt_value(128.0) == "128"
+    assert fmt_value(np.int64(8192)) == "8,192"
+    assert fmt_value(0.12345, 3) == "0.123"
+    assert fmt_value(float("nan")) == "–" and fmt_value(None) == "–"
+    assert fmt_value(True) == "yes" and fmt_value(np.bool_(False)) == "no"
+    assert fmt_value(2.0, 2, integer=False) == "2.00"
+    assert verdict(1 < 2) == "yes" and verdict(0, "holds", "fails") == "fails"
+
+
+def test_table_formats_by_column_or_row_with_units_and_a_stable_id():
+    pd = pytest.importorskip("pandas")
+    pytest.importorskip("jinja2")
+    from flashattn import chapter
+    df = pd.DataFrame({"grid": [128.0, 2048.0], "time": [0.25, 2.0], "ok": [True, False],
+                       "x": [np.nan, 1.5]}, index=["a", "b"])
+    html = chapter.table(df, units={"time": "ms"}).to_html()
+    for cell in (">128<", ">2,048<", ">0.25<", ">2.00<", ">yes<", ">no<", ">–<", ">1.50<",
+                 "time (ms)"):
+        assert cell in html, cell
+    for bad in ("128.00", "True", "False", "nan"):
+        assert bad not in html, bad
+    assert html == chapter.table(df, units={"time": "ms"}).to_html()     # same id every time
+    rows = pd.DataFrame({"s": [501775908.0, 21.73]}, index=["instructions", "XU %"])
+    html = chapter.table(rows, by="row", decimals=1).to_html()
+    assert ">501,775,908<" in html and ">21.7<" in html
+    with pytest.raises(KeyError):
+        chapter.table(df, units={"nope": "ms"})
+    mixed = pd.DataFrame({"a": [501775908.0, 21.73], "ratio": [0.75, 1.03]}, index=["n", "%"])
+    html = chapter.table(mixed, by="cell").to_html()
+    assert ">501,775,908<" in html and ">21.73<" in html and ">0.75<" in html
+    with pytest.raises(ValueError):
+        chapter.table(df, by="value")

@@ -86,9 +86,12 @@ def test_waterfall(bench, tmp_path):
     for bar in ax.patches:
         lo, hi = sorted((bar.get_y(), bar.get_y() + bar.get_height()))
         assert lo <= 1.0 <= hi
-    labels = [t.get_text() for t in ax.get_xticklabels()]
+    line_ax = fig.axes[1]                                    # the running total: its own axis
+    assert ax.get_shared_x_axes().joined(ax, line_ax) and not ax.lines[1:]
+    labels = [t.get_text() for t in line_ax.get_xticklabels()]
     assert labels == STEPS                                   # book order, from baseline
-    assert any("cudnn" in (ln.get_label() or "") for ln in ax.lines)
+    assert any("cudnn" in (ln.get_label() or "") for ln in line_ax.lines)
+    assert ax.get_legend() is None and line_ax.get_legend() is None   # nothing covers the data
     _save(fig, tmp_path, "waterfall")
     with pytest.raises(ValueError):
         plots.waterfall(bench, seqlen=123)

@@ -221,9 +221,10 @@ def lse_cost(df, dtype="fp16"):
 
 def tflops_figure(df, dtype="fp16", meta=None):
     """TFLOPS against N: panels (backward alone, forward + backward) × (causal, non-causal),
-    one line per implementation; the shading spans the quartile times."""
+    one line per implementation; the shading spans the quartile times. The legend sits under
+    the panels, so it covers no line."""
     import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(2, 2, figsize=(9.0, 5.6), sharex=True)
+    fig, axes = plt.subplots(2, 2, figsize=(8.4, 6.0), sharex=True)
     for row, pass_ in enumerate(("bwd", "fwd_bwd")):
         for col, causal in enumerate((True, False)):
             ax = axes[row, col]
@@ -248,11 +249,17 @@ def tflops_figure(df, dtype="fp16", meta=None):
                 ax.set_ylabel("TFLOPS")
             if row == 1:
                 ax.set_xlabel("sequence length N")
-    axes[0, 1].legend(frameon=False, fontsize=8, loc="lower right")
+    handles, labels = {}, []
+    for ax in axes.flat:
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(lab, h)
     gpu = (meta or {}).get("gpu", "")
     fig.suptitle(f"{dtype} D=128, B=4, H=32 — {gpu}, cuda-tile {(meta or {}).get('cuda_tile', '')},"
                  f" tileiras {(meta or {}).get('tileiras', '')}", fontsize=10)
-    fig.tight_layout()
+    ncol = min(4, len(handles)) or 1
+    fig.tight_layout(rect=(0, 0.03 * -(-len(handles) // ncol) + 0.015, 1, 1))
+    fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=ncol,
+               frameon=False, fontsize=8, bbox_to_anchor=(0.5, 0.0))
     plt.close(fig)        # shown by the cell that ends with `fig`, once
     return fig
 
@@ -414,7 +421,7 @@ def kernel_card(prof, kernels, styled=True):
         return table
     sty = table.style
     for section, label in table.index:
-        sty = sty.format(lambda v, f=fmts[label]: "–" if v != v else f.format(v),
+        sty = sty.format(lambda v, f=fmts[label]: plots._card_fmt(f, v),
                          subset=pd.IndexSlice[[(section, label)], :])
     uid = re.sub(r"[^A-Za-z0-9_-]", "-", "bwd-card-" + "-".join(kernels))
     return sty.set_uuid(uid).set_caption("Nsight Compute: " + ", ".join(kernels))

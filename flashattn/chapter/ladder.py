@@ -209,14 +209,15 @@ def figure(r, step: str, workloads=WORKLOADS, rungs=RUNGS, reference: str = "sdp
     """TFLOPS against N of every rung, one panel per workload; ``step`` and its predecessor
     drawn bold, the other rungs faint, the reference library dashed. With ``effect`` (and a
     predecessor), a second row shows the change of ``step`` over it in % with the 95 % interval
-    of each N, and the run's resolution (``resolution``) shaded. Returns the Figure."""
+    of each N, and the run's resolution (``resolution``) shaded. The legend sits under the panels
+    (two columns), so the panels keep the page's width. Returns the Figure."""
     import matplotlib.pyplot as plt
 
     from .plots import color_of, fmt_n
     prev = predecessor(step) if step in RUNGS[1:] else None
     rows = 2 if effect and prev is not None else 1
-    fig, axes = plt.subplots(rows, len(workloads), figsize=(4.2 * len(workloads) + 1.6,
-                                                            3.6 + 2.2 * (rows - 1)),
+    fig, axes = plt.subplots(rows, len(workloads), figsize=(3.9 * len(workloads) + 0.6,
+                                                            4.4 + 2.2 * (rows - 1)),
                              sharey="row", squeeze=False,
                              gridspec_kw={"height_ratios": [3, 2][:rows]})
     markers = "osD^v"
@@ -255,13 +256,17 @@ def figure(r, step: str, workloads=WORKLOADS, rungs=RUNGS, reference: str = "sdp
         ax.set_xticks(ns, [fmt_n(n) for n in ns])
         ax.minorticks_off()
     axes[0, 0].set_ylabel("TFLOPS")
-    axes[0, -1].legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, fontsize=7)
+    handles, labels = axes[0, -1].get_legend_handles_labels()
     if rows == 2:
         axes[1, 0].set_ylabel("change, %")
-        axes[1, -1].legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, fontsize=7)
+        h2, l2 = axes[1, -1].get_legend_handles_labels()
+        handles, labels = handles + h2, labels + l2
     fig.suptitle(f"The Hopper ladder at 64×128: {step}" + (f" over {prev}" if prev else ""),
                  fontsize=10)
-    fig.tight_layout()
+    nrows_legend = -(-len(labels) // 2)
+    fig.tight_layout(rect=(0, 0.026 * nrows_legend + 0.015, 1, 1))
+    fig.legend(handles, labels, loc="lower center", ncol=2, frameon=False, fontsize=7.5,
+               bbox_to_anchor=(0.5, 0.0))
     return fig
 
 

@@ -1,8 +1,9 @@
 """What the chapter notebooks share: where their numbers come from, and how they say so.
 
 Every notebook starts with ``chapter.setup()``: it decides the mode (a GPU that runs cuTile:
-live measurements beside the recorded ones; otherwise the recorded dataset only) and shows a
-banner saying which GPU, date and versions the recorded numbers come from. Numbers quoted in
+live measurements beside the recorded ones; otherwise the recorded dataset only) and shows, once
+per page, a one-line note (``mode_note``, class ``provenance-note``, small type in book.css)
+saying which GPU, date and versions the recorded numbers come from. Numbers quoted in
 prose go through ``chapter.glue`` (myst-nb's glue), so the text is always the data.
 """
 from __future__ import annotations
@@ -58,15 +59,41 @@ def banner_text(gpu: str = DEFAULT_GPU) -> str:
             f"it needs no GPU.")
 
 
+def note_text(gpu: str = DEFAULT_GPU) -> str:
+    """The page's provenance in one line of plain text (what ``mode_note`` shows)."""
+    r = results(gpu)
+    rec = f"{source_line(gpu)} (results/{gpu}/)"
+    if mode() == "live":
+        import torch
+        return (f"Live: measured on this machine's {torch.cuda.get_device_name()}; "
+                f"numbers in the prose and figures marked recorded: {rec}.")
+    return f"Numbers recorded on {rec}; this page runs on a CPU from that data."
+
+
+def mode_note(gpu: str = DEFAULT_GPU):
+    """The page's provenance note: an HTML line (class ``provenance-note``) whose plain-text form
+    is ``note_text``; ``setup`` displays it once at the top of every chapter."""
+    import html
+    from IPython.display import HTML
+
+    class _Note(HTML):
+        def __repr__(self):                  # text/plain: the note itself, not an object repr
+            return note_text(gpu)
+
+    text = html.escape(note_text(gpu))
+    return _Note(f'<p class="provenance-note">{text}</p>')
+
+
 def setup(gpu: str = DEFAULT_GPU):
-    """Call first in every chapter: plot style, and the banner saying where numbers come from."""
+    """Call first in every chapter: plot style, and the one-line note saying where numbers
+    come from (``mode_note``; ``banner_text`` is the longer form, kept for other callers)."""
     import matplotlib.pyplot as plt
     # No backend switch here: in a Jupyter kernel the inline backend shows the figures.
     plt.rcParams.update({"figure.dpi": 90, "savefig.dpi": 90, "figure.figsize": (7.5, 4.2),
                          "axes.spines.top": False, "axes.spines.right": False,
                          "axes.grid": True, "grid.alpha": 0.3})
-    from IPython.display import Markdown, display
-    display(Markdown(banner_text(gpu)))
+    from IPython.display import display
+    display(mode_note(gpu))
     return results(gpu)
 
 

@@ -117,12 +117,15 @@ def tflops_vs_seqlen(bench_df, impls=None, workload=None, ax=None, meta=None):
 
 def waterfall(bench_df, seqlen=16384, steps=None, workload=None, meta=None,
               reference="cudnn"):
-    """Speed-up of each step over the previous one (bars) and over ``baseline`` (line).
+    """Speed-up of each step over the previous one (bars, top) and over ``baseline`` (line,
+    bottom), on two axes that share the steps.
 
     Steps go in book order from ``baseline``; each bar is that step's TFLOPS over its
-    predecessor's, annotated with the running total. The dashed line is the reference library
-    (cuDNN) over ``baseline``. Log y axis: a slow-down (the large-tile trap) reads as clearly as a
-    speed-up. Returns the Figure.
+    predecessor's, labelled at its end; the line below is the running total, labelled at each
+    point, with the reference library (cuDNN) over ``baseline`` dashed and named at its end.
+    Both y axes are logarithmic, so a slow-down (the large-tile trap) reads as clearly as a
+    speed-up; bars and the running line never share an axis, and no legend covers the data.
+    Returns the Figure (``fig.axes[0]`` the bars, ``fig.axes[1]`` the line).
     """
     plt = _plt()
     df, workload = _pick_workload(bench_df, workload)
@@ -136,33 +139,54 @@ def waterfall(bench_df, seqlen=16384, steps=None, workload=None, meta=None,
     base = tf[steps[0]]
     per = [1.0] + [tf[b] / tf[a] for a, b in zip(steps, steps[1:])]
     total = [tf[s] / base for s in steps]
-    fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(steps) + 2), 4.5))
+    width = min(7.5, max(5.5, 0.75 * len(steps) + 1.5))
+    fig, (ax0, ax1) = plt.subplots(2, 1, sharex=True, figsize=(width, 5.6),
+                                   gridspec_kw={"height_ratios": [1, 1], "hspace": 0.12})
     x = np.arange(len(steps))
-    # Bars start at ×1 (no change), so a slow-down hangs below the line and a gain stands on it.
-    ax.bar(x, np.array(per) - 1.0, bottom=1.0, color=[color_of(s) for s in steps], alpha=0.85,
-           width=0.6, label="over the previous step")
-    ax.plot(x, total, "k-o", ms=4, lw=1.5, label=f"over {steps[0]} (running total)")
-    for xi, p, t in zip(x, per, total):
-        ax.annotate(f"×{t:.2f}", (xi, t), textcoords="offset points", xytext=(0, 6),
-                    ha="center", fontsize=8, fontweight="bold")
-        if xi:
-            ax.annotate(f"×{p:.2f}", (xi, p), textcoords="offset points", xytext=(0, -11),
-                        ha="center", fontsize=7, color="#333333")
+
+    # Top: each step over its predecessor. Bars start at x1, so a slow-down hangs below the line.
+    ax0.bar(x, np.array(per) - 1.0, bottom=1.0, color=[color_of(s) for s in steps], alpha=0.85,
+            width=0.6, label="over the previous step")
+    ax0.axhline(1.0, color="#888888", lw=0.8)
+    ax0.set_yscale("log")
+    lo, hi = min(per), max(per)
+    ax0.set_ylim(min(0.8, lo / 2.2), max(1.25, hi * 2.2))
+    for xi, p in zip(x[1:], per[1:]):
+        up = p >= 1.0
+        ax0.annotate(f"×{p:.2f}", (xi, p), textcoords="offset points", xytext=(0, 3 if up else -3),
+                     ha="center", va="bottom" if up else "top", fontsize=7.5)
+    ax0.set_ylabel("over the previous\nstep (×, log)")
+    ax0.grid(True, axis="y", alpha=0.3, which="major")
+
+    # Bottom: the running total over baseline, and the reference library.
+    ax1.plot(x, total, "k-o", ms=4, lw=1.5, label=f"over {steps[0]} (running total)")
+    ax1.axhline(1.0, color="#888888", lw=0.8)
     ref = [i for i in tf.index if reference in i.lower()]
+    r = tf[ref[0]] / base if ref else None
+    for i, (xi, t) in enumerate(zip(x, total)):
+        drop = i > 0 and t < total[i - 1] * 0.999
+        near_ref = r is not None and t <= r and r / t < 1.4     # keep the dashed line clear
+        below = drop or near_ref
+        ax1.annotate(f"×{t:.2f}", (xi, t), textcoords="offset points",
+                     xytext=(0, -7 if below else 6), ha="center",
+                     va="top" if below else "bottom", fontsize=7.5, fontweight="bold")
+    ymax = max(total)
     if ref:
-        r = tf[ref[0]] / base
-        ax.axhline(r, color=color_of(ref[0]), ls="--", lw=1.2,
-                   label=f"{ref[0]} over {steps[0]} (×{r:.2f})")
-    ax.axhline(1.0, color="#888888", lw=0.8)
-    ax.set_yscale("log")
-    ax.set_xticks(x)
-    ax.set_xticklabels(steps, rotation=30, ha="right")
-    ax.set_ylabel("speed-up (×, log scale)")
-    ax.grid(True, axis="y", alpha=0.3, which="both")
-    ax.set_title(_title(f"Speed-up step by step at N={fmt_n(seqlen)}"
-                        f"{f' ({workload})' if workload else ''}", meta))
-    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, fontsize=8)
-    fig.tight_layout()
+        ymax = max(ymax, r)
+        ax1.axhline(r, color=color_of(ref[0]), ls="--", lw=1.2,
+                    label=f"{ref[0]} over {steps[0]} (×{r:.2f})")
+        ax1.annotate(f"{ref[0]} ×{r:.2f}", (x[-1], r), textcoords="offset points",
+                     xytext=(0, 4), ha="right", va="bottom", fontsize=7.5, color=color_of(ref[0]))
+    ax1.set_yscale("log")
+    ax1.set_ylim(min(total) / 2.0, ymax * 2.0)
+    ax1.set_ylabel(f"over {steps[0]}\n(×, log)")
+    ax1.grid(True, axis="y", alpha=0.3, which="major")
+    ax1.set_xticks(x)
+    ax1.set_xticklabels(steps, rotation=30, ha="right")
+    ax1.set_xlabel("step (book order)")
+    ax0.set_title(_title(f"Speed-up step by step at N={fmt_n(seqlen)}"
+                         f"{f' ({workload})' if workload else ''}", meta), fontsize=10)
+    fig.subplots_adjust(left=0.14, right=0.98, top=0.93, bottom=0.2)
     return fig
 
 
@@ -172,7 +196,7 @@ def waterfall(bench_df, seqlen=16384, steps=None, workload=None, meta=None,
 # (label, metric or callable on a per-step row, format)
 PROFILE_FIELDS = [
     ("registers / thread", "launch__registers_per_thread", "{:.0f}"),
-    ("local memory (spill) bytes", "local_bytes", "{:,.0f}"),
+    ("local memory (spill) bytes", "local_bytes", "bytes"),        # shown as B, MB, GB
     ("shared memory / block (KB)", "smem_kb", "{:.1f}"),
     ("grid (programs)", "launch__grid_size", "{:,.0f}"),
     ("waves per SM", "launch__waves_per_multiprocessor", "{:.2f}"),
@@ -258,7 +282,7 @@ def profile_table(profile_df, steps=None, styled=True):
         fmt = {label: f for label, _, f in PROFILE_FIELDS}
         sty = table.style
         for label in table.index:
-            sty = sty.format(lambda v, f=fmt[label]: "–" if v != v else f.format(v),
+            sty = sty.format(lambda v, f=fmt[label]: _card_fmt(f, v),
                              subset=pd.IndexSlice[[label], :])
         return sty.background_gradient(axis=1, cmap="Blues", low=0.1, high=0.1)
     except ImportError:
@@ -273,7 +297,7 @@ CARD_SECTIONS = {
         ("shared memory / program (KB)", "smem_kb", "{:.1f}"),
         ("grid (programs)", "launch__grid_size", "{:,.0f}"),
         ("waves per SM", "launch__waves_per_multiprocessor", "{:.2f}"),
-        ("local memory (spill) bytes", "local_bytes", "{:,.0f}"),
+        ("local memory (spill) bytes", "local_bytes", "bytes"),      # shown as B, MB, GB
     ],
     "Occupancy": [
         ("programs / SM: register limit", "launch__occupancy_limit_registers", "{:.0f}"),
@@ -299,6 +323,23 @@ CARD_SECTIONS = {
         ("issue slots busy %", "smsp__issue_active.avg.pct_of_peak_sustained_active", "{:.1f}"),
     ],
 }
+
+
+def fmt_bytes(v) -> str:
+    """A byte count for people, in decimal units: 0 -> "0 B", 1.1e11 -> "111.0 GB"."""
+    if v != v:
+        return "–"
+    a = abs(v)
+    for div, unit in ((1e12, "TB"), (1e9, "GB"), (1e6, "MB"), (1e3, "kB")):
+        if a >= div:
+            return f"{v / div:,.1f} {unit}"
+    return f"{v:,.0f} B"
+
+
+def _card_fmt(fmt: str, v) -> str:
+    if v != v:
+        return "–"
+    return fmt_bytes(v) if fmt == "bytes" else fmt.format(v)
 
 
 def ncu_card(profile_df, step, prev=None, *, highlight=(), styled=True):
@@ -342,7 +383,7 @@ def ncu_card(profile_df, step, prev=None, *, highlight=(), styled=True):
     try:
         sty = table.style
         for (section, label) in table.index:
-            sty = sty.format(lambda v, f=fmts[label]: "–" if v != v else f.format(v),
+            sty = sty.format(lambda v, f=fmts[label]: _card_fmt(f, v),
                              subset=pd.IndexSlice[[(section, label)], steps])
         if "ratio" in table:
             sty = sty.format(lambda v: "–" if v != v or not np.isfinite(v) else f"×{v:.2f}",
@@ -460,19 +501,33 @@ def roofline(bench_df, profile_df=None, peak_tflops=989.0, bandwidth_tbs=4.8, se
                 va="bottom", fontsize=8)
     ax.annotate(f"{bandwidth_tbs} TB/s", (lo * 1.5, bandwidth_tbs * lo * 1.5), rotation=0,
                 fontsize=8, va="bottom")
+    # Steps as filled dots, libraries as larger open squares drawn on top: a library at the same
+    # point as a step rings the step's dot instead of hiding under it. Each point is named beside
+    # it; a point close to one already named takes the other side.
+    placed = []
     for impl, x, y, lib, meas in sorted(pts, key=lambda p: (p[3], _book_rank(p[0]))):
-        ax.scatter([x], [y], s=45, marker="s" if lib else "o",
+        ax.scatter([x], [y], s=110 if lib else 40, marker="s" if lib else "o",
                    facecolors="none" if lib else color_of(impl), edgecolors=color_of(impl),
+                   linewidths=1.6 if lib else 1.0,
                    label=impl + (" (library)" if lib else "" if meas else " (min. bytes)"),
-                   zorder=3)
+                   zorder=4 if lib else 3)
+        near = [q for q in placed if abs(np.log10(q[0] / x)) < 0.35 and abs(np.log10(q[1] / y)) < 0.12]
+        side = -1 if any(q[2] == 1 for q in near) else 1
+        if near and all(q[2] == -1 for q in near):
+            side = 1
+        dy = 0 if not near else (-7 if y < near[0][1] else 7)
+        ax.annotate(impl, (x, y), textcoords="offset points", xytext=(9 * side, dy),
+                    ha="left" if side > 0 else "right", va="center", fontsize=7.5,
+                    color=color_of(impl))
+        placed.append((x, y, side))
     ax.set_xscale("log")
     ax.set_yscale("log")
-    ax.set_xlabel("arithmetic intensity (FLOP / DRAM byte)")
-    ax.set_ylabel("TFLOPS")
+    ax.set_xlabel("arithmetic intensity (FLOP per DRAM byte)")
+    ax.set_ylabel("achieved TFLOPS (log)")
     ax.grid(True, which="both", alpha=0.2)
     ax.set_title(_title(f"Roofline at N={fmt_n(seqlen)}{f' ({workload})' if workload else ''}",
-                        meta))
-    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, fontsize=8)
+                        meta), fontsize=10)
+    ax.legend(loc="lower right", frameon=True, framealpha=0.9, fontsize=7.5)
     fig.tight_layout()
     return fig
 
