@@ -165,3 +165,20 @@ def test_figures_are_displayed_explicitly(path):
            and any("image/png" in o.get("data", {}) for o in c.get("outputs", []))
            and not _ends_with_an_expression("".join(c["source"]))]
     assert not bad, f"{path.name}: cells {bad} show a figure without ending with it"
+
+
+def test_intro_outline_names_every_page():
+    """The intro's "How the book is organized" lists every page of _toc.yml: the numbered
+    chapters as a numbered list of as many items, every other page as a link."""
+    root = Path(__file__).resolve().parents[1]
+    nb = json.loads((root / "book" / "intro.ipynb").read_text())
+    md = "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown")
+    outline = md[md.index("## How the book is organized"):]
+    toc = (root / "_toc.yml").read_text()
+    numbered = toc[toc.index("numbered: true"):].split("- caption:")[0]
+    chapters = re.findall(r"file:\s*(\S+)", numbered)
+    items = re.findall(r"^(\d+)\. ", outline, re.M)
+    assert [int(i) for i in items[:len(chapters)]] == list(range(1, len(chapters) + 1))
+    others = [f for f in re.findall(r"file:\s*(\S+)", toc) if f not in chapters]
+    missing = [f for f in others if f.split("/")[-1] + "." not in outline]
+    assert not missing, f"pages of _toc.yml not linked from the intro's outline: {missing}"
