@@ -66,16 +66,7 @@ def test_scripts_need_a_gpu(dyn, script, args, capsys, monkeypatch, tmp_path):
     if torch.cuda.is_available():
         pytest.skip("a GPU is here")
     monkeypatch.chdir(tmp_path)
-    mod = importlib.import_module(f"experiments.{script}") if script == "dynamic_grid" else \
-        _load(script)
+    mod = importlib.import_module(f"experiments.{script}")
     assert mod.main(args) == 1
     assert "needs a CUDA GPU" in capsys.readouterr().err
 
-
-def _load(name):
-    import importlib.util
-    spec = importlib.util.spec_from_file_location(f"experiments_{name}",
-                                                  REPO / "experiments" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
