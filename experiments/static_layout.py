@@ -1,7 +1,7 @@
 """E30: static strides and static shapes for the forward (issue 27's last untried lever).
 
-    python experiments/static_layout.py compile --out experiments/data/42-static-layout/
-    python experiments/static_layout.py time --out experiments/data/42-static-layout/static.json
+    python experiments/static_layout.py compile --out experiments/data/43-static-layout/
+    python experiments/static_layout.py time --out experiments/data/43-static-layout/static.json
 
 cuTile 1.6 can make an array's strides (``static_stride_dims``) and shape (``static_shape_dims``)
 compile-time constants, taken from the launch's tensors: the kernel is then specialised to one
