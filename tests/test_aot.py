@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from flashattn import EXPERIMENTS, STEP_NAMES
+from flashbook import EXPERIMENTS, STEP_NAMES
 from flashattn.aot import compile_step, main
 from flashattn.steps import Config
 

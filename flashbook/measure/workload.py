@@ -8,7 +8,7 @@ own parser from these pieces, so an option means the same in all three, and ends
 """
 from __future__ import annotations
 
-from ..contract import DTYPE_SHORT, head_dim_arg, parse_gqa
+from flashattn.contract import DTYPE_SHORT, head_dim_arg, parse_gqa
 
 # The seed's workload: B=4, H=32, D=128, fp16, causal, N from 1K to 16K.
 DEFAULT_SEQLENS = (1024, 2048, 4096, 8192, 16384)

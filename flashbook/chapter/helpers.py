@@ -1,6 +1,6 @@
 """Small helpers that more than one chapter calls, so each lives once and is tested.
 
-    from flashattn import chapter
+    from flashbook import chapter
     chapter.below(err, "1e-15")                      # chapters 2, 3: an error shown as a bound
     chapter.tile_kinds("loop_split", 16384, cfg)     # chapters 4, 7: the tile grid of a launch
     chapter.time_steps(["fast_math", "loop_split"], cfg, N=8192)   # chapters 5, 7, 8 (GPU)
@@ -37,7 +37,7 @@ def tile_kinds(step, N: int, config, input_pos: int = 0) -> np.ndarray:
     without a mask), 2 masked (the diagonal, or a ragged end), read from
     ``flashattn.reference.schedule`` — the same loop bounds as the kernel.
     """
-    from ..reference import schedule
+    from flashattn.reference import schedule
     Nk = N + input_pos
     kinds = np.full((-(-N // config.TILE_M), -(-Nk // config.TILE_N)), SKIPPED, dtype=int)
     for prog in schedule(step, N, Nk, causal=True, config=config, input_pos=input_pos):
@@ -60,9 +60,9 @@ def time_steps(names, config, N: int, B: int = 4, H: int = 32, D: int = 128, rep
     import pandas as pd
     import torch
 
-    from ..launch import launch
-    from ..measure import timing
-    from ..steps import get_step
+    from flashattn.launch import launch
+    from flashattn import timing
+    from flashattn.steps import get_step
     torch.manual_seed(0)
     q, k, v = (torch.randn(B, H, N, D, device=device, dtype=torch.float16) for _ in range(3))
     out = torch.empty_like(q)

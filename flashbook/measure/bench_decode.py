@@ -1,9 +1,9 @@
 """Decode and packed-varlen benchmarks (issue 12): latency, achieved bandwidth, host overhead.
 
-    python -m flashattn decode-bench --out results/h200/decode/decode.json      # decode + host
-    python -m flashattn decode-bench --part crossover --out results/h200/decode/crossover.json
-    python -m flashattn decode-bench --part varlen --out results/h200/decode/varlen.json
-    python -m flashattn decode-bench --plan          # the sweep and its time estimate, no GPU
+    python -m flashbook decode-bench --out results/h200/decode/decode.json      # decode + host
+    python -m flashbook decode-bench --part crossover --out results/h200/decode/crossover.json
+    python -m flashbook decode-bench --part varlen --out results/h200/decode/varlen.json
+    python -m flashbook decode-bench --plan          # the sweep and its time estimate, no GPU
 
 Parts (``--part``, comma-separated):
 
@@ -49,7 +49,7 @@ import math
 import sys
 import time
 
-from ..contract import DTYPE_SHORT, dtype_name, parse_gqa
+from flashattn.contract import DTYPE_SHORT, dtype_name, parse_gqa
 from ..data.schema import (DECODE_PARTS, SKIPPED, add_decode_derived, format_decode_table,
                            kv_bytes, make_decode_row)
 from .workload import SAMPLE_MS, check_gqa, emit, require_gpu
@@ -245,7 +245,7 @@ def estimate_seconds(plans: dict, *, rounds: int = ROUNDS) -> float:
 
 def hbm_peak(gpu_name: str | None) -> tuple[float | None, str | None]:
     """(TB/s, source) of the GPU's HBM peak from ``HBM_PEAK_TBPS``, (None, None) if unknown."""
-    from ..env import gpu_slug
+    from flashattn.env import gpu_slug
     return HBM_PEAK_TBPS.get(gpu_slug(gpu_name), (None, None))
 
 
@@ -356,9 +356,9 @@ def _flex_entry(q, k, v, *, scale):
 
 def decode_entries(impls, sets, *, scale, skip) -> dict:
     """{impl: Entry or error string} for one decode shape on its input sets."""
-    from ..api import attention
-    from ..decode import decode
-    from ..launch import launch
+    from flashattn.api import attention
+    from flashattn.decode import decode
+    from flashattn.launch import launch
     from .bench import resolve_impl
     out = {}
     s0 = sets[0]
@@ -459,7 +459,7 @@ def measure(entries: dict, ref_fn, *, rounds: int, inner: int, max_inner: int, s
     string}. Values: the Timing's fields, max_abs_err, host_ms (the user's call), and with
     ``host`` also wall_ms for the eager call and graph_host_ms / graph_wall_ms for a CUDA graph
     of one call."""
-    from . import timing
+    from flashattn import timing
     res, live = {}, {}
     for name, e in entries.items():
         if isinstance(e, str):
@@ -510,7 +510,7 @@ def measure(entries: dict, ref_fn, *, rounds: int, inner: int, max_inner: int, s
 
 def _rows_of(part, shape_kw, res, *, kv: int | None, flops_fn=None, extra=None) -> list[dict]:
     """Rows of one shape from ``measure``'s result; the host part splits eager and graph."""
-    from .timing import tflops
+    from flashattn.timing import tflops
     rows = []
     for name, vals in res.items():
         base = dict(shape_kw, **(extra or {}), page_size=_impl_page(name))
@@ -590,11 +590,11 @@ def _run_decode_like(part, plan, *, Hq, Hkv, D, dtype, pages, rounds, inner, pro
 def _run_varlen(plan, *, Hq, Hkv, D, dtype, rounds, inner, prog, dev):
     import torch
 
-    from ..launch import launch
-    from ..reference import pack, unpack
-    from ..varlen import attention_varlen
+    from flashattn.launch import launch
+    from flashattn.reference import pack, unpack
+    from flashattn.varlen import attention_varlen
     from .bench import resolve_impl
-    from .timing import attention_flops
+    from flashattn.timing import attention_flops
     tdt = getattr(torch, dtype)
     scale = 1.0 / math.sqrt(D)
     rows = []
@@ -685,7 +685,7 @@ def run_decode_bench(parts=DEFAULT_PARTS, *, batches=DEFAULT_BATCHES,
     raised for it. See the module docstring for the parts."""
     import torch
 
-    from ..env import metadata
+    from flashattn.env import metadata
     parts = list(parts)
     for p in parts:
         if p not in DECODE_PARTS:
@@ -761,7 +761,7 @@ def _plans(parts, *, batches, cache_lens, nqs, impls, flex, max_cache_tokens, va
 def build_parser():
     import argparse
     p = argparse.ArgumentParser(
-        prog="python -m flashattn decode-bench",
+        prog="python -m flashbook decode-bench",
         description="Time decode steps (flashattn.decode, contiguous and paged, against the "
                     "square kernel, PyTorch SDPA and FlexAttention: latency and K/V bandwidth "
                     "against the HBM peak), the host overhead per call with and without a "
@@ -884,7 +884,7 @@ def main(argv: list[str] | None = None) -> int:
         print(format_plan(kw))
         return 0
     t0 = time.perf_counter()
-    if not require_gpu("python -m flashattn decode-bench",
+    if not require_gpu("python -m flashbook decode-bench",
                        "--plan shows the sweep; python -m flashattn info says what it has"):
         return 1
     doc = run_decode_bench(**kw)

@@ -1,4 +1,4 @@
-"""flashattn.chapter.decode: the data, tables and figures of chapter 12 (decoding) and of its
+"""flashbook.chapter.decode: the data, tables and figures of chapter 12 (decoding) and of its
 experiment record (``book/appendix/decoding_experiments``).
 
 Everything here reads the recorded decode measurements of one GPU (``results/<gpu>/decode/``
@@ -13,7 +13,7 @@ rules of ``flashattn.kernels`` (no GPU):
     decode.kernel_times(d, "decode-b1"), decode.varlen_profile(d)
     decode.bandwidth_figure(d), decode.roofline_figure(d)
 
-Columns of the decode rows (``flashattn.data.schema``, DECODE_FIELDS): ``median_ms`` (GPU time
+Columns of the decode rows (``flashbook.data.schema``, DECODE_FIELDS): ``median_ms`` (GPU time
 per call, idle start), ``gbps`` (bytes of K/V the step must read / time), ``frac_peak`` (over
 the datasheet's HBM peak, ``meta["hbm_peak_tbps"]``), ``ratio_best_torch`` (the fastest
 PyTorch row's time over this row's: >= 1 is as fast as every PyTorch path).
@@ -171,8 +171,8 @@ def gqa_bytes(B: int, Hq: int, Hkv: int, Nk: int, D: int, elem_bytes: int = 2) -
 def split_plan(B: int, Nk: int, Nq: int, *, Hq: int = 32, Hkv: int = 8, D: int = 128,
                sm_count: int = 132, page_size: int | None = None, arch: str = "sm_90") -> dict:
     """The split kernel's launch for one shape, by ``flashattn.kernels``' rules (no GPU)."""
-    from ..kernels import decode_num_splits, decode_row_blocks, decode_tiles
-    from ..kernels import DECODE_WAVES
+    from flashattn.kernels import decode_num_splits, decode_row_blocks, decode_tiles
+    from flashattn.kernels import DECODE_WAVES
     rows = (Hq // Hkv) * Nq
     tile_m, tile_n = decode_tiles(rows=rows, head_dim=D, page_size=page_size, arch=arch)
     blocks = decode_row_blocks(rows, tile_m)
@@ -297,7 +297,7 @@ def path_table(Nqs=(1, 2, 4, 8, 16), Nks=(512, 1024, 2048, 4096, 32768), *, B: i
                Hq: int = 32, Hkv: int = 8, D: int = 128) -> pd.DataFrame:
     """Which kernel ``flashattn.attention(q, k, v, causal=True, input_pos=Nk - Nq)`` runs for
     each (Nq, Nk) on a GPU: ``prefer_decode`` evaluated on the shapes alone (no GPU needed)."""
-    from ..decode import prefer_decode
+    from flashattn.decode import prefer_decode
     out = {}
     for nk in Nks:
         out[_fmt_n(nk)] = ["decode" if prefer_decode(_Shape(B, Hq, nq, D), _Shape(B, Hkv, nk, D),
@@ -511,7 +511,7 @@ def combine_run_comparison(d: DecodeData, run: str = SWEEP_RUN,
     where the split kernel writes the output). ``d`` gives the GPU's SM count."""
     from ..data.results import experiments_root
     from ..data.schema import read_json, to_frame
-    from ..kernels import decode_combine_constants, decode_combine_grid, decode_tiles
+    from flashattn.kernels import decode_combine_constants, decode_combine_grid, decode_tiles
     base = experiments_root(root) / run / name
     one = to_frame(read_json(base))
     one = one[(one["impl"] == "decode") & one["error"].isna() & one["median_ms"].notna()]
@@ -551,7 +551,7 @@ def combine_kinds(run: str = COMBINE_RUN, name: str = "combine.json", root=None,
     multi-row combine's (> 1: faster; cuDNN only for Nq=1, where SDPA needs no mask), and the
     merge ``kernels.decode_combine_kind`` picks for the shape."""
     from ..data.results import load_experiment_file
-    from ..kernels import decode_combine_kind
+    from flashattn.kernels import decode_combine_kind
     doc = load_experiment_file(run, name, root)
     rows = {}
     for r in doc["rows"]:
@@ -774,7 +774,7 @@ def roofline_figure(d: DecodeData, impls=("decode", "square_best", "sdpa_flash",
     """The roofline of one decode step: measured TFLOPS at each implementation's arithmetic
     intensity (FLOPs over the bytes of K/V it must read), all cache lengths of one batch size,
     against the HBM slope and the tensor-core roof."""
-    from ..measure.timing import attention_flops
+    from flashattn.timing import attention_flops
     plt = _plt()
     fig, ax = plt.subplots(figsize=(7.2, 4.2))
     peak_tb = d.peak_tbps
@@ -824,7 +824,7 @@ def crossover_figure(d: DecodeData):
         s = t.loc[nq]
         ax.plot(s.index, s["square_best"] / s["decode"], marker="o", ms=3, color=col,
                 label=f"Nq={nq}")
-    from ..decode import DECODE_PATH_MIN_NK
+    from flashattn.decode import DECODE_PATH_MIN_NK
     ax.axhline(1.0, color="#444", lw=1)
     ax.axvline(DECODE_PATH_MIN_NK, color="#d62728", ls=":", lw=1)
     ax.annotate("DECODE_PATH_MIN_NK", (DECODE_PATH_MIN_NK * 1.05, 0.62), fontsize=7,
@@ -848,9 +848,10 @@ def crossover_figure(d: DecodeData):
 def kernel_listing(name: str) -> str:
     """The source of one function of ``flashattn/kernels/decode.py`` (read as text: the module
     is parsed, not imported, so no compiler is needed)."""
+    import importlib.util
     from pathlib import Path
-    path = Path(__file__).resolve().parents[1] / "kernels" / "decode.py"
-    from ..kernels.source import shipped_source
+    path = Path(importlib.util.find_spec("flashattn.kernels.decode").origin)
+    from ..source import shipped_source
     src = shipped_source(path.read_text(encoding="utf-8"))
     tree = ast.parse(src)
     lines = src.splitlines()
@@ -864,7 +865,7 @@ def kernel_listing(name: str) -> str:
 def merge_demo(seed: int = 0, length: int = 300, cuts=(128, 128)) -> dict:
     """The LSE merge on the CPU: one sequence, GQA 8:2, its keys cut at ``cuts`` (equal cuts:
     an empty split). Returns the partial LSEs, the merged and exact outputs and the error."""
-    from ..reference import decode as ref
+    from flashattn.reference import decode as ref
     rng = np.random.default_rng(seed)
     q = rng.standard_normal((1, 8, 1, 64))
     k, v = rng.standard_normal((2, 1, 2, length, 64))
@@ -886,7 +887,7 @@ def live_step(B: int = 8, Nk: int = 32768, Nq: int = 1, Hq: int = 32, Hkv: int =
     import torch
     import torch.nn.functional as F
     import flashattn
-    from ..measure.timing import time_cuda
+    from flashattn.timing import time_cuda
     from ..data.schema import kv_bytes
     g = torch.Generator(device="cuda").manual_seed(0)
     q = torch.randn(B, Hq, Nq, D, device="cuda", dtype=torch.float16, generator=g)

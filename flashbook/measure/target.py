@@ -1,6 +1,6 @@
 """The program Nsight Compute profiles: one warm-up and one measured launch per step (chapter 4).
 
-    python -m flashattn.measure.target --step baseline,remap --seqlen 4096 \
+    python -m flashbook.measure.target --step baseline,remap --seqlen 4096 \
         [--batch 4 --heads 32 --head-dim 128 --dtype float16 --causal/--no-causal --gqa 32:8]
 
 For each step, in order: fresh random inputs, the step's configuration for them
@@ -21,13 +21,13 @@ import json
 import math
 import sys
 
-from ..contract import DTYPES, check_tensors
-from ..contract import head_dim_arg, parse_gqa
+from flashattn.contract import DTYPES, check_tensors
+from flashattn.contract import head_dim_arg, parse_gqa
 from ..impls import IMPLS
 
 
 def add_shape_args(p: argparse.ArgumentParser) -> None:
-    """The workload options shared by ``profile_target`` and ``python -m flashattn profile``."""
+    """The workload options shared by ``profile_target`` and ``python -m flashbook profile``."""
     p.add_argument("--seqlen", type=int, default=4096, help="Nq = Nk (default 4096)")
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--heads", type=int, default=32, help="query heads (= kv heads unless --gqa)")
@@ -86,14 +86,14 @@ def _varlen_go(name, *, seqlen, batch, heads, kv_heads, head_dim, dt):
     dev = torch.device("cuda")
     scale = 1.0 / math.sqrt(head_dim)
     if name == "varlen":
-        from ..varlen import attention_varlen
+        from flashattn.varlen import attention_varlen
         T = batch * seqlen
         q = torch.randn(T, heads, head_dim, device=dev, dtype=dt)
         k, v = (torch.randn(T, kv_heads, head_dim, device=dev, dtype=dt) for _ in range(2))
         cu = torch.arange(0, T + 1, seqlen, dtype=torch.int32, device=dev)
         return lambda: attention_varlen(q, k, v, cu, cu, seqlen, seqlen, causal=True,
                                         scale=scale, check_values=False)
-    from ..api import attention
+    from flashattn.api import attention
     q = torch.randn(batch, heads, seqlen, head_dim, device=dev, dtype=dt)
     k, v = (torch.randn(batch, kv_heads, seqlen, head_dim, device=dev, dtype=dt)
             for _ in range(2))
@@ -127,8 +127,8 @@ def _backward_go(name, q, k, v, *, causal, scale):
             except (RuntimeError, TypeError):
                 if i == len(tries) - 1:
                     raise
-    from ..autograd import attention_forward
-    from ..launch_bwd import attention_backward
+    from flashattn.autograd import attention_forward
+    from flashattn.launch_bwd import attention_backward
     with torch.no_grad():
         out, lse = attention_forward(q, k, v, causal=causal, scale=scale)
     det = name == "backward"
@@ -141,7 +141,7 @@ def _decode_go(name, *, cache_len, batch, heads, kv_heads, head_dim, dt):
     ``decode-bench``: ``bench_decode._decode_set``, pages of 64 shuffled)."""
     import torch
 
-    from ..decode import decode
+    from flashattn.decode import decode
     from .bench_decode import _decode_set
     if cache_len % 64:
         raise ValueError(f"decode targets take a cache length that is a multiple of 64 (the "
@@ -158,7 +158,7 @@ def _decode_go(name, *, cache_len, batch, heads, kv_heads, head_dim, dt):
         # The square kernel as decode-bench's square_best row launches it: step "best" resolved
         # once, launched with that configuration (attention(step="best") takes the decode path
         # for this shape, and attention(step=NAME) would search the configuration again).
-        from ..launch import launch
+        from flashattn.launch import launch
         from .bench import resolve_impl
         step, cfg = resolve_impl("best", q, k, True)
         out = torch.empty_like(q)
@@ -178,7 +178,7 @@ def run_step(name: str, *, seqlen: int, batch: int, heads: int, kv_heads: int, h
     """Warm up then launch step ``name`` once inside NVTX range ``step:NAME``; what ran."""
     import torch
 
-    from ..launch import launch
+    from flashattn.launch import launch
     from .bench import resolve_impl
     torch.manual_seed(seed)
     dt = getattr(torch, dtype)
@@ -237,7 +237,7 @@ def _measure(name, go, step, label: str) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m flashattn.measure.target",
+    p = argparse.ArgumentParser(prog="python -m flashbook.measure.target",
                                 description="Launch steps once each inside NVTX ranges "
                                             "'step:NAME', for Nsight Compute.")
     p.add_argument("--step", required=True, help="comma-separated step names, in order")

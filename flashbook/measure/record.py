@@ -1,20 +1,20 @@
 """Record the book's measurements under ``results/<gpu>/`` (the notebooks read them back).
 
-    python -m flashattn record --out results/h200 --part bench        # ~5 min on an H200
-    python -m flashattn record --out results/h200 --part bench-extra  # ~7 min (or --workload)
-    python -m flashattn record --out results/h200 --part bench-backward       # ~4 min (fp16)
-    python -m flashattn record --out results/h200 --part bench-backward-bf16  # ~4 min
-    python -m flashattn record --out results/h200 --part profile      # Nsight Compute
-    python -m flashattn record --out results/h200 --part profile-backward  # issue 11's kernels
-    python -m flashattn record --out results/h200 --part profile-decode    # issue 12's
-    python -m flashattn record --out results/h200 --part compile      # any machine, no GPU
-    python -m flashattn record --quick --out /tmp/r                   # tiny, to test the tools
+    python -m flashbook record --out results/h200 --part bench        # ~5 min on an H200
+    python -m flashbook record --out results/h200 --part bench-extra  # ~7 min (or --workload)
+    python -m flashbook record --out results/h200 --part bench-backward       # ~4 min (fp16)
+    python -m flashbook record --out results/h200 --part bench-backward-bf16  # ~4 min
+    python -m flashbook record --out results/h200 --part profile      # Nsight Compute
+    python -m flashbook record --out results/h200 --part profile-backward  # issue 11's kernels
+    python -m flashbook record --out results/h200 --part profile-decode    # issue 12's
+    python -m flashbook record --out results/h200 --part compile      # any machine, no GPU
+    python -m flashbook record --quick --out /tmp/r                   # tiny, to test the tools
 
 Writes::
 
-    results/<gpu>/bench/<workload>.json     python -m flashattn bench documents
+    results/<gpu>/bench/<workload>.json     python -m flashbook bench documents
     results/<gpu>/bench-backward/<workload>-bwd.json   bench --backward documents (issue 11)
-    results/<gpu>/profiles/                 flashattn.measure.ncu.record_profiles (summary.json, ...)
+    results/<gpu>/profiles/                 flashbook.measure.ncu.record_profiles (summary.json, ...)
     results/<gpu>/compile/<arch>.json       python -m flashattn compile --json documents
 
 Each part is sized to finish inside one 10-minute command on an H200; the elapsed time of each
@@ -32,9 +32,9 @@ import traceback
 from pathlib import Path
 
 from ..data.schema import workload_name, write_json
-from ..env import command_line, gpu_slug, metadata
+from flashattn.env import command_line, gpu_slug, metadata
 from ..impls import STEP_IMPLS
-from ..steps import HOPPER_LADDER, STEP_NAMES
+from flashattn.steps import HOPPER_LADDER, STEP_NAMES
 from .bench import DEFAULT_STEPS, run_bench
 
 PARTS = ("bench", "bench-extra", "bench-backward", "bench-backward-bf16", "profile",
@@ -219,7 +219,7 @@ def record_profile_decode(out: Path, *, quick: bool = False,
 def record_compile(out: Path, *, quick: bool = False, archs=COMPILE_ARCHS,
                    command: str | None = None) -> list[Path]:
     """``python -m flashattn compile --arch A --json`` for each arch (no GPU needed)."""
-    from .. import aot
+    from flashattn import aot
     written = []
     for arch in archs:
         t0 = time.perf_counter()
@@ -250,7 +250,7 @@ def record_compile(out: Path, *, quick: bool = False, archs=COMPILE_ARCHS,
 
 def main(argv: list[str] | None = None) -> int:
     import argparse
-    p = argparse.ArgumentParser(prog="python -m flashattn record",
+    p = argparse.ArgumentParser(prog="python -m flashbook record",
                                 description="Record benchmarks, Nsight Compute profiles and "
                                             "compile reports under results/<gpu>/.")
     p.add_argument("--out", help="output folder (default: results/<gpu>, the dataset; with "

@@ -2,7 +2,7 @@
 backward benchmarks, the tile sweep (E14), the Nsight Compute profiles of the three backward
 kernels beside cuDNN's, the training run and the GPU suite's error ratios.
 
-    from flashattn.chapter import backward as bw
+    from flashbook.chapter import backward as bw
     bw.saved_bytes(fn, q, k, v)                 # bytes autograd keeps for the backward of fn
     bw.bench_frame()                            # the four recorded workloads, one DataFrame
     bw.ratio_table(df, "bwd")                   # ours over cuDNN / FA2, [95 %] by round
@@ -152,8 +152,8 @@ def listing(name: str) -> str:
     """The source of ``name`` in ``flashattn/kernels/fmha_bwd.py`` (a kernel with its
     ``@ct.kernel`` line, or a plain function such as ``dkdv_program``), read from the file."""
     import inspect
-    from ..kernels import fmha_bwd
-    from ..kernels.source import _function_source, shipped_source
+    from flashattn.kernels import fmha_bwd
+    from ..source import _function_source, shipped_source
     return _function_source(shipped_source(inspect.getsource(fmha_bwd)), name)
 
 
@@ -299,8 +299,8 @@ def visit_kinds(N, *, causal=True, dkdv=(64, 128), dq=(128, 64), input_pos=0):
     """Two arrays [query tiles, key tiles] of 0 (skipped) / 1 (full) / 2 (masked), on one grid
     of 64 × 64 cells: what bwd_dkdv's programs (one per key tile) visit and what bwd_dq's (one
     per query tile) visit, from ``reference.backward``'s schedules, at their own tile shapes."""
-    from ..reference.backward import dkdv_schedule, dq_schedule
-    from ..steps import Config
+    from flashattn.reference.backward import dkdv_schedule, dq_schedule
+    from flashattn.steps import Config
     cell = 64
     n = -(-N // cell)
     a = np.zeros((n, n), dtype=int)

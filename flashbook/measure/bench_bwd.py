@@ -1,8 +1,8 @@
 """Backward benchmarks (issue 11): the backward pass alone, and forward + backward.
 
-    python -m flashattn bench --backward                            # fp16, causal, N 1K..16K
-    python -m flashattn bench --backward --no-causal --dtype bfloat16 --seqlens 4096,16384
-    python -m flashattn bench --backward --baselines cudnn,flash --passes bwd
+    python -m flashbook bench --backward                            # fp16, causal, N 1K..16K
+    python -m flashbook bench --backward --no-causal --dtype bfloat16 --seqlens 4096,16384
+    python -m flashbook bench --backward --baselines cudnn,flash --passes bwd
 
 From a notebook::
 
@@ -48,10 +48,10 @@ import math
 import sys
 import time
 
-from ..contract import dtype_name, parse_gqa
+from flashattn.contract import dtype_name, parse_gqa
 from ..data.schema import add_derived, format_table, make_row, workload_name
 from ..impls import LIBRARY_OPTIONS
-from .timing import attention_flops, tflops
+from flashattn.timing import attention_flops, tflops
 from .workload import (DEFAULT_BATCH, DEFAULT_HEAD_DIM, DEFAULT_HEADS, DEFAULT_SEQLENS,
                        SAMPLE_MS, add_output_args, add_workload_args, check_baselines, check_gqa,
                        check_seqlens, emit, require_gpu)
@@ -94,7 +94,7 @@ def ref_group(Hq: int, Hkv: int, N: int) -> tuple[int, int]:
 
 
 def _ref_grads(q, k, v, dout, hq: int, *, causal: bool, scale: float):
-    from ..reference import attention_backward
+    from flashattn.reference import attention_backward
     return attention_backward(*(t[:1, :n].double() for t, n in ((q, hq), (k, 1), (v, 1),
                                                                  (dout, hq))),
                               causal=causal, scale=scale)
@@ -139,7 +139,7 @@ def forward_thunks(impl: str, sets, *, causal: bool, scale: float, fwd_step: str
     ``flashattn.attention`` (the autograd operator, forward with the LSE); a library: its call
     from ``bench.library_fn`` (block mask and backend chosen once, outside the timing)."""
     if impl == OURS:
-        from ..api import attention
+        from flashattn.api import attention
         return [(lambda s=s: attention(s[0], s[1], s[2], causal=causal, scale=scale,
                                        step=fwd_step)) for s in sets], contextlib.nullcontext
     from .libraries import library_fn
@@ -152,7 +152,7 @@ def _ours_backward_fns(sets, outs, *, causal, scale, deterministic=True):
     (``deterministic=False``: the atomics variant)."""
     import torch
 
-    from ..launch_bwd import attention_backward
+    from flashattn.launch_bwd import attention_backward
     fns = []
     for (q, k, v, dout), (out, lse) in zip(sets, outs):
         grads = tuple(torch.empty_like(t) for t in (q, k, v))
@@ -220,8 +220,8 @@ def run_bench_backward(seqlens=None, *, causal: bool = True, dtype: str = "float
     """
     import torch
 
-    from ..env import metadata
-    from . import timing
+    from flashattn.env import metadata
+    from flashattn import timing
     seqlens = [int(n) for n in (DEFAULT_SEQLENS if seqlens is None else seqlens)]
     if not seqlens or min(seqlens) < 1:
         raise ValueError(f"seqlens must be positive lengths, got {seqlens}")
@@ -342,7 +342,7 @@ def _kind(impl: str) -> str:
 
 
 def _ref_out(q, k, v, hq: int, *, causal: bool, scale: float):
-    from ..reference import attention
+    from flashattn.reference import attention
     return attention(q[:1, :hq].double(), k[:1, :1].double(), v[:1, :1].double(),
                      causal=causal, scale=scale)
 
@@ -350,7 +350,7 @@ def _ref_out(q, k, v, hq: int, *, causal: bool, scale: float):
 def _add_ratio_fa2(rows: list[dict]) -> None:
     """``ratio_fa2`` (and ``_lo``, ``_hi``): speed over FlashAttention-2's (SDPA's flash
     backend) in the same pass and N, paired by round (issue 11's second target)."""
-    from ..data.stats import ratio_ci
+    from flashattn.stats import ratio_ci
     fa2 = {(r["pass"], r["Nq"]): r for r in rows
            if r["impl"] == LIBRARY_OPTIONS["flash"] and not r.get("error")}
     for r in rows:
@@ -365,7 +365,7 @@ def _add_ratio_fa2(rows: list[dict]) -> None:
 def _add_lse_cost(rows: list[dict]) -> None:
     """``ratio_no_lse`` (and ``_lo``, ``_hi``) on each fmha_fwd_lse row: its speed over the
     inference forward's at the same N, paired by round (below 1: the LSE costs time)."""
-    from ..data.stats import ratio_ci
+    from flashattn.stats import ratio_ci
     plain = {r["Nq"]: r for r in rows if r["impl"] == OURS_FWD and not r.get("error")}
     for r in rows:
         p = plain.get(r["Nq"])
@@ -381,12 +381,12 @@ def _fwd_fns(impl, sets, *, causal, scale, fwd_step):
     import torch
     det = [tuple(t.detach() for t in s) for s in sets]
     if impl in (OURS_FWD, OURS_FWD_LSE):
-        from ..autograd import attention_forward
+        from flashattn.autograd import attention_forward
         fwds, ctx = forward_thunks(OURS, det, causal=causal, scale=scale, fwd_step=fwd_step)
         if impl == OURS_FWD_LSE:
             fwds = [(lambda s=s: attention_forward(s[0], s[1], s[2], causal=causal, scale=scale,
                                                    step=fwd_step)) for s in det]
-        from ..autotune import resolve
+        from flashattn.autotune import resolve
         st, c = resolve(fwd_step, det[0][0], det[0][1], causal)
         return fwds, ctx, f"{st.name} {c.label()}"
     fwds, ctx = forward_thunks(impl, det, causal=causal, scale=scale, fwd_step=fwd_step)
@@ -412,7 +412,7 @@ def _make_fns(impl, pass_, sets, *, causal, scale, fwd_step):
         return [(lambda f=f, s=s: torch.autograd.grad(f(), s[:3], s[3]))
                 for f, s in zip(fwds, sets)], ctx, config
     if impl in (OURS, OURS_ATOMIC):
-        from ..autograd import attention_forward
+        from flashattn.autograd import attention_forward
         outs = []
         for q, k, v, _ in sets:
             with torch.no_grad():
@@ -436,15 +436,15 @@ def _make_fns(impl, pass_, sets, *, causal, scale, fwd_step):
 def _ours_config(s, *, causal, fwd_step, pass_, atomic=False) -> str:
     """"dkdv 64x128 nww=8, dq 128x64 nww=8" (and the forward's step and tiles for fwd_bwd;
     "dkdv+dq atomic 64x128 nww=8" for the atomics variant)."""
-    from ..kernels import bwd_configs
-    from ..launch import arch_of
+    from flashattn.kernels import bwd_configs
+    from flashattn.launch import arch_of
     q, k = s[0], s[1]
     cfg = bwd_configs(arch_of(q.device), q.shape[-1])
     if atomic:
         return f"dkdv+dq atomic {cfg['bwd_dkdv'].label()}"
     label = f"dkdv {cfg['bwd_dkdv'].label()}, dq {cfg['bwd_dq'].label()}"
     if pass_ == "fwd_bwd":
-        from ..autotune import resolve
+        from flashattn.autotune import resolve
         st, c = resolve(fwd_step, q.detach(), k.detach(), causal)
         label = f"fwd {st.name} {c.label()}; bwd {label}"
     return label
@@ -470,7 +470,7 @@ def format_backward_table(doc: dict) -> str:
 def build_parser():
     """The options of ``bench --backward``: bench's workload options, and the passes."""
     import argparse
-    p = argparse.ArgumentParser(prog="python -m flashattn bench --backward",
+    p = argparse.ArgumentParser(prog="python -m flashbook bench --backward",
                                 description="Time the backward pass and forward + backward, "
                                             "ours against the libraries' (backward = 2.5 x "
                                             "the forward's FLOPs, forward + backward 3.5 x).")
@@ -507,7 +507,7 @@ def parse_args(argv: list[str] | None = None) -> dict:
         p.error(f"--passes takes a comma-separated subset of {', '.join(PASSES)}, got "
                 f"{a.passes!r}")
     if a.fwd_step != "best":
-        from ..steps import get_step
+        from flashattn.steps import get_step
         try:
             if get_step(a.fwd_step).kernel != "fmha":
                 p.error(f"--fwd-step {a.fwd_step!r} does not write the LSE; use a fused step")
@@ -525,7 +525,7 @@ def parse_args(argv: list[str] | None = None) -> dict:
 def main(argv: list[str] | None = None) -> int:
     kw = parse_args(argv)
     as_json, out = kw.pop("_json"), kw.pop("_out")
-    if not require_gpu("python -m flashattn bench --backward"):
+    if not require_gpu("python -m flashbook bench --backward"):
         return 1
     emit(run_bench_backward(**kw), out=out, as_json=as_json, table=format_backward_table)
     return 0

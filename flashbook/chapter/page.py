@@ -36,7 +36,7 @@ def mode() -> str:
 
 @functools.lru_cache(maxsize=None)
 def results(gpu: str = DEFAULT_GPU):
-    """The recorded dataset (``flashattn.data.results.load``), loaded once per notebook."""
+    """The recorded dataset (``flashbook.data.results.load``), loaded once per notebook."""
     from ..data.results import load
     return load(gpu)
 
@@ -112,6 +112,6 @@ def glue(name: str, value, spec: str | None = None, *, display: bool = False):
 
 
 def show(code: str, language: str = "python"):
-    """Show code or a diff with colours (wraps ``flashattn.kernels.source.show``)."""
-    from ..kernels.source import show as _show
+    """Show code or a diff with colours (wraps ``flashbook.source.show``)."""
+    from ..source import show as _show
     return _show(code, language)

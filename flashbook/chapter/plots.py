@@ -1,6 +1,6 @@
 """The book's figures and tables, from plain DataFrames (matplotlib only).
 
-Every function takes the DataFrames of ``flashattn.data.results.load(gpu)`` (``.bench``,
+Every function takes the DataFrames of ``flashbook.data.results.load(gpu)`` (``.bench``,
 ``.profile``, ``.compile``) or arrays, and returns a matplotlib Figure (tables: a DataFrame or
 pandas Styler). Pass ``meta`` (the results' metadata dict: ``gpu``, ...) to put the GPU in titles.
 
@@ -15,9 +15,9 @@ import numpy as np
 
 from ..impls import IMPLS
 from ..impls import color_of as _color_of
-from ..steps import STEP_NAMES
+from flashattn.steps import STEP_NAMES
 
-# Colours come from the implementation registry (``flashattn.impls``): one per step, per
+# Colours come from the implementation registry (``flashbook.impls``): one per step, per
 # experiment and per library, the same in every chapter.
 PALETTE = {name: impl.color for name, impl in IMPLS.items()}
 KIND_COLORS = {0: "#eeeeee", 1: "#1f77b4", 2: "#ff7f0e"}   # skipped / full / masked tiles
@@ -25,7 +25,7 @@ KIND_NAMES = {0: "skipped", 1: "full", 2: "masked"}
 
 
 def color_of(impl: str) -> str:
-    """The colour of an implementation in every figure (``flashattn.impls.color_of``)."""
+    """The colour of an implementation in every figure (``flashbook.impls.color_of``)."""
     return _color_of(impl)
 
 
@@ -462,13 +462,13 @@ def roofline(bench_df, profile_df=None, peak_tflops=989.0, bandwidth_tbs=4.8, se
              workload=None, meta=None, ax=None):
     """Log-log roofline with each implementation at (arithmetic intensity, achieved TFLOPS).
 
-    FLOPs are ``flashattn.measure.timing.attention_flops`` (4·B·H·Nq·Nk·D, halved when causal). Bytes are
+    FLOPs are ``flashattn.timing.attention_flops`` (4·B·H·Nq·Nk·D, halved when causal). Bytes are
     the DRAM bytes read + written that Nsight Compute measured for the step (summed over its
     kernels; the profile must be of the same workload), else ``min_bytes`` (Q, K, V read once,
     O written once) — libraries always use ``min_bytes``. Defaults: H100/H200 dense fp16 peak
     989 TFLOPS, H200 HBM3e 4.8 TB/s. Returns the Figure.
     """
-    from ..measure.timing import attention_flops
+    from flashattn.timing import attention_flops
     plt = _plt()
     df, workload = _pick_workload(bench_df, workload)
     df = df[(df["Nk"] == seqlen)].dropna(subset=["tflops"])
@@ -631,7 +631,7 @@ def online_softmax_state(xs, block: int, j: int, ax=None):
     scores read so far, the block just read and the running maximum, with m, l and the
     rescale factor in the title. The interactive trace draws this for one ``j``; the static
     page shows a few (``online_softmax_states``). Returns the Figure."""
-    from ..reference import blockwise_trace
+    from flashattn.reference import blockwise_trace
     plt = _plt()
     xs = np.asarray(xs, dtype=np.float64)
     m_tr, l_tr = blockwise_trace(xs, block)                           # (n_blocks,) each

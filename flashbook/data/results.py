@@ -1,6 +1,6 @@
 """Recorded measurements, as DataFrames for the notebooks.
 
-    from flashattn.data import results
+    from flashbook.data import results
     r = results.load("h200")
     r.tflops_table("fp16-causal-d128")     # impl x N, book order
     r.ratio_table("fp16-causal-d128")      # the same over cuDNN
@@ -15,9 +15,9 @@
 
 Files (formats in results/README.md)::
 
-    results/<gpu>/bench/<workload>.json     python -m flashattn record --part bench
-    results/<gpu>/profiles/summary.json     python -m flashattn record --part profile
-    results/<gpu>/compile/<arch>.json       python -m flashattn record --part compile
+    results/<gpu>/bench/<workload>.json     python -m flashbook record --part bench
+    results/<gpu>/profiles/summary.json     python -m flashbook record --part profile
+    results/<gpu>/compile/<arch>.json       python -m flashbook record --part compile
     results/<gpu>/compile/tiles.json        python experiments/tile_grid.py
     experiments/data/<run>/<workload>.json  python experiments/sweep.py <run> (bench documents)
     experiments/data/<run>/<other>.json     other records of a run: profile summaries, tables
@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..impls import LIBRARY_IMPLS, RATIO_REF, rank
-from ..steps import STEP_NAMES
+from flashattn.steps import STEP_NAMES
 from .schema import json_path, read_json, to_frame
 
 DEFAULT_WORKLOAD = "fp16-causal-d128"
@@ -226,7 +226,7 @@ def _load_profile(d: Path):
 
 def _profile_frames(doc: dict):
     """(wide DataFrame, units, rules DataFrame, meta) of a profile summary document
-    (``python -m flashattn profile``: ``{"meta", "rows": [{step, kernel, metric, value, unit}],
+    (``python -m flashbook profile``: ``{"meta", "rows": [{step, kernel, metric, value, unit}],
     "rules"}``)."""
     import pandas as pd
     rows, rules = doc.get("rows", []), doc.get("rules", [])
@@ -342,7 +342,7 @@ def load_experiment_meta(name: str, root=None) -> dict:
 
 def _experiment_gpu(metas: dict) -> str | None:
     """The results folder name ("h200") of the GPU a run's documents were recorded on."""
-    from ..env import gpu_slug
+    from flashattn.env import gpu_slug
     gpus = {m.get("gpu") for m in metas.values() if m.get("gpu")}
     if len(gpus) > 1:
         raise ValueError(f"an experiment run mixes GPUs: {sorted(gpus)}")
@@ -366,7 +366,7 @@ def load_experiment_file(run: str, name: str, root=None):
 
 def load_experiment_profile(run: str, name: str = "summary.json", root=None):
     """A profile summary recorded with an experiment run (``experiments/data/<run>/<name>``,
-    written by ``python -m flashattn profile``) in the form of ``Results.profile``: one row per
+    written by ``python -m flashbook profile``) in the form of ``Results.profile``: one row per
     (step, kernel), one column per metric, steps in book order. ``.attrs`` holds ``meta`` (with
     ``configs``: step -> configuration profiled), ``units`` (metric -> unit) and ``rules`` (a
     DataFrame of Nsight Compute's rule messages)."""
@@ -395,7 +395,7 @@ def load_experiment_table(run: str, name: str, root=None):
 
 
 def load_experiment_log_table(run: str, name: str, root=None):
-    """The summary table a ``python -m flashattn profile`` run printed into its log
+    """The summary table a ``python -m flashbook profile`` run printed into its log
     (``experiments/data/<run>/<name>``, e.g. ``12-profiles/prof-d256.log``), for runs whose
     summary JSON did not come back: one row per (step, kernel), the printed columns
     (``registers``, ``block``, ``occ_theory_%``, ``sm_%``, ``duration_ns``, ...), numbers as

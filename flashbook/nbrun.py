@@ -1,4 +1,4 @@
-"""Run a chapter notebook top to bottom without Jupyter: ``python -m flashattn nbrun IN [OUT]``.
+"""Run a chapter notebook top to bottom without Jupyter: ``python -m flashbook nbrun IN [OUT]``.
 
 For machines with no Jupyter kernel machinery (the offline H200 host used for the book). Each
 code cell runs in one IPython shell, in order, in the notebook's folder; its stdout, stderr, rich
@@ -279,10 +279,10 @@ def check_paths(path_in: str, path_out: str | None = None) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     import argparse
-    p = argparse.ArgumentParser(prog="python -m flashattn nbrun",
+    p = argparse.ArgumentParser(prog="python -m flashbook nbrun",
                                 description="Run a chapter notebook top to bottom without "
                                             "Jupyter, writing its outputs into OUT.",
-                                epilog="example: python -m flashattn nbrun "
+                                epilog="example: python -m flashbook nbrun "
                                        "notebooks/03_first_kernel.ipynb /tmp/03.ipynb")
     p.add_argument("notebook", help="the notebook to run")
     p.add_argument("out", nargs="?", help="where to write the executed notebook")

@@ -101,8 +101,8 @@ _LINE = re.compile(r"^\s*/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
 def sass(step: str, arch: str, config=None) -> str:
     """The SASS listing of ``step``'s fused kernel for ``arch`` ("best" resolved for ``arch``),
     compiled now (or read from the cubin cache); ``config`` pins another configuration."""
-    from .. import aot
-    from ..steps import resolve_name
+    from flashattn import aot
+    from flashattn.steps import resolve_name
     name = resolve_name(step, arch).name
     rep = aot.compile_step(name, arch, config=config, keep_sass=True)[0]
     if rep.error:
@@ -310,8 +310,8 @@ def cutile_search(q, k, v, *, causal: bool, step: str = "best"):
     import torch
     from cuda.tile import tune
 
-    from ..launch import arch_of, fmha_args
-    from ..steps import resolve_name
+    from flashattn.launch import arch_of, fmha_args
+    from flashattn.steps import resolve_name
     arch = arch_of(q.device)
     s = resolve_name(step, arch)
     out = torch.empty_like(q)
@@ -344,8 +344,8 @@ def partitioning(r, step: str = "warp_groups"):
     for the profiled workload and the step's profiled tiles; beside the SMs it has to fill."""
     import pandas as pd
 
-    from ..kernels import fmha_grid
-    from ..steps import Config, get_step
+    from flashattn.kernels import fmha_grid
+    from flashattn.steps import Config, get_step
     meta = r.profile_meta
     sh = meta["per_step"][step]["shape"]
     cfg = Config.parse(meta["per_step"][step]["config"])

@@ -1,9 +1,9 @@
 """Nsight Compute profiles of the steps (chapter 4 and the "evidence" part of every chapter).
 
-    python -m flashattn profile --step baseline --step remap [--seqlen 4096] [--out DIR]
+    python -m flashbook profile --step baseline --step remap [--seqlen 4096] [--out DIR]
 
 On a machine with a CUDA GPU and ``ncu`` this runs Nsight Compute once over
-``python -m flashattn.measure.target`` (one warm-up and one measured launch per step, the
+``python -m flashbook.measure.target`` (one warm-up and one measured launch per step, the
 measured one inside the NVTX range ``step:NAME``) and turns the report into a tidy summary::
 
     {"meta":  {...},                                   # workload, GPU, ncu version, command
@@ -128,8 +128,8 @@ REPO = Path(__file__).resolve().parents[2]
 # ---------------------------------------------------------------------------------------------
 def target_args(steps, *, seqlen=4096, batch=4, heads=32, kv_heads=None, head_dim=128,
                 dtype="float16", causal=True, manifest=None) -> list[str]:
-    """Arguments of ``python -m flashattn.measure.target`` for these steps and shape."""
-    args = ["-m", "flashattn.measure.target", "--step", ",".join(steps), "--seqlen", str(seqlen),
+    """Arguments of ``python -m flashbook.measure.target`` for these steps and shape."""
+    args = ["-m", "flashbook.measure.target", "--step", ",".join(steps), "--seqlen", str(seqlen),
             "--batch", str(batch), "--heads", str(heads), "--head-dim", str(head_dim),
             "--dtype", dtype, "--causal" if causal else "--no-causal"]
     if kv_heads is not None and kv_heads != heads:
@@ -540,7 +540,7 @@ def summarize_csv(raw: str, details: str = "", manifest: dict | None = None,
 # ---------------------------------------------------------------------------------------------
 def _metadata(command: str) -> dict:
     try:
-        from ..env import metadata
+        from flashattn.env import metadata
         return dict(metadata(command))
     except Exception:  # env.py absent or failing: a minimal record
         import platform
@@ -782,10 +782,10 @@ def show_recorded(folder, steps, shape: dict, *, rules: bool = False) -> None:
 # ---------------------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
     from ..impls import IMPLS, STEP_IMPLS
-    from ..contract import parse_gqa
+    from flashattn.contract import parse_gqa
     from .target import add_shape_args
     p = argparse.ArgumentParser(
-        prog="python -m flashattn profile",
+        prog="python -m flashbook profile",
         description="Profile one launch per step with Nsight Compute (clocks not locked) and "
                     "summarize the report; without a GPU or ncu, print the command and the "
                     "recorded summary.")
@@ -796,7 +796,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="step (or SDPA library) to profile (repeatable)")
     add_shape_args(p)
     p.add_argument("--out", help="output folder (default ./profiles; the recorded dataset is "
-                                 "written by 'python -m flashattn record --part profile')")
+                                 "written by 'python -m flashbook record --part profile')")
     p.add_argument("--ncu", default="ncu", help="path of the ncu executable")
     p.add_argument("--gpu", default="h200",
                    help="results/<gpu>/profiles/summary.json to show without a GPU")

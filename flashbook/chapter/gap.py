@@ -2,7 +2,7 @@
 effects against a control, stall breakdowns, the
 memory units, and the forward-performance targets, all from the recorded data.
 
-    from flashattn.chapter import gap
+    from flashbook.chapter import gap
     gap.paired(r.bench, "pair", "arch_tuned", 4096)            # (ratio, lo, hi), paired by round
     gap.resolution(r.bench, 4096)                               # what identical code reads apart
     gap.call(gap.paired(...), gap.resolution(...))              # "faster" / "slower" / ...
@@ -74,7 +74,7 @@ def samples(bench, impl: str, N: int, workload: str = DEFAULT_WORKLOAD):
 def paired(bench, impl: str, ref: str, N: int, workload: str = DEFAULT_WORKLOAD):
     """Speed of ``impl`` over ``ref``, paired round by round: (ratio, lo, hi), a bootstrap 95 %
     interval (``stats.ratio_ci``); > 1 means ``impl`` is faster."""
-    from ..data import stats
+    from flashattn import stats
     return stats.ratio_ci(samples(bench, ref, N, workload), samples(bench, impl, N, workload))
 
 

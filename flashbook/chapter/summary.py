@@ -1,7 +1,7 @@
 """Chapter 13 (the summary): the journey in one table, the Hopper ladder beside the seed's B200 steps, the
 other workloads, and the two power regimes of the H200.
 
-    from flashattn.chapter import summary
+    from flashbook.chapter import summary
     summary.journey_table(r, (1024, 16384))          # chapter, step: TFLOPS, x cuDNN [95 % CI]
     summary.ladder_vs_seed(r, results.seed_b200())   # each change over the one before, both GPUs
     summary.other_workloads(r, 8192)                 # best (and the steps before it) per workload
@@ -12,7 +12,7 @@ other workloads, and the two power regimes of the H200.
     summary.intro_numbers(r)                         # the numbers the first page quotes
 
 Ratios are speeds over cuDNN's (or over the previous step's), paired by round with a bootstrap
-95 % interval (``flashattn.chapter.ladder.paired``). Everything here reads recorded data and runs
+95 % interval (``flashbook.chapter.ladder.paired``). Everything here reads recorded data and runs
 on a CPU.
 """
 from __future__ import annotations
@@ -239,7 +239,7 @@ def journey_figure(r, seqlens=None, workload: str = WORKLOAD, steps=None,
     the longest recorded), one above the other on a shared TFLOPS axis; in each, one bar per step
     in book order with its TFLOPS, and beside each bar the step's TFLOPS and speed over cuDNN's
     with its 95 % interval. The ``libraries`` timed in the same rounds are vertical reference
-    lines (colours and dashes from ``flashattn.impls``). Returns the Figure."""
+    lines (colours and dashes from ``flashbook.impls``). Returns the Figure."""
     import matplotlib.pyplot as plt
 
     from ..impls import get

@@ -12,10 +12,10 @@ import math
 import os
 from pathlib import Path
 
-from ..contract import DTYPE_SHORT
+from flashattn.contract import DTYPE_SHORT
 from ..impls import RATIO_REF, base_name, rank
-from ..steps import STEP_NAMES
-from .stats import ratio_ci
+from flashattn.steps import STEP_NAMES
+from flashattn.stats import ratio_ci
 
 ROW_FIELDS = ("impl", "kind", "config", "B", "Hq", "Hkv", "Nq", "Nk", "D", "dtype", "causal",
               "median_ms", "q1_ms", "q3_ms", "min_ms", "max_ms", "reps", "spread", "tflops",

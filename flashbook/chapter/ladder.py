@@ -5,7 +5,7 @@ read there. The recorded dataset replays them at 64x128 (``flashattn.steps.HOPPE
 rung one change over the previous one, timed in the same rounds as cuDNN and as the control
 ``best``/``best#2`` (one kernel timed as two rows), causal and non-causal::
 
-    from flashattn.chapter import ladder
+    from flashbook.chapter import ladder
     t = ladder.effect_table(r, "fast_math@64x128")     # rung over its predecessor, per N
     ladder.display_table(t)                            # formatted, with the call per cell
     ladder.glue_effects("ch6_lad", t)                  # numbers for the prose
@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import math
 
-from ..data import stats
-from ..steps import HOPPER_LADDER
+from flashattn import stats
+from flashattn.steps import HOPPER_LADDER
 
 RUNGS: tuple[str, ...] = tuple(name for name, _ in HOPPER_LADDER)
 LABELS: dict[str, str] = dict(HOPPER_LADDER)

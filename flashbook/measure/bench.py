@@ -1,11 +1,11 @@
 """Benchmarks: every step of the book and the library baselines, on one workload (chapter 3).
 
-    python -m flashattn bench                                  # the seed's workload, all steps
-    python -m flashattn bench --steps baseline,pair --seqlens 4096 --baselines cudnn
-    python -m flashattn bench --no-causal --json --out full.json
-    python -m flashattn bench --steps arch_tuned,arch_tuned#2,arch_tuned@128x128:occ=1:nww=8
+    python -m flashbook bench                                  # the seed's workload, all steps
+    python -m flashbook bench --steps baseline,pair --seqlens 4096 --baselines cudnn
+    python -m flashbook bench --no-causal --json --out full.json
+    python -m flashbook bench --steps arch_tuned,arch_tuned#2,arch_tuned@128x128:occ=1:nww=8
                                                 # a control copy and a pinned variant
-    python -m flashattn bench --backward        # the backward pass (measure.bench_bwd)
+    python -m flashbook bench --backward        # the backward pass (measure.bench_bwd)
 
 From a notebook::
 
@@ -27,13 +27,13 @@ import sys
 import time
 from pathlib import Path
 
-from ..contract import dtype_name, parse_gqa
+from flashattn.contract import dtype_name, parse_gqa
 from ..data.schema import (SKIPPED, add_derived, dumps, format_table, make_row, to_frame,
                            workload_name, write_json)
 from ..impls import IMPLS, LIBRARY_OPTIONS, STEP_IMPLS
-from ..steps import Config, get_step, resolve_name, with_config
+from flashattn.steps import Config, get_step, resolve_name, with_config
 from .libraries import _FLEX, _causal_mod, _flex_fn, library_fn  # noqa: F401 (bench's names)
-from .timing import attention_flops, tflops
+from flashattn.timing import attention_flops, tflops
 from .workload import (DEFAULT_BATCH, DEFAULT_HEAD_DIM, DEFAULT_HEADS, DEFAULT_SEQLENS,
                        SAMPLE_MS, add_output_args, add_workload_args, check_baselines, check_gqa,
                        check_seqlens, emit, require_gpu)
@@ -142,8 +142,8 @@ def step_of(name: str, arch: str | None):
 
 def resolve_impl(name: str, q, k, causal: bool):
     """(Step, Config) that ``name`` runs with on these inputs (``autotune.resolve`` for plain names)."""
-    from ..autotune import resolve
-    from ..launch import arch_of
+    from flashattn.autotune import resolve
+    from flashattn.launch import arch_of
     step, pinned = step_of(name, arch_of(q.device))
     if pinned is not None:
         return step, pinned
@@ -175,7 +175,7 @@ def ref_heads(Hq: int, Hkv: int, N: int) -> int:
 
 def reference_output(q, k, v, *, causal: bool, scale: float):
     """fp64 attention of the checked slice (``flashattn.reference.attention``)."""
-    from ..reference import attention as ref_attention
+    from flashattn.reference import attention as ref_attention
     return ref_attention(*(t.double() for t in (q, k, v)), causal=causal, scale=scale)
 
 
@@ -212,8 +212,8 @@ def _warm_job(job) -> str:
 
     import torch
 
-    from ..launch import launch
-    from ..steps import Config
+    from flashattn.launch import launch
+    from flashattn.steps import Config
     t0 = time.perf_counter()
     try:
         tdt = getattr(torch, dtype)
@@ -236,7 +236,7 @@ def prewarm(steps, *, causal, N, B, Hq, Hkv, D, dtype, procs: int) -> None:
     """
     import multiprocessing as mp
 
-    from ..launch import arch_of
+    from flashattn.launch import arch_of
     import torch
     arch = arch_of(torch.device("cuda"))
     jobs = set()
@@ -258,7 +258,7 @@ def run_bench(steps=None, seqlens=None, *, causal: bool = True, dtype: str = "fl
     """Time steps and library baselines on one workload; return the bench document.
 
     Args:
-        steps: names from ``flashattn.STEP_NAMES`` and/or "best"; default all of them + "best".
+        steps: names from ``flashbook.STEP_NAMES`` and/or "best"; default all of them + "best".
         seqlens: sequence lengths (Nq = Nk); default 1024 .. 16384.
         causal, dtype ("float16" | "bfloat16"), head_dim, batch: the workload.
         gqa: (Hq, Hkv) or "Hq:Hkv" for grouped-query attention; default Hq = Hkv = ``heads``.
@@ -278,9 +278,9 @@ def run_bench(steps=None, seqlens=None, *, causal: bool = True, dtype: str = "fl
     """
     import torch
 
-    from ..env import metadata
-    from ..launch import launch
-    from .timing import IDLE_MS, host_time, time_interleaved, time_rounds
+    from flashattn.env import metadata
+    from flashattn.launch import launch
+    from flashattn.timing import IDLE_MS, host_time, time_interleaved, time_rounds
     if method not in METHODS:
         raise ValueError(f"method must be one of {', '.join(METHODS)}, got {method!r}")
     steps = list(DEFAULT_STEPS if steps is None else steps)
@@ -348,7 +348,7 @@ def run_bench(steps=None, seqlens=None, *, causal: bool = True, dtype: str = "fl
                     outs[0].fill_(float("nan"))   # rows a step forgets to write fail the check
                     call = fns[0]
                     if "@" not in s:   # the caller's view: the public API, validation included
-                        from ..api import attention
+                        from flashattn.api import attention
                         call = (lambda name=s.split("#")[0]: attention(
                             q, k, v, causal=causal, scale=scale, step=name))
                     entries[s] = ("step", label, fns, contextlib.nullcontext,
@@ -425,7 +425,7 @@ def run_bench(steps=None, seqlens=None, *, causal: bool = True, dtype: str = "fl
 # ---------------------------------------------------------------------------------------------
 def build_parser():
     import argparse
-    p = argparse.ArgumentParser(prog="python -m flashattn bench",
+    p = argparse.ArgumentParser(prog="python -m flashbook bench",
                                 description="Time the steps of the book and library baselines "
                                             "(CUDA events, L2 flushed, median of many runs).")
     p.add_argument("--steps", default=",".join(DEFAULT_STEPS),
@@ -444,7 +444,7 @@ def build_parser():
     p.add_argument("--backward", action="store_true",
                    help="time the backward pass and forward + backward instead (ours vs the "
                         "libraries' backward; backward = 2.5 x forward FLOPs; see "
-                        "flashattn.measure.bench_bwd; adds --passes and --fwd-step)")
+                        "flashbook.measure.bench_bwd; adds --passes and --fwd-step)")
     return p
 
 
@@ -453,7 +453,7 @@ def parse_args(argv: list[str] | None = None) -> dict:
     p = build_parser()
     a = p.parse_args(argv)
     if a.backward:
-        p.error("--backward is handled by flashattn.measure.bench_bwd.parse_args")
+        p.error("--backward is handled by flashbook.measure.bench_bwd.parse_args")
     steps = [] if a.steps.strip() == "none" else _csv(a.steps)
     for s in steps:
         try:
@@ -478,7 +478,7 @@ def main(argv: list[str] | None = None) -> int:
     kw = parse_args(argv)
     as_json, out = kw.pop("_json"), kw.pop("_out")
     t0 = time.perf_counter()
-    if not require_gpu("python -m flashattn bench", "python -m flashattn info says what it has"):
+    if not require_gpu("python -m flashbook bench", "python -m flashattn info says what it has"):
         return 1
     doc = run_bench(**kw)
     emit(doc, out=out, as_json=as_json, table=format_table)

@@ -19,7 +19,7 @@ import importlib.util
 import re
 import textwrap
 
-from ..steps import FLAGS, Config, Step, get_step, previous_step
+from flashattn.steps import FLAGS, Config, Step, get_step, previous_step
 
 # Compile-time booleans of the kernel that do not depend on the step.
 _SHAPE_FLAGS = ("CAUSAL", "EVEN_K")
@@ -39,7 +39,7 @@ def kernel_source(kind: str = "fmha") -> str:
     """The source file of a kernel module (``fmha`` or ``naive``)."""
     if kind not in ("fmha", "naive"):
         raise ValueError(f"unknown kernel module {kind!r}; one of fmha, naive")
-    spec = importlib.util.find_spec(f"{__package__}.{kind}")
+    spec = importlib.util.find_spec(f"flashattn.kernels.{kind}")
     with open(spec.origin, encoding="utf-8") as f:   # read, not imported: no cuda.tile needed
         return f.read()
 

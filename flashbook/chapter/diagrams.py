@@ -4,7 +4,7 @@ Each function draws one idea and returns a matplotlib ``Figure``; none reads mea
 diagram holds no measurement, only the structure of the algorithm or the hardware (capacities such
 as the 256 KB register file are hardware limits). The book shows them as SVG files written by
 
-    python -m flashattn.chapter.diagrams            # -> book/_static/diagrams/*.svg
+    python -m flashbook.chapter.diagrams            # -> book/_static/diagrams/*.svg
 
 and ``tests/test_diagrams.py`` checks that each renders and that the committed files are current.
 

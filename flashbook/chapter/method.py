@@ -2,7 +2,7 @@
 short version): the control of every recorded workload, the
 host time of a call, and the power-limit experiment (E11 in ``experiments/LOG.md``).
 
-    from flashattn.chapter import method
+    from flashbook.chapter import method
     method.control_table(r.bench)                 # best vs best#2, every workload and N
     method.host_table(r.bench)                    # host µs of a call beside the kernel's GPU µs
     doc = results.load_experiment_file("15-noise-probe", "noise_probe.json")
@@ -12,11 +12,11 @@ host time of a call, and the power-limit experiment (E11 in ``experiments/LOG.md
 
 Everything here reads recorded data and runs on a CPU. Percentages are relative differences in
 percent; a control's "gap" is the speed of the second copy over the first's, minus 1, paired by
-round (``flashattn.data.stats.ratio_ci``), with its bootstrap 95 % interval.
+round (``flashattn.stats.ratio_ci``), with its bootstrap 95 % interval.
 """
 from __future__ import annotations
 
-from ..data.stats import ratio_ci
+from flashattn.stats import ratio_ci
 
 # The noise probe's modes (experiments/noise_probe.py), in the order it ran them.
 PROBE_MODES = {"batch": "back to back (a batch of launches)",

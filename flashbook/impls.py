@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .steps import EXPERIMENTS, STEP_NAMES, STEPS
+from flashattn.steps import EXPERIMENTS, STEP_NAMES, STEPS
 
 
 @dataclass(frozen=True)

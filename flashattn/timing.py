@@ -25,7 +25,7 @@ import statistics
 import time
 from dataclasses import dataclass, field
 
-from ..data.stats import bootstrap_ci
+from .stats import bootstrap_ci
 
 
 @dataclass
