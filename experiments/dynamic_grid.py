@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import cuda.tile as ct  # noqa: E402
 
-from flashattn.kernels.fmha import INV_LOG_2, attend_query_tile  # noqa: E402
+from flashbook.ladder.fmha import INV_LOG_2, attend_query_tile  # noqa: E402
 from flashattn.kernels.spec import Array, KernelSpec  # noqa: E402
 
 ConstInt = ct.Constant[int]

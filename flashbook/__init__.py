@@ -9,6 +9,7 @@ readers, ``nbrun``. It imports ``flashattn``; ``flashattn`` never imports it.
 
 The package, by layer (each imports only from the layers above it, and from flashattn):
 
+    ladder/                       the ladder kernel: every step's flag (the library ships it folded)
     impls, source                 the registry of implementations; a step's kernel source folded
     data/                         the recorded dataset: schema and reader (CPU only)
     measure/                      bench, Nsight Compute, recording
@@ -17,6 +18,8 @@ The package, by layer (each imports only from the layers above it, and from flas
 """
 from flashattn.steps import (ARCHS, EXPERIMENTS, FLAGS, SEED_STEPS, STEP_NAMES, STEPS, Config, Step,
                              get_step)
+
+from . import ladder  # noqa: F401  (registers the ladder kernel with flashattn.kernels)
 
 __all__ = ["STEPS", "STEP_NAMES", "SEED_STEPS", "Step", "Config", "get_step", "EXPERIMENTS",
            "ARCHS", "FLAGS"]

@@ -35,11 +35,16 @@ LATE_FLAGS = ("PIPELINE",)
 OFF_SWITCHES = {"PDL": 0}
 
 
+_KERNEL_MODULES = {"fmha": "flashbook.ladder.fmha", "naive": "flashattn.kernels.naive",
+                   "shipped": "flashattn.kernels.fmha"}
+
+
 def kernel_source(kind: str = "fmha") -> str:
-    """The source file of a kernel module (``fmha`` or ``naive``)."""
-    if kind not in ("fmha", "naive"):
-        raise ValueError(f"unknown kernel module {kind!r}; one of fmha, naive")
-    spec = importlib.util.find_spec(f"flashattn.kernels.{kind}")
+    """The source file of a kernel module: ``fmha`` (the ladder, every step's flag), ``naive``
+    or ``shipped`` (the library's forward, the ladder with the shipped flags folded in)."""
+    if kind not in _KERNEL_MODULES:
+        raise ValueError(f"unknown kernel module {kind!r}; one of {', '.join(_KERNEL_MODULES)}")
+    spec = importlib.util.find_spec(_KERNEL_MODULES[kind])
     with open(spec.origin, encoding="utf-8") as f:   # read, not imported: no cuda.tile needed
         return f.read()
 
@@ -341,6 +346,53 @@ def shipped_source(src: str) -> str:
     """A kernel file's source with ``OFF_SWITCHES`` folded away and their parameters dropped:
     the code as it ships (the backward and decoding listings of chapters 12 and 13)."""
     return prune_unused(specialize(src, OFF_SWITCHES), tuple(OFF_SWITCHES))
+
+
+class _FoldKnown(ast.NodeTransformer):
+    """``FLAG and X`` -> ``X`` (and ``or``) for flags of known value: the partial folding that
+    ``specialize`` (whole tests only) leaves for the library's kernel."""
+
+    def __init__(self, env: dict):
+        self.env = env
+
+    def visit_BoolOp(self, node):
+        self.generic_visit(node)
+        known = [v for v in node.values if isinstance(v, ast.Name) and v.id in self.env]
+        if not known:
+            return node
+        vals = [bool(self.env[v.id]) for v in known]
+        is_and = isinstance(node.op, ast.And)
+        if is_and and not all(vals):
+            return ast.Constant(False)
+        if not is_and and any(vals):
+            return ast.Constant(True)
+        rest = [v for v in node.values if v not in known]
+        return rest[0] if len(rest) == 1 else ast.BoolOp(node.op, rest)
+
+
+def shipped_kernel_source(flags: dict | None = None) -> str:
+    """The ladder kernel with the library's shipped flags (``flashattn.kernels.SHIPPED_FLAGS``)
+    folded away, their parameters, helpers and constants dropped, docstrings and comments
+    removed (``ast.unparse``): what ``flashattn/kernels/fmha.py`` must be, as code."""
+    from flashattn.kernels import SHIPPED_FLAGS
+    env = dict(SHIPPED_FLAGS if flags is None else flags)
+    src = specialize(kernel_source("fmha"), env)
+    tree = _FoldKnown(env).visit(ast.parse(src))
+    src = specialize(ast.unparse(ast.fix_missing_locations(tree)), env)
+    src = prune_definitions(prune_unused(src, tuple(env)))
+    return normalized(src)
+
+
+def normalized(src: str) -> str:
+    """Source without docstrings and comments, as ``ast.unparse`` writes it: two files that
+    give the same text here are the same program."""
+    tree = ast.parse(src)
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if (isinstance(body, list) and body and isinstance(body[0], ast.Expr)
+                and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str)):
+            node.body = body[1:] or [ast.Pass()]
+    return ast.unparse(tree)
 
 
 def _function_source(src: str, name: str) -> str:

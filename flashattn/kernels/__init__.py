@@ -1,13 +1,16 @@
 """The cuTile kernels and their contracts.
 
-    fmha.py     the fused FlashAttention forward behind every step (chapter 3 on)
+    fmha.py     the fused FlashAttention forward as it ships (the flags of ``best`` folded in)
     naive.py    standard attention in three kernels (chapter 1)
     spec.py     KernelSpec: a kernel's parameters by name, checked against its source
-    source.py   a step's kernel source with its flags folded away, and step diffs
 
 This module holds one ``KernelSpec`` per kernel and the rules that turn a step and a
 configuration into the kernel's constants and grid. The launch (``flashattn.launch``) and the
 compiler report (``flashattn.aot``) both use them. Importing it does not import cuda.tile.
+
+The book's ladder kernel (every step's flag, ``flashbook/ladder/fmha.py``) is not part of the
+library: the book registers its spec (``register_ladder``), and a step whose flags differ from
+``SHIPPED_FLAGS`` runs it.
 """
 from __future__ import annotations
 
@@ -16,32 +19,59 @@ from ..steps import Config, Step
 from .spec import Array, KernelContractError, KernelSpec, hinted
 
 __all__ = ["FMHA", "NAIVE", "SPECS", "KernelSpec", "KernelContractError", "Array", "hinted",
-           "kernels_of", "fmha_constants", "fmha_grid", "naive_constants", "NAIVE_ROW_TILE"]
+           "kernels_of", "fmha_constants", "fmha_grid", "fmha_spec", "naive_constants",
+           "NAIVE_ROW_TILE", "SHIPPED_FLAGS", "register_ladder"]
 
 # --- the fused kernel -------------------------------------------------------------------------
 # Lse: fp32 (B, Hq, Nq), the natural-log LSE of each query row, written only with WRITE_LSE (the
-# backward's forward, issue 11); without it the launch passes a one-element stand-in.
+# backward's forward); without it the launch passes a one-element stand-in.
+FMHA_ARRAYS = (Array("Q", 4), Array("K", 4), Array("V", 4), Array("Out", 4),
+               Array("Lse", 3, "float32"))
+FMHA_SCALARS = (("qk_scale", float), ("input_pos", int), ("num_heads", int),
+                ("group_size", int), ("num_m_blocks", int))
 FMHA = KernelSpec(
-    "fmha", "flashattn.kernels.fmha", "fmha_kernel",
-    arrays=(Array("Q", 4), Array("K", 4), Array("V", 4), Array("Out", 4),
-            Array("Lse", 3, "float32")),
-    scalars=(("qk_scale", float), ("input_pos", int), ("num_heads", int),
-             ("group_size", int), ("num_m_blocks", int)),
-    constants=("TILE_M", "TILE_N", "TILE_D", "CAUSAL", "EVEN_K", "FAST_MATH", "SPLIT_LOOP",
-               "REMAP", "PAIR", "LAZY_RESCALE", "EXP_POLY", "UNCHECKED_KV", "K_LAT", "V_LAT",
-               "PERSISTENT", "WRITE_LSE", "PIPELINE"))
+    "fmha", "flashattn.kernels.fmha", "fmha_kernel", arrays=FMHA_ARRAYS, scalars=FMHA_SCALARS,
+    constants=("TILE_M", "TILE_N", "TILE_D", "CAUSAL", "EVEN_K", "K_LAT", "V_LAT", "WRITE_LSE"))
+# The flags folded into fmha.py: what step="best" runs (fast math, the diagonal-only mask, the
+# longest causal tiles first); every other flag at its default.
+SHIPPED_FLAGS = dict(FAST_MATH=True, SPLIT_LOOP=True, REMAP=True, PAIR=False,
+                     LAZY_RESCALE=False, EXP_POLY=0, UNCHECKED_KV=False, PERSISTENT=False,
+                     PIPELINE=False)
+
+_LADDER: list[KernelSpec] = []      # the book's ladder kernel, once flashbook registers it
+
+
+def register_ladder(spec: KernelSpec) -> None:
+    """The book's ladder kernel (all the steps' flags): steps off the shipped flags run it."""
+    _LADDER[:] = [spec]
+
+
+def fmha_spec(step: Step) -> KernelSpec:
+    """The fused kernel a step runs: the shipped one when its flags are the shipped flags, else
+    the book's ladder (registered by ``import flashbook``)."""
+    flags = step.flag_values()
+    if all(flags[f] == v for f, v in SHIPPED_FLAGS.items()):
+        return FMHA
+    if not _LADDER:
+        raise ValueError(f"step {step.name!r} runs the book's ladder kernel, which the library "
+                         "does not ship: import flashbook first (flashbook.attention(..., "
+                         "step=NAME))")
+    return _LADDER[0]
 
 
 def fmha_constants(step: Step, config: Config, *, head_dim: int, causal: bool,
-                   even_k: bool, write_lse: bool = False) -> dict:
-    """The ``ct.Constant`` values of ``fmha_kernel`` for a step, by name. ``write_lse``: also
-    write the LSE of each row (the forward of a training step)."""
+                   even_k: bool, write_lse: bool = False, spec: KernelSpec | None = None) -> dict:
+    """The ``ct.Constant`` values of the fused kernel ``step`` runs (``fmha_spec``; or of
+    ``spec``, the ladder say), by name. ``write_lse``: also write the LSE of each row (the
+    forward of a training step)."""
     flags = step.flag_values()
     td = tile_d_for(head_dim)
-    return dict(flags, TILE_M=config.TILE_M, TILE_N=config.TILE_N, TILE_D=td,
-                CAUSAL=bool(causal), EVEN_K=bool(even_k), WRITE_LSE=bool(write_lse),
-                # Unchecked loads only where every K/V tile is provably in bounds.
-                UNCHECKED_KV=flags["UNCHECKED_KV"] and even_k and td == head_dim)
+    out = dict(flags, TILE_M=config.TILE_M, TILE_N=config.TILE_N, TILE_D=td,
+               CAUSAL=bool(causal), EVEN_K=bool(even_k), WRITE_LSE=bool(write_lse),
+               # Unchecked loads only where every K/V tile is provably in bounds.
+               UNCHECKED_KV=flags["UNCHECKED_KV"] and even_k and td == head_dim)
+    names = (spec or fmha_spec(step)).constants
+    return {k: v for k, v in out.items() if k in names}
 
 
 def fmha_grid(step: Step, config: Config, *, B: int, Hq: int, Nq: int,
@@ -94,7 +124,7 @@ SPECS: dict[str, KernelSpec] = {"fmha": FMHA, **NAIVE}
 
 def kernels_of(step: Step) -> list[KernelSpec]:
     """The kernels a step launches, in launch order."""
-    return list(NAIVE.values()) if step.kernel == "naive" else [FMHA]
+    return list(NAIVE.values()) if step.kernel == "naive" else [fmha_spec(step)]
 
 
 def constants_for(spec: KernelSpec, step: Step, config: Config, *, head_dim: int,
@@ -102,7 +132,7 @@ def constants_for(spec: KernelSpec, step: Step, config: Config, *, head_dim: int
     """The constants of any kernel of a step, by name (what ``aot`` compiles)."""
     if spec.name == "fmha":
         return fmha_constants(step, config, head_dim=head_dim, causal=causal, even_k=even_k,
-                              write_lse=write_lse)
+                              write_lse=write_lse, spec=spec)
     return naive_constants(spec.name, config, head_dim=head_dim, causal=causal)
 
 
