@@ -17,10 +17,10 @@ from pathlib import Path
 
 from flashbook.data import results
 from flashbook.data.schema import read_json
+from flashbook.hardware import PEAK_TFLOPS
 from flashattn.stats import gap
 from flashattn.steps import HOPPER_LADDER
 
-PEAK_TFLOPS = 989.0   # H200 dense fp16/bf16 tensor-core peak (NVIDIA's datasheet)
 
 
 def _rows(r, workload):

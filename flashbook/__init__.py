@@ -4,6 +4,7 @@ readers, ``nbrun``. It imports ``flashattn``; ``flashattn`` never imports it.
 
     import flashbook
     flashbook.STEPS                                  # the steps of the book, in order
+    o = flashbook.attention(q, k, v, causal=True, step="baseline")   # any step of the book
     from flashbook import chapter                    # what the notebooks share
     python -m flashbook COMMAND                      # steps, bench, decode-bench, profile, record, nbrun
 
@@ -21,7 +22,19 @@ from flashattn.steps import (ARCHS, EXPERIMENTS, FLAGS, SEED_STEPS, STEP_NAMES, 
 
 from . import ladder  # noqa: F401  (registers the ladder kernel with flashattn.kernels)
 
-__all__ = ["STEPS", "STEP_NAMES", "SEED_STEPS", "Step", "Config", "get_step", "EXPERIMENTS",
+
+
+def attention(q, k, v, *, causal: bool = False, scale: float | None = None, input_pos: int = 0,
+              step: str = "best"):
+    """Attention with one step of the book (a name of ``STEPS`` or ``EXPERIMENTS``, or "best"):
+    steps off the shipped flags run the ladder kernel (``flashbook.ladder``), the others the
+    library's kernel. The library's ``flashattn.attention`` validates, resolves and launches."""
+    import flashattn
+    return flashattn.attention(q, k, v, causal=causal, scale=scale, input_pos=input_pos,
+                               step=step)
+
+
+__all__ = ["attention", "STEPS", "STEP_NAMES", "SEED_STEPS", "Step", "Config", "get_step", "EXPERIMENTS",
            "ARCHS", "FLAGS"]
 
 # Submodules load on first use: importing flashbook stays cheap (no pandas, no matplotlib).

@@ -248,3 +248,15 @@ def test_flashattn_exports_no_book_concepts():
     assert not book & set(flashattn.__all__)
     for name in book:
         assert not hasattr(flashattn, name), name
+
+
+def test_the_peak_tflops_is_defined_once():
+    # Item 5 of issue 21: the H200's 989 TFLOPS is typed in one place (flashbook/hardware.py).
+    import re
+    hits = []
+    for p in sorted((REPO / "flashattn").rglob("*.py")) + sorted((REPO / "flashbook").rglob("*.py")) \
+            + sorted((REPO / "experiments").glob("*.py")):
+        for n, line in enumerate(p.read_text().splitlines(), 1):
+            if re.search(r"\b989\b", line):
+                hits.append(f"{p.relative_to(REPO)}:{n}")
+    assert hits == ["flashbook/hardware.py:3"], hits

@@ -60,3 +60,16 @@ def test_a_ladder_step_without_the_book_says_so():
     assert res.returncode == 0, res.stderr
     assert "import flashbook first" in res.stdout
     assert res.stdout.strip().endswith("flashattn.kernels.fmha")
+
+
+def test_flashbook_attention_runs_a_ladder_step_and_the_shipped_one():
+    import torch
+
+    import flashattn
+    import flashbook
+    q = torch.randn(1, 2, 40, 16, generator=torch.Generator().manual_seed(0)).half()
+    ref = flashattn.reference.attention(q.double(), q.double(), q.double(), causal=True)
+    with flashattn.interpret.enabled():
+        for step in ("baseline", "remap", "best"):
+            o = flashbook.attention(q, q, q, causal=True, step=step)
+            assert (o.double() - ref).abs().max() < 2e-3, step

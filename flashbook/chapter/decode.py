@@ -42,7 +42,7 @@ __all__ = ["DecodeData", "load", "intensity", "ridge", "gqa_bytes", "split_plan"
            "varlen_profile", "varlen_tile_sweep",
            "SWEEP_RUN", "OURS", "TORCH", "LABELS", "PEAK_TFLOPS"]
 
-PEAK_TFLOPS = 989.0          # H100/H200 dense fp16 tensor-core peak (datasheet), the roofline roof
+from ..hardware import HBM_TBS, PEAK_TFLOPS  # noqa: E402  (the roofline roof, defined once)
 SWEEP_RUN = "26-decode-sweep"  # experiments/data/<run>/: E18a (splits), E18b (combine), varlen
 OURS = ("decode", "decode_paged16", "decode_paged64")
 TORCH = ("sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "sdpa_math", "flex")
@@ -155,7 +155,7 @@ def intensity(G: int = 4, Nq: int = 1, D: int = 128, Nk: int = 32768, elem_bytes
     return flops / nbytes
 
 
-def ridge(peak_tflops: float = PEAK_TFLOPS, peak_tbps: float = 4.8) -> float:
+def ridge(peak_tflops: float = PEAK_TFLOPS, peak_tbps: float = HBM_TBS) -> float:
     """The roofline's ridge point: FLOP per byte above which the tensor cores, not HBM, limit."""
     return peak_tflops / peak_tbps
 

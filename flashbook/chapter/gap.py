@@ -15,7 +15,7 @@ CPU only: everything reads recorded samples and Nsight Compute metrics.
 """
 from __future__ import annotations
 
-PEAK_TFLOPS = 989.0     # H200 (SXM) datasheet: dense fp16/bf16 tensor-core peak
+from ..hardware import PEAK_TFLOPS  # the H200 datasheet peak, defined once
 
 DEFAULT_WORKLOAD = "fp16-causal-d128"
 

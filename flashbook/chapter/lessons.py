@@ -17,6 +17,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from ..hardware import PEAK_TFLOPS
+
 # --- the machine -------------------------------------------------------------------------------
 
 # Short names; book/references.md gives each document in full.
@@ -36,7 +38,7 @@ PUBLISHED_H200 = (
     ("tensor cores per SM", "4", H100_WHITEPAPER),
     ("L2 cache", "50 MB", H100_WHITEPAPER),
     ("HBM3e bandwidth", "4.8 TB/s", H200_SPECS),
-    ("FP16 tensor-core peak (dense)", "about 989 TFLOPS", H200_SPECS),
+    ("FP16 tensor-core peak (dense)", f"about {PEAK_TFLOPS:.0f} TFLOPS", H200_SPECS),
 )
 
 

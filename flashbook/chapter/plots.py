@@ -458,17 +458,21 @@ def min_bytes(B, Hq, Hkv, Nq, Nk, D, elem_bytes=2) -> float:
     return float(elem_bytes) * D * (2 * B * Hq * Nq + 2 * B * Hkv * Nk)
 
 
-def roofline(bench_df, profile_df=None, peak_tflops=989.0, bandwidth_tbs=4.8, seqlen=4096,
+def roofline(bench_df, profile_df=None, peak_tflops=None, bandwidth_tbs=None, seqlen=4096,
              workload=None, meta=None, ax=None):
     """Log-log roofline with each implementation at (arithmetic intensity, achieved TFLOPS).
 
     FLOPs are ``flashattn.timing.attention_flops`` (4·B·H·Nq·Nk·D, halved when causal). Bytes are
     the DRAM bytes read + written that Nsight Compute measured for the step (summed over its
     kernels; the profile must be of the same workload), else ``min_bytes`` (Q, K, V read once,
-    O written once) — libraries always use ``min_bytes``. Defaults: H100/H200 dense fp16 peak
-    989 TFLOPS, H200 HBM3e 4.8 TB/s. Returns the Figure.
+    O written once) — libraries always use ``min_bytes``. Defaults: the H200's dense fp16 peak
+    and HBM3e bandwidth (``flashbook.hardware``). Returns the Figure.
     """
     from flashattn.timing import attention_flops
+
+    from ..hardware import HBM_TBS, PEAK_TFLOPS
+    peak_tflops = PEAK_TFLOPS if peak_tflops is None else peak_tflops
+    bandwidth_tbs = HBM_TBS if bandwidth_tbs is None else bandwidth_tbs
     plt = _plt()
     df, workload = _pick_workload(bench_df, workload)
     df = df[(df["Nk"] == seqlen)].dropna(subset=["tflops"])
