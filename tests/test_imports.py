@@ -260,3 +260,16 @@ def test_the_peak_tflops_is_defined_once():
             if re.search(r"\b989\b", line):
                 hits.append(f"{p.relative_to(REPO)}:{n}")
     assert hits == ["flashbook/hardware.py:3"], hits
+
+
+def test_each_packaging_lists_every_subpackage():
+    # The wheel of each package holds all of its subpackages (and the library's none of the book).
+    import tomllib
+    book = tomllib.loads((REPO / BOOK / "pyproject.toml").read_text())
+    have = {".".join(p.parent.relative_to(REPO).parts) for p in (REPO / BOOK).rglob("__init__.py")}
+    assert set(book["tool"]["setuptools"]["packages"]) == have
+    lib = tomllib.loads((REPO / "pyproject.toml").read_text())
+    assert lib["tool"]["setuptools"]["packages"]["find"]["include"] == [PKG, f"{PKG}.*"]
+    deps = {d.split("[")[0].split(">")[0].split("<")[0].split("=")[0] for d in
+            lib["project"]["dependencies"]}
+    assert deps == {"numpy", "torch", "cuda-tile"}, deps
