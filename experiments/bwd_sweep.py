@@ -44,11 +44,11 @@ def main(argv=None) -> int:
     import torch
 
     from flashattn.autograd import attention_forward
-    from flashattn.data.stats import ratio_ci
+    from flashattn.stats import ratio_ci
     from flashattn.env import metadata
     from flashattn.launch_bwd import attention_backward
-    from flashattn.measure import timing
-    from flashattn.measure.workload import SAMPLE_MS
+    from flashattn import timing
+    from flashbook.measure.workload import SAMPLE_MS
     from flashattn.steps import Config
     B, H, D = 4, 32, 128
     scale = 1 / math.sqrt(D)
@@ -89,7 +89,7 @@ def main(argv=None) -> int:
                                             error=f"{type(e).__name__}: {e}"[:300]))
                     print(N, causal, label, "ERROR", e, flush=True)
             # cuDNN's backward from its own forward, exactly as bench --backward times it
-            from flashattn.measure.bench_bwd import _make_fns
+            from flashbook.measure.bench_bwd import _make_fns
             lib_sets = [tuple(t.detach().requires_grad_(i < 3) for i, t in
                               enumerate((q, k, v, do))) for q, k, v, do, _, _ in sets]
             cud, ctx, _ = _make_fns("sdpa_cudnn", "bwd", lib_sets, causal=causal, scale=scale,

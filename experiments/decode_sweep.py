@@ -84,9 +84,9 @@ HQ, HKV, D = 32, 8, 128
 def _time(calls: dict, rounds: int, ref_name: str):
     """time_rounds over ``calls`` ({name: fn}) with one batch length; rows with the paired
     ratio to ``ref_name``."""
-    from flashattn.data.stats import ratio_ci
-    from flashattn.measure import timing
-    from flashattn.measure.workload import SAMPLE_MS
+    from flashattn.stats import ratio_ci
+    from flashattn import timing
+    from flashbook.measure.workload import SAMPLE_MS
     est = timing.estimate_ms(calls)
     inner = max(1, min(10, round(SAMPLE_MS / max(min(est.values()), 1e-3))))
     res = timing.time_rounds(calls, rounds=rounds, inner=inner)
@@ -113,7 +113,7 @@ def _with_hints(hints: dict, fn):
 def _add_libraries(calls: dict, rows: list, libs, q, k, v, **shape):
     """Add each of ``libs`` (SDPA back ends, no mask) to ``calls`` after one trial run; a back
     end that refuses the shape becomes an error row with the ``shape`` keys."""
-    from flashattn.measure.libraries import library_fn
+    from flashbook.measure.libraries import library_fn
     for lib in libs:
         try:
             fn, ctx = library_fn(lib, q, k, v, causal=False, scale=1 / math.sqrt(D))
@@ -133,7 +133,7 @@ def run_splits(rounds: int) -> list[dict]:
 
     from flashattn.decode import decode
     from flashattn.kernels import decode_num_splits
-    from flashattn.measure.bench_decode import hbm_peak
+    from flashbook.measure.bench_decode import hbm_peak
     peak = hbm_peak(torch.cuda.get_device_name())
     sm = torch.cuda.get_device_properties(0).multi_processor_count
     rows = []
@@ -205,7 +205,7 @@ def run_combine(rounds: int) -> list[dict]:
 
     from flashattn.decode import decode
     from flashattn.kernels import decode_num_splits
-    from flashattn.measure.bench_decode import hbm_peak
+    from flashbook.measure.bench_decode import hbm_peak
     peak = hbm_peak(torch.cuda.get_device_name())
     sm = torch.cuda.get_device_properties(0).multi_processor_count
     rows = []
@@ -242,7 +242,7 @@ def _packed(mix: str, seed_extra: int = 0):
     seeded by the mix's total and longest length (plus ``seed_extra``)."""
     import torch
 
-    from flashattn.measure.bench_decode import varlen_mix
+    from flashbook.measure.bench_decode import varlen_mix
     lens = varlen_mix(mix, 32768)
     T, N = sum(lens), max(lens)
     g = torch.Generator(device="cuda").manual_seed(T + N + seed_extra)
@@ -259,7 +259,7 @@ def _square_padded(q, k, v, cu, N: int, causal: bool, scale: float):
     import torch
 
     from flashattn.launch import launch
-    from flashattn.measure.bench import resolve_impl
+    from flashbook.measure.bench import resolve_impl
     from flashattn.reference import unpack
     qp, kp, vp = (unpack(t, cu, N) for t in (q, k, v))
     outp = torch.empty_like(qp)
@@ -337,8 +337,8 @@ def run_varlen_bwd(rounds: int) -> list[dict]:
     import torch
 
     from flashattn import attention
-    from flashattn.data.stats import ratio_ci
-    from flashattn.measure import timing
+    from flashattn.stats import ratio_ci
+    from flashattn import timing
     from flashattn.reference import unpack
     from flashattn.varlen import attention_varlen
     rows = []

@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import cuda.tile as ct  # noqa: E402
 
-from flashattn.kernels.fmha import INV_LOG_2, attend_query_tile  # noqa: E402
+from flashbook.ladder.fmha import INV_LOG_2, attend_query_tile  # noqa: E402
 from flashattn.kernels.spec import Array, KernelSpec  # noqa: E402
 
 ConstInt = ct.Constant[int]
@@ -155,12 +155,12 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("error: experiments/dynamic_grid.py needs a CUDA GPU", file=sys.stderr)
         return 1
-    from flashattn.data.stats import ratio_ci
+    from flashattn.stats import ratio_ci
     from flashattn.env import metadata
     from flashattn.launch import launch
-    from flashattn.measure import timing
-    from flashattn.measure.libraries import library_fn
-    from flashattn.measure.workload import SAMPLE_MS
+    from flashattn import timing
+    from flashbook.measure.libraries import library_fn
+    from flashbook.measure.workload import SAMPLE_MS
     from flashattn.steps import Config, get_step
     B, H, D = 4, 32, 128
     cfg = Config(64, 128, occupancy=2)

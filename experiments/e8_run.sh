@@ -7,12 +7,12 @@ export FLASHATTN_PREWARM=${FLASHATTN_PREWARM:-12}
 ladder="baseline@64x128,fast_math@64x128,loop_split@64x128,remap@64x128,remap@64x128:occ=2"
 main="$ladder,arch_tuned,warp_groups,best,best#2"
 for c in --causal --no-causal; do
-  python3 -m flashattn bench --steps "$main" --baselines cudnn,flash,flex $c --quiet \
+  python3 -m flashbook bench --steps "$main" --baselines cudnn,flash,flex $c --quiet \
     --out "$out/fp16$c-d128.json" > "$out/fp16$c.txt" 2>&1
 done
 for w in "--dtype bfloat16" "--gqa 32:8" "--head-dim 64" "--head-dim 256"; do
   tag=$(echo "$w" | tr -d ' -' )
-  python3 -m flashattn bench --steps arch_tuned,warp_groups,best,best#2 --baselines cudnn,flash,efficient \
+  python3 -m flashbook bench --steps arch_tuned,warp_groups,best,best#2 --baselines cudnn,flash,efficient \
     --seqlens 8192 --causal $w --quiet --out "$out/$tag.json" > "$out/$tag.txt" 2>&1
 done
 python3 experiments/summarize.py "$out"/*.json

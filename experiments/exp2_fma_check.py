@@ -1,8 +1,8 @@
-"""GPU check of ``kernels.fmha.exp2_fma`` alone: 2^x on the FMA pipes against torch.exp2."""
+"""GPU check of ``flashbook.ladder.fmha.exp2_fma`` alone: 2^x on the FMA pipes against torch.exp2."""
 import cuda.tile as ct
 import torch
 
-from flashattn.kernels.fmha import exp2_fma
+from flashbook.ladder.fmha import exp2_fma
 
 
 @ct.kernel

@@ -28,6 +28,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
 import flashattn                                    # noqa: E402
+import flashbook                                    # noqa: E402
 from flashattn import interpret, reference          # noqa: E402
 
 
@@ -76,7 +77,7 @@ def _bwd_case(*, causal, deterministic, N=150, D=64, Hq=4, Hkv=2):
         q, k, v, do = (x[n] for n in ("q", "k", "v", "do"))
         lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
         out = torch.empty_like(q)
-        step = flashattn.get_step("arch_tuned")
+        step = flashbook.get_step("arch_tuned")
         from flashattn.launch import launch
         launch(q, k, v, out, step, step.config_for(_arch(q.device)), causal=causal,
                scale=D ** -0.5, lse=lse)
@@ -161,7 +162,7 @@ def _varlen_case(*, lens_q, lens_k, causal, D=64, Hq=4, Hkv=2):
 
 def cases() -> dict:
     out = {}
-    for step in list(flashattn.STEP_NAMES) + list(flashattn.EXPERIMENTS):
+    for step in list(flashbook.STEP_NAMES) + list(flashbook.EXPERIMENTS):
         for causal in (True, False):
             out[f"forward {step} {'causal' if causal else 'full'}"] = _fwd_case(step, causal=causal)
     out["forward best bf16 GQA 4:1 D=128"] = _fwd_case("best", causal=True, D=128, Hq=8, Hkv=2,

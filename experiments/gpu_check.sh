@@ -27,7 +27,7 @@ if [ "$part" = agree ]; then
   for c in causal no-causal; do
     t0=$(date +%s)
     flag=$([ $c = causal ] && echo "" || echo "--no-causal")
-    timeout 150 python3 -m flashattn bench --steps best,best#2,arch_tuned,pipeline \
+    timeout 150 python3 -m flashbook bench --steps best,best#2,arch_tuned,pipeline \
       --seqlens 4096,16384 --baselines cudnn --rounds 15 $flag --out "$out/spot-$c.json" \
       > "$out/spot-$c.log" 2>&1
     echo "spot $c rc=$?: $(( $(date +%s) - t0 )) s" | tee -a "$out/times.txt"
@@ -45,7 +45,7 @@ else
     name=$(basename "$nb" .ipynb)
     if [ $(( $(date +%s) - start )) -gt 480 ]; then echo "$name skipped (time)" | tee -a "$out/times.txt"; continue; fi
     t0=$(date +%s%N)
-    timeout 150 python3 -m flashattn nbrun "$nb" "$nbdir/$name.ipynb" > "$nbdir/$name.log" 2>&1
+    timeout 150 python3 -m flashbook nbrun "$nb" "$nbdir/$name.ipynb" > "$nbdir/$name.log" 2>&1
     rc=$?
     echo "$name rc=$rc $(( ($(date +%s%N) - t0) / 1000000 )) ms" | tee -a "$out/times.txt"
     tar -cJf "$out/notebooks.tar.xz" -C "$nbdir" .

@@ -1,6 +1,6 @@
 """E9: does the rounds method hold a control within 2 %? (chapter 3; issue: precise measurements)
 
-Runs ``flashattn.measure.bench.run_bench`` on the default workload (B=4, H=32, D=128, fp16)
+Runs ``flashbook.measure.bench.run_bench`` on the default workload (B=4, H=32, D=128, fp16)
 with a control (the same kernel timed twice as two implementations) beside cuDNN and
 FlashAttention-2, for each timing method, causal and not, and prints the control's gap and the
 ratio to cuDNN with its 95 % interval. Writes each bench document to OUT/.
@@ -14,8 +14,8 @@ import json
 import sys
 from pathlib import Path
 
-from flashattn.data.schema import write_json
-from flashattn.data.stats import gap, ratio_ci
+from flashbook.data.schema import write_json
+from flashattn.stats import gap, ratio_ci
 
 
 def control_table(doc: dict, a: str, b: str) -> list[dict]:
@@ -40,7 +40,7 @@ def control_table(doc: dict, a: str, b: str) -> list[dict]:
 
 
 def main(argv=None) -> int:
-    from flashattn.measure.bench import run_bench
+    from flashbook.measure.bench import run_bench
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True)
     p.add_argument("--seqlens", default="1024,2048,4096,8192,16384")

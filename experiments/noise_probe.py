@@ -26,8 +26,8 @@ import numpy as np
 import torch
 
 from flashattn.launch import launch
-from flashattn.measure.bench import _inputs, library_fn, resolve_impl
-from flashattn.measure.timing import _capture, flush_l2
+from flashbook.measure.bench import _inputs, library_fn, resolve_impl
+from flashattn.timing import _capture, flush_l2
 
 try:
     import pynvml

@@ -15,12 +15,12 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from flashattn.data import results
-from flashattn.data.schema import read_json
-from flashattn.data.stats import gap
+from flashbook.data import results
+from flashbook.data.schema import read_json
+from flashbook.hardware import PEAK_TFLOPS
+from flashattn.stats import gap
 from flashattn.steps import HOPPER_LADDER
 
-PEAK_TFLOPS = 989.0   # H200 dense fp16/bf16 tensor-core peak (NVIDIA's datasheet)
 
 
 def _rows(r, workload):
@@ -93,7 +93,7 @@ def targets(r) -> str:
 
 def forward(r) -> str:
     """The Hopper steps after arch_tuned against the libraries recorded in the same run."""
-    from flashattn.data.stats import ratio_ci
+    from flashattn.stats import ratio_ci
     out = ["| workload | N | step | config | TFLOPS | % of peak | × cuDNN [95 % CI] | "
            "× FA2 [95 % CI] | × Flex [95 % CI] |", "|---|---|---|---|---|---|---|---|---|"]
 

@@ -53,9 +53,9 @@ def _wrap(fn, **flags):
 
 
 def _time(calls: dict, rounds: int, ref: str) -> dict:
-    from flashattn.data.stats import ratio_ci
-    from flashattn.measure import timing
-    from flashattn.measure.workload import SAMPLE_MS
+    from flashattn.stats import ratio_ci
+    from flashattn import timing
+    from flashbook.measure.workload import SAMPLE_MS
     est = timing.estimate_ms(calls)
     inner = max(1, min(10, round(SAMPLE_MS / max(min(est.values()), 1e-3))))
     res = timing.time_rounds(calls, rounds=rounds, inner=inner)
@@ -83,7 +83,7 @@ def run_decode(rounds: int) -> list[dict]:
     import torch
 
     from flashattn.decode import decode, decode_plan  # noqa: F401
-    from flashattn.measure.libraries import library_fn
+    from flashbook.measure.libraries import library_fn
     rows = []
     for B, N in DECODE_SHAPES:
         g = torch.Generator(device="cuda").manual_seed(B * 13 + N)

@@ -1,6 +1,6 @@
 """Draw the README's figure from the recorded H200 dataset: python experiments/readme_figure.py
 
-Also prints the numbers README.md quotes beside it (``flashattn.chapter.summary.readme_numbers``),
+Also prints the numbers README.md quotes beside it (``flashbook.chapter.summary.readme_numbers``),
 so that its sentences can be checked against the data (tests/test_chapter_summary.py does).
 """
 from __future__ import annotations
@@ -27,8 +27,8 @@ def main(out: Path = OUT, *, gpu: str = "h200", results_root=None) -> Path:
     """Draw the figure from ``results.load(gpu, root=results_root)`` into ``out``."""
     import matplotlib
     matplotlib.use("Agg")
-    from flashattn.chapter import plots
-    from flashattn.data import results
+    from flashbook.chapter import plots
+    from flashbook.data import results
     r = results.load(gpu, root=results_root)
     fig = plots.tflops_vs_seqlen(r.bench, impls=IMPLS, workload=WORKLOAD, meta=r.meta)
     fig.set_size_inches(8, 4.4)
@@ -45,7 +45,7 @@ def main(out: Path = OUT, *, gpu: str = "h200", results_root=None) -> Path:
     fig.savefig(out, dpi=90, bbox_inches="tight")
     print(f"wrote {out}")
     try:
-        from flashattn.chapter import summary
+        from flashbook.chapter import summary
         doc = results.load_experiment_file(*summary.PROBE)
         print("README numbers:", summary.readme_numbers(r, doc))
     except (FileNotFoundError, KeyError, ValueError) as e:     # another dataset: no README

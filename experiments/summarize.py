@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 
-from flashattn.data.stats import gap
+from flashattn.stats import gap
 
 
 def summarize(doc: dict) -> str:

@@ -4,12 +4,12 @@ experiments/data/RUN/ as bench documents, one per workload.
     python experiments/sweep.py 06-worker-warps --causal both --seqlens 1024,4096,16384 \
         --steps arch_tuned,arch_tuned#2,arch_tuned@128x128:occ=1:nww=8 --baselines cudnn,flash
 
-This is ``python -m flashattn bench`` (``flashattn.measure.bench.run_bench``) run once per causal
+This is ``python -m flashbook bench`` (``flashbook.measure.bench.run_bench``) run once per causal
 setting: every option after RUN, --causal, --prewarm and --force is the benchmark's own (steps,
 variants ``STEP@TMxTN:occ=N:ctas=N:nww=N``, control copies ``STEP#2``, --seqlens, --dtype,
 --gqa, --method, ...), so an experiment gets the same inputs, correctness check, timing method
-and file format (``flashattn.data.schema``, results/README.md) as the recorded dataset.
-``flashattn.data.results.load("h200").experiment(RUN)`` reads the run back. Record the
+and file format (``flashbook.data.schema``, results/README.md) as the recorded dataset.
+``flashbook.data.results.load("h200").experiment(RUN)`` reads the run back. Record the
 hypothesis and prediction in experiments/LOG.md before running.
 """
 from __future__ import annotations
@@ -25,10 +25,10 @@ CAUSAL = {"yes": (True,), "no": (False,), "both": (True, False)}
 
 def parse_args(argv: list[str]):
     """(sweep options, run_bench keyword arguments); SystemExit on a bad command line."""
-    from flashattn.measure import bench
+    from flashbook.measure import bench
     p = argparse.ArgumentParser(
         prog="python experiments/sweep.py", description=__doc__.splitlines()[0],
-        epilog="Other options are python -m flashattn bench's (see its --help).")
+        epilog="Other options are python -m flashbook bench's (see its --help).")
     p.add_argument("run", help="name of the run: its folder under --data (e.g. 06-worker-warps)")
     p.add_argument("--causal", choices=sorted(CAUSAL), default="both",
                    help="causal masking: yes, no, or both (one document each; default both)")
@@ -51,8 +51,8 @@ def parse_args(argv: list[str]):
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    from flashattn.data.schema import format_table, write_json
-    from flashattn.measure import bench
+    from flashbook.data.schema import format_table, write_json
+    from flashbook.measure import bench
     a, kw = parse_args(argv)
     out = Path(a.data) / a.run
     old = sorted(out.glob("*.json")) if out.is_dir() else []

@@ -9,7 +9,7 @@ For every (TILE_M, TILE_N) in {64, 128, 256} x {64, 128}, the steps ``baseline``
 opcode counts) is written as JSON. No GPU is needed: the result depends on the kernel source,
 cuda-tile, tileiras and the target architecture, not on the machine that compiled it. It lives
 with the dataset's other compile reports (``results/<gpu>/compile/``, the same toolchain), where
-``flashattn.data.results.load("h200").tile_grid`` reads it (results/README.md).
+``flashbook.data.results.load("h200").tile_grid`` reads it (results/README.md).
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ import time
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-from flashattn.data.results import TILE_GRID_FILE, results_root
+from flashbook.data.results import TILE_GRID_FILE, results_root
 
 TILE_MS = (64, 128, 256)
 TILE_NS = (64, 128)
@@ -67,7 +67,7 @@ def _ints(text: str) -> tuple[int, ...]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from flashattn.data.schema import write_json
+    from flashbook.data.schema import write_json
     argv = sys.argv[1:] if argv is None else list(argv)
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default=str(DEFAULT_OUT), help="default %(default)s")

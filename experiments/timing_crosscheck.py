@@ -1,7 +1,7 @@
 """E10: the rounds method against triton.testing.do_bench (chapter 3).
 
 For arch_tuned's kernel and cuDNN at B=4 H=32 D=128 fp16 causal, times the same launches with
-``flashattn.measure.timing.time_rounds`` (CUDA-graph batches, random order, 3 input sets),
+``flashattn.timing.time_rounds`` (CUDA-graph batches, random order, 3 input sets),
 ``triton.testing.do_bench`` (events around each call, L2 flushed, a time budget) and
 ``triton.testing.do_bench_cudagraph`` (a graph of calls, no flush), and prints the medians and
 the ratio arch_tuned / cuDNN each method gives. Writes OUT/timing-crosscheck.json.
@@ -24,7 +24,7 @@ def main(argv=None) -> int:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from flashattn.launch import launch
-    from flashattn.measure.timing import time_rounds
+    from flashattn.timing import time_rounds
     from flashattn.steps import Config, get_step, with_config
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True)

@@ -1,40 +1,39 @@
-"""FlashAttention in NVIDIA cuTile Python: the kernels, references and tools behind the book.
+"""FlashAttention in NVIDIA cuTile Python: the kernels, their public operators, the input
+contract, the references and the interpreter.
 
     import flashattn
-    o = flashattn.attention(q, k, v, causal=True)            # fastest known step on this GPU
-    o = flashattn.attention(q, k, v, causal=True, step="baseline")
+    o = flashattn.attention(q, k, v, causal=True)            # fastest known kernel on this GPU
     o = flashattn.decode(q_new, k_cache, v_cache, cache_seqlens)   # a decode step (chapter 12)
     o = flashattn.attention_varlen(q, k, v, cu_seqlens, cu_seqlens, max_len, max_len)  # packed
-    flashattn.STEPS                                           # the steps of the book, in order
     with flashattn.interpret.enabled():                       # or FLASHATTN_INTERPRET=1: CPU
         o = flashattn.attention(q_cpu, k_cpu, v_cpu)          # tensors, the real kernels
 
+The book's support code (the steps of the ladder, benchmarks, Nsight Compute, the recorded
+data, the chapters' figures) is the package ``flashbook`` beside this one: it imports
+``flashattn``, never the other way round.
+
 The package, by layer (each imports only from the layers above it):
 
-    contract, steps, env          input rules; the steps as data; the machine
-    impls, kernels/               the registry of implementations; the cuTile kernels and specs
+    contract, steps, env          input rules; the kernel configurations as data; the machine
+    kernels/                      the cuTile kernels and their specs
     dispatch, interpret/          where a launch runs: the GPU, or the CPU interpreter (opt-in)
-    launch, autotune, aot         launching a step; choosing its tiles; compiling ahead of time
+    stats, timing                 intervals; GPU timing (the autotuner's)
+    launch, autotune, aot         launching a configuration; choosing its tiles; compiling ahead of time
     api                           attention, sdpa
     reference/                    exact attention, the online softmax, a CPU emulation
-    measure/, data/               timing, bench, Nsight Compute, recording; the dataset's reader
-    chapter/                      what the notebooks share: setup, glue, figures
 """
 from .api import attention, sdpa
 from .decode import decode  # the function; the module is sys.modules["flashattn.decode"]
 from .varlen import attention_varlen, attention_varlen_backward
-from .steps import (ARCHS, EXPERIMENTS, FLAGS, SEED_STEPS, STEP_NAMES, STEPS, Config, Step,
-                    get_step)
 
 __version__ = "0.1.0"
 __all__ = ["attention", "sdpa", "decode", "attention_varlen", "attention_varlen_backward",
-           "STEPS", "STEP_NAMES", "SEED_STEPS", "Step", "Config", "get_step", "EXPERIMENTS",
-           "ARCHS", "FLAGS", "__version__"]
+           "__version__"]
 
-# Submodules load on first use (flashattn.reference, flashattn.chapter, ...): importing
+# Submodules load on first use (flashattn.reference, flashattn.kernels, ...): importing
 # flashattn stays cheap, and `import flashattn; flashattn.reference.attention(...)` works.
-_SUBMODULES = ("aot", "api", "autograd", "autotune", "chapter", "contract", "data", "dispatch",
-               "env", "impls", "interpret", "kernels", "launch", "measure", "reference", "steps")
+_SUBMODULES = ("aot", "api", "autograd", "autotune", "contract", "dispatch", "env", "interpret",
+               "kernels", "launch", "launch_bwd", "reference", "stats", "steps", "timing")
 
 
 def __getattr__(name):

@@ -112,6 +112,12 @@ def _source_hash() -> str:
     return h.hexdigest()[:16]
 
 
+def _module_hash(module: str) -> str:
+    """A kernel module's source, hashed (a kernel outside ``kernels/``, such as the book's)."""
+    import importlib.util
+    return hashlib.sha256(Path(importlib.util.find_spec(module).origin).read_bytes()).hexdigest()[:16]
+
+
 def compile_spec(spec, arch: str, constants: dict, *, hints: dict | None = None,
                  dtype: str = "float16", align: int = 8, label: str = "", step: str = "",
                  use_cache: bool = True, keep_sass: bool = False) -> KernelReport:
@@ -124,7 +130,8 @@ def compile_spec(spec, arch: str, constants: dict, *, hints: dict | None = None,
     hints = dict(hints or {})
     rep = KernelReport(step=step or spec.name, arch=arch, kernel=spec.name,
                        config=label or " ".join(f"{k}={v}" for k, v in hints.items()))
-    key = hashlib.sha256(json.dumps([_source_hash(), spec.name, sorted(constants.items()),
+    key = hashlib.sha256(json.dumps([_source_hash(), _module_hash(spec.module), spec.name,
+                                     spec.module, sorted(constants.items()),
                                      sorted(hints.items()), arch, dtype, align],
                                     default=str).encode())
     cubin = _cache_dir() / f"{spec.name}-{arch}-{key.hexdigest()[:20]}.cubin"

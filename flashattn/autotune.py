@@ -73,11 +73,11 @@ def _save(gpu_name: str) -> None:
 def search(step, arch: str, q, k, v, causal: bool, *, rounds: int = 8, inner: int = 3):
     """Time every configuration of the space on these inputs; return [(Config, ms, error)],
     fastest first. The configurations are timed in alternation, as the benchmarks time
-    (``measure.timing.time_rounds``: CUDA-graph batches, a random order every round), so a
+    (``timing.time_rounds``: CUDA-graph batches, a random order every round), so a
     drifting GPU does not pick the winner."""
     import torch
 
-    from .measure.timing import time_rounds
+    from .timing import time_rounds
     scale = q.shape[-1] ** -0.5
     out = torch.empty_like(q)
     timings, fns = [], {}

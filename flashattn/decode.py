@@ -247,7 +247,7 @@ def _counters(device, shape):
 # When attention(q, k, v, ...) is a decode step, the split-KV kernels win: the square kernel's
 # grid has B x Hq x cdiv(Nq, TILE_M) programs, one per (batch, head) for Nq <= TILE_M, which
 # leaves most SMs idle and reads each K/V tile once per query head of a GQA group (issue 12:
-# 0.12x PyTorch at B=1, 128K keys). ``python -m flashattn decode-bench --part crossover`` times
+# 0.12x PyTorch at B=1, 128K keys). ``python -m flashbook decode-bench --part crossover`` times
 # both for Nq in {1, 4, 16} and Nk from 128 to 8K. Measured on the H200
 # (results/h200/decode/crossover-varlen.json, B=8, GQA 32:8, D=128, fp16, the one-wave split
 # rule; recorded in sessions 5 and 6): the decode path is faster than the square kernel for

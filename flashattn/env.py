@@ -33,10 +33,11 @@ def command_line(argv: list[str] | None = None) -> str:
     if not argv:
         return "python"
     head = argv[0].replace("\\", "/")
-    if head.endswith("flashattn/__main__.py"):
-        return shlex.join(["python", "-m", "flashattn", *argv[1:]])
-    if head.endswith("/flashattn") or head == "flashattn":   # the console script
-        return shlex.join(["flashattn", *argv[1:]])
+    for pkg in ("flashattn", "flashbook"):                   # the library's CLI or the book's
+        if head.endswith(f"{pkg}/__main__.py"):
+            return shlex.join(["python", "-m", pkg, *argv[1:]])
+        if head.endswith(f"/{pkg}") or head == pkg:          # the console script
+            return shlex.join([pkg, *argv[1:]])
     return shlex.join(["python", *argv])
 
 

@@ -12,7 +12,7 @@ profiler target and autotune call them directly on inputs they made. Each launch
 from __future__ import annotations
 
 from .dispatch import attention_steps, device_arch, device_sm_count, expect, launch_kernel
-from .kernels import FMHA, NAIVE, fmha_constants, fmha_grid, hinted, naive_constants
+from .kernels import NAIVE, fmha_constants, fmha_grid, fmha_spec, hinted, naive_constants
 from .steps import Config, Step
 
 NAIVE_SCRATCH_BYTES = 8 << 30   # S (fp32) + P for this many bytes of (batch, head) pairs at once
@@ -64,13 +64,14 @@ def fmha_args(q, k, v, out, step: Step, config: Config, *, causal: bool, scale: 
     if step.flag_values()["PERSISTENT"]:
         sms = device_sm_count(q.device)
     grid = fmha_grid(step, config, B=B, Hq=Hq, Nq=Nq, sm_count=sms)
-    args = FMHA.args(
+    spec = fmha_spec(step)              # the shipped kernel, or the book's ladder for other flags
+    args = spec.args(
         dict(Q=q, K=k, V=v, Out=out, Lse=_lse_stand_in(q.device) if lse is None else lse),
         dict(qk_scale=scale, input_pos=input_pos, num_heads=Hq, group_size=Hq // Hkv,
              num_m_blocks=-(-Nq // config.TILE_M)),
         fmha_constants(step, config, head_dim=D, causal=causal,
                        even_k=Nk % config.TILE_N == 0, write_lse=lse is not None))
-    return grid, hinted(FMHA.kernel(), config.hints()), args
+    return grid, hinted(spec.kernel(), config.hints()), args
 
 
 def _naive(q, k, v, out, config: Config, *, causal, scale, input_pos):

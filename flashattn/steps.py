@@ -277,9 +277,9 @@ def describe() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     import argparse
-    argparse.ArgumentParser(prog="python -m flashattn steps",
+    argparse.ArgumentParser(prog="python -m flashbook steps",
                             description="List the steps of the book, in order, and the "
                                         "experiments of chapter 10.",
-                            epilog="example: python -m flashattn steps").parse_args(argv)
+                            epilog="example: python -m flashbook steps").parse_args(argv)
     print(describe())
     return 0

@@ -144,8 +144,8 @@ def _forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
     check_out(out)
     from .steps import Config
     if config is not None and not isinstance(config, Config):
-        raise TypeError(f"config must be a flashattn.Config (tiles and hints, e.g. "
-                        f"flashattn.Config(64, 64)) or None, got {type(config).__name__}")
+        raise TypeError(f"config must be a flashattn.steps.Config (tiles and hints, e.g. "
+                        f"Config(64, 64)) or None, got {type(config).__name__}")
     if out is None:
         out = torch.empty((dims.total_q, dims.Hq, dims.D), dtype=q.dtype, device=q.device)
     elif (tuple(out.shape) != tuple(q.shape) or out.dtype != q.dtype or out.device != q.device

@@ -10,6 +10,10 @@ import pytest
 # Autotune searches compile every configuration; tests use the first one unless they opt in.
 os.environ.setdefault("FLASHATTN_AUTOTUNE", "0")
 
+# The book's package registers its ladder kernel: the tests run every step of the book through
+# the library's launch (flashattn.attention(..., step=NAME)).
+import flashbook  # noqa: E402,F401
+
 
 @pytest.fixture(scope="module")
 def one_thread():

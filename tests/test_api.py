@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import flashattn
+import flashbook
 from flashattn import api
 from flashattn.api import attention, sdpa
 from flashattn.contract import check_tensors, tile_d_for
@@ -15,16 +16,16 @@ def t(*shape, dtype=torch.float16):
 
 
 def test_steps_in_book_order():
-    assert flashattn.STEP_NAMES[:7] == ("naive", "baseline", "large_tiles", "fast_math",
+    assert flashbook.STEP_NAMES[:7] == ("naive", "baseline", "large_tiles", "fast_math",
                                         "loop_split", "remap", "autotune")
-    for s in flashattn.STEPS.values():
+    for s in flashbook.STEPS.values():
         assert s.description and len(s.description.splitlines()) == 1
-    assert set(flashattn.SEED_STEPS) >= {"naive", "baseline", "autotune"}
+    assert set(flashbook.SEED_STEPS) >= {"naive", "baseline", "autotune"}
 
 
 def test_unknown_step():
     with pytest.raises(ValueError, match="unknown step 'fastest'"):
-        flashattn.get_step("fastest")
+        flashbook.get_step("fastest")
 
 
 @pytest.mark.parametrize("d,tile", [(1, 16), (16, 16), (17, 32), (64, 64), (80, 128), (96, 128),
@@ -169,7 +170,7 @@ def test_sdpa_refuses_what_it_cannot_do():
 
 
 def test_source_diff_shows_each_change():
-    from flashattn.kernels.source import config_diff, step_diff, step_source
+    from flashbook.source import config_diff, step_diff, step_source
     assert "flush_to_zero=True" in step_diff("fast_math")
     assert "j >= mask_start" in step_diff("loop_split")
     assert "num_m_blocks - 1 - ct.bid(0)" in step_diff("remap", causal=True)
@@ -178,6 +179,6 @@ def test_source_diff_shows_each_change():
     base = step_source("baseline", causal=True, even_k=True)
     assert "if FAST_MATH" not in base and "if LAZY_RESCALE" not in base
     compile(base, "baseline", "exec")                  # folded source is still valid Python
-    for name in flashattn.STEP_NAMES + tuple(flashattn.EXPERIMENTS):
+    for name in flashbook.STEP_NAMES + tuple(flashbook.EXPERIMENTS):
         compile(step_source(name), name, "exec")
     assert "exp2_fma" in step_diff("exp_poly") and "check_bounds=False" in step_diff("unchecked_kv")

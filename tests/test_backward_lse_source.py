@@ -16,7 +16,7 @@ import torch
 from criteria import assert_close_to_reference, seed_of
 from flashattn import interpret
 from flashattn import reference as R
-from flashattn.kernels import FMHA, fmha_constants, fmha_grid
+from flashattn.kernels import fmha_constants, fmha_grid, fmha_spec
 from flashattn.steps import EXPERIMENTS, STEPS, Config, with_config
 from test_backward_gpu import reference, torch_same_precision
 from test_backward_kernels import assert_gradients, fp16_inputs, run_backward_kernels
@@ -35,12 +35,13 @@ def run_forward(step_name, q, k, v, *, causal, scale, input_pos, config, write_l
     out = torch.full(q.shape, math.nan, dtype=q.dtype)
     lse = torch.full((B, Hq, Nq) if write_lse else (1, 1, 1), math.nan, dtype=torch.float32)
     grid = fmha_grid(step, config, B=B, Hq=Hq, Nq=Nq, sm_count=3)
-    args = FMHA.args(dict(Q=q, K=k, V=v, Out=out, Lse=lse),
+    spec = fmha_spec(step)
+    args = spec.args(dict(Q=q, K=k, V=v, Out=out, Lse=lse),
                      dict(qk_scale=scale, input_pos=input_pos, num_heads=Hq,
                           group_size=Hq // Hkv, num_m_blocks=-(-Nq // config.TILE_M)),
                      fmha_constants(step, config, head_dim=D, causal=causal,
                                     even_k=Nk % config.TILE_N == 0, write_lse=write_lse))
-    interpret.launch(grid, FMHA.kernel(), args, shuffle=True, seed=seed)
+    interpret.launch(grid, spec.kernel(), args, shuffle=True, seed=seed)
     return out, lse
 
 

@@ -1,5 +1,5 @@
-"""flashattn.measure.bench, flashattn.env and flashattn.measure.record: CPU tests, plus GPU runs
-on a tiny shape. (The row schema: flashattn.data.schema; the registry of names: test_impls.py.)"""
+"""flashbook.measure.bench, flashattn.env and flashbook.measure.record: CPU tests, plus GPU runs
+on a tiny shape. (The row schema: flashbook.data.schema; the registry of names: test_impls.py.)"""
 import json
 import math
 import os
@@ -12,12 +12,13 @@ import pytest
 from flashattn.steps import BEST_STEP
 import torch
 
-from flashattn import EXPERIMENTS, STEP_NAMES, env, impls
+from flashbook import EXPERIMENTS, STEP_NAMES, impls
+from flashattn import env
 from flashattn.contract import parse_gqa
-from flashattn.data import schema
-from flashattn.data.schema import ROW_FIELDS, add_derived, make_row, to_frame, workload_name
-from flashattn.measure import bench, record
-from flashattn.measure.bench import DEFAULT_SEQLENS, parse_args
+from flashbook.data import schema
+from flashbook.data.schema import ROW_FIELDS, add_derived, make_row, to_frame, workload_name
+from flashbook.measure import bench, record
+from flashbook.measure.bench import DEFAULT_SEQLENS, parse_args
 from flashattn.steps import Config
 
 REPO = Path(__file__).resolve().parent.parent
@@ -26,7 +27,8 @@ HAS_GPU = torch.cuda.is_available()
 
 def _run(*args, **kw):
     e = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    return subprocess.run([sys.executable, "-m", "flashattn", *args], cwd=REPO, env=e,
+    module = "flashattn" if args and args[0] in ("compile", "info") else "flashbook"
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, env=e,
                           capture_output=True, text=True, timeout=300, **kw)
 
 
@@ -225,11 +227,11 @@ def test_make_row_fills_the_schema():
 
 # --- env -----------------------------------------------------------------------------------
 def test_metadata_keys():
-    m = env.metadata("python -m flashattn bench --seqlens 1024")
+    m = env.metadata("python -m flashbook bench --seqlens 1024")
     for k in ("gpu", "sm_count", "compute_capability", "arch", "driver", "cuda", "torch",
               "cuda_tile", "tileiras", "python", "platform", "date", "command"):
         assert k in m
-    assert m["command"] == "python -m flashattn bench --seqlens 1024"
+    assert m["command"] == "python -m flashbook bench --seqlens 1024"
     assert m["torch"] == torch.__version__
     assert len(m["date"]) == 20 and m["date"].endswith("Z") and m["date"][10] == "T"
     json.dumps(m)
@@ -256,8 +258,10 @@ def test_gpu_slug(name, slug):
 
 
 def test_command_line():
-    assert env.command_line(["/x/flashattn/__main__.py", "bench", "--seqlens", "1024"]) == \
-        "python -m flashattn bench --seqlens 1024"
+    assert env.command_line(["/x/flashbook/__main__.py", "bench", "--seqlens", "1024"]) == \
+        "python -m flashbook bench --seqlens 1024"
+    assert env.command_line(["/x/flashattn/__main__.py", "compile", "--arch", "sm_90"]) == \
+        "python -m flashattn compile --arch sm_90"
     assert env.command_line(["script.py", "a b"]) == "python script.py 'a b'"
 
 
@@ -298,7 +302,7 @@ def test_record_compile_quick(tmp_path):
         pytest.skip("cuobjdump not installed")
     rc = record.main(["--out", str(tmp_path), "--part", "compile", "--quick"])
     assert rc == 0
-    from flashattn.data import results
+    from flashbook.data import results
     r = results.load(tmp_path.name, root=tmp_path.parent)
     assert set(r.compile["arch"]) == {"sm_90", "sm_100"}
     assert (r.compile["step"] == "baseline").all()
@@ -328,7 +332,7 @@ def test_run_bench_tiny():
         assert r["config"]
     assert by["autotune"]["speedup_prev"] is None          # its predecessor (remap) not run
     if by["sdpa_cudnn"]["error"] is None:
-        from flashattn.data.stats import ratio_ci
+        from flashattn.stats import ratio_ci
         b, c = by["baseline"], by["sdpa_cudnn"]
         # Timed in the same rounds: the paired ratio (median over rounds of cuDNN / baseline),
         # close to the ratio of the medians, inside its interval.
@@ -356,7 +360,7 @@ def test_record_quick(tmp_path):
         doc = json.loads(f.read_text())
         assert doc["meta"]["gpu"] and doc["rows"]
         assert all(math.isfinite(r["tflops"]) for r in doc["rows"] if not r["error"])
-    from flashattn.data import results
+    from flashbook.data import results
     r = results.load(tmp_path.name, root=tmp_path.parent)
     assert not r.tflops_table("fp16-causal-d128-quick").empty
 
@@ -366,7 +370,7 @@ def cpu_fakes(monkeypatch):
     """run_bench's GPU parts replaced by CPU fakes: the launch writes the fp32 reference, timing
     returns 1 ms. Returns the names ``autotune.resolve`` was asked for."""
     from flashattn import launch, steps
-    from flashattn.measure import timing
+    from flashattn import timing
     resolved = []
     launches = {}      # name -> launches per sample that run_bench asked time_rounds for
 
@@ -424,7 +428,7 @@ def cpu_fakes(monkeypatch):
 
 def test_run_bench_bookkeeping_on_cpu_with_fakes(cpu_fakes):
     """run_bench's loop, rows and derived columns, with the GPU parts replaced by CPU fakes."""
-    from flashattn.measure import timing
+    from flashattn import timing
     doc = bench.run_bench(["naive", "baseline", "large_tiles", "best"], [32, 64], causal=True,
                           gqa="4:2", head_dim=16, batch=1, baselines=["math", "cudnn"], reps=3,
                           progress=True, naive_max_n=32, name="fake", method="interleaved")
@@ -523,7 +527,7 @@ def test_a_control_copy_gets_its_twins_batch_size(cpu_fakes, monkeypatch):
     twin would read a systematic gap. bench gives "X#2" the launches per sample of "X"."""
     import itertools
 
-    from flashattn.measure import timing
+    from flashattn import timing
     est = itertools.cycle([0.5, 30.0])          # the twin estimates fast, the copy slow
     real_check = bench._check
     monkeypatch.setattr(bench, "_check", lambda fn, ref, hr, reps: dict(
@@ -540,7 +544,7 @@ def test_a_control_copy_gets_its_twins_batch_size(cpu_fakes, monkeypatch):
 
 
 # --- the backward (issue 11): bench --backward ---------------------------------------------------
-from flashattn.measure import bench_bwd  # noqa: E402
+from flashbook.measure import bench_bwd  # noqa: E402
 
 
 def test_backward_parse_defaults_are_the_seed_workload():
@@ -628,11 +632,11 @@ def bwd_fakes(monkeypatch):
     through fp32 math attention (ours: its backward from the reference), timing fakes rounds."""
     from flashattn import api, autograd, autotune, launch, launch_bwd, steps
     from flashattn import reference as R
-    from flashattn.measure import timing
+    from flashattn import timing
     seen = dict(rounds=[], backward=0)
 
     def fake_lib(impl, q, k, v, *, causal, scale):
-        from flashattn.impls import IMPLS
+        from flashbook.impls import IMPLS
         assert IMPLS[impl].kind == "library", impl      # the real one: KeyError for ours
         if impl == "sdpa_efficient":
             raise RuntimeError("fake: no kernel for this shape\nmore")
@@ -678,7 +682,7 @@ def bwd_fakes(monkeypatch):
     monkeypatch.setattr(bench_bwd, "_inputs", lambda B, Hq, Hkv, N, D, dt, dev, seed: (
         torch.randn(B, Hq, N, D), torch.randn(B, Hkv, N, D), torch.randn(B, Hkv, N, D),
         torch.randn(B, Hq, N, D)))
-    from flashattn.measure import libraries
+    from flashbook.measure import libraries
     monkeypatch.setattr(libraries, "library_fn", fake_lib)
     monkeypatch.setattr(api, "attention", fake_fwd)
     monkeypatch.setattr(autograd, "attention_forward", fake_forward_lse)
@@ -784,7 +788,7 @@ def test_record_backward_part_quick_with_fakes(bwd_fakes, tmp_path, monkeypatch)
 
 
 def test_batch_sizes_share_one_batch_near_the_fastest():
-    from flashattn.measure.bench import SAMPLE_MS, batch_sizes
+    from flashbook.measure.bench import SAMPLE_MS, batch_sizes
     est = {"best": 1.0, "best#2": 1.05, "arch_tuned": 1.2, "sdpa_cudnn": 0.95, "slow": 40.0}
     per = batch_sizes(est, inner=10)
     common = round(SAMPLE_MS / 0.95)

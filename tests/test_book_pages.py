@@ -11,7 +11,7 @@ Two checks, CPU only, a second or two:
    must be glued from the data, so a page cannot go stale by hand. Some entries also check the
    number they allow (a tile shape must be one the data hold, a chapter must exist, the driver a
    page names must be the recording's).
-2. **Glued numbers.** Notebook pages glue their values with ``flashattn.chapter.glue`` and quote
+2. **Glued numbers.** Notebook pages glue their values with ``flashbook.chapter.glue`` and quote
    them with ``{glue:text}`` roles. Every glued value must equal what ``results/h200`` gives now
    (the committed outputs are what the book renders: ``execute_notebooks`` is off), every role
    must name a glued key, and every key must have a known source. Keys name their datum:
@@ -49,7 +49,7 @@ GLUE_MIME = "application/papermill.record/text/plain"
 # ---------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def data():
-    from flashattn.data import results
+    from flashbook.data import results
     return results.load(GPU, root=ROOT / "results")
 
 
@@ -250,7 +250,7 @@ def test_no_typed_measurements(page, data):
                 for line, num, why in typed_numbers(text, data)]
     assert not problems, (
         f"{page.name} quotes numbers that do not come from the data. Glue measured values "
-        f"from results/{GPU} (flashattn.chapter.glue + {{glue:text}}); add a non-measurement to "
+        f"from results/{GPU} (flashbook.chapter.glue + {{glue:text}}); add a non-measurement to "
         f"ALLOWED in {Path(__file__).name} with its reason.\n  " + "\n  ".join(problems))
 
 
@@ -324,7 +324,7 @@ def _fmt_n(n: int) -> str:
 
 
 def _source_line(r) -> str:
-    from flashattn.data.results import source_line
+    from flashbook.data.results import source_line
     return source_line(r.meta)
 
 

@@ -1,10 +1,10 @@
-"""The notebook tooling that needs no GPU (flashattn.chapter, flashattn.nbrun): the mode
+"""The notebook tooling that needs no GPU (flashbook.chapter, flashbook.nbrun): the mode
 banner, glue, code display, nbrun. (Interleaved timing: test_timing.py.)"""
 import json
 
 import pytest
 
-from flashattn import chapter
+from flashbook import chapter
 
 
 def test_recorded_mode_banner_names_the_gpu_and_date(monkeypatch):
@@ -39,7 +39,7 @@ def test_glue_returns_the_formatted_value():
 
 def test_nbrun_executes_a_notebook_and_keeps_outputs(tmp_path):
     nbformat = pytest.importorskip("nbformat")     # not on the GPU host
-    from flashattn.nbrun import run
+    from flashbook.nbrun import run
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_markdown_cell("# t"),
                 nbformat.v4.new_code_cell("x = 6 * 7\nprint(x)"),
@@ -60,7 +60,7 @@ def test_nbrun_executes_a_notebook_and_keeps_outputs(tmp_path):
 
 def test_chapter_reexports_its_modules():
     import importlib
-    page, helpers = (importlib.import_module(f"flashattn.chapter.{m}") for m in ("page", "helpers"))
+    page, helpers = (importlib.import_module(f"flashbook.chapter.{m}") for m in ("page", "helpers"))
     for name in chapter.__all__:
         src = page if hasattr(page, name) else helpers
         assert getattr(chapter, name) is getattr(src, name), name
@@ -70,7 +70,7 @@ def test_chapter_reexports_its_modules():
 
 def test_show_wraps_kernel_source_show():
     pytest.importorskip("IPython")
-    from flashattn.kernels import source
+    from flashbook import source
     assert chapter.show("x = 1\n") is not None
     assert type(chapter.show("x = 1\n")) is type(source.show("x = 1\n"))
 
@@ -86,7 +86,7 @@ def test_below_shows_a_small_error_as_a_bound():
                                               ("remap", 300, 130), ("pair", 1024, 0)])
 def test_tile_kinds_is_the_emulated_schedule(step, N, input_pos):
     from flashattn import reference
-    from flashattn.chapter.helpers import FULL, MASKED, SKIPPED
+    from flashbook.chapter.helpers import FULL, MASKED, SKIPPED
     from flashattn.steps import Config
     config = Config(128, 64)
     kinds = chapter.tile_kinds(step, N, config, input_pos=input_pos)

@@ -1,11 +1,11 @@
-"""flashattn.chapter.backward: saved bytes, the recorded backward workloads, E14, the kernel
+"""flashbook.chapter.backward: saved bytes, the recorded backward workloads, E14, the kernel
 profiles, the training run and the GPU suite's error ratios of chapter 11 (CPU only)."""
 import numpy as np
 import pandas as pd
 import pytest
 
-from flashattn.chapter import backward as bw
-from flashattn.chapter import page
+from flashbook.chapter import backward as bw
+from flashbook.chapter import page
 
 
 # --- what autograd keeps ------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""flashattn.chapter.decode: the recorded decode data, the launch arithmetic and the tables of
+"""flashbook.chapter.decode: the recorded decode data, the launch arithmetic and the tables of
 chapter 12 (CPU only: the recorded H200 dataset and the kernels' launch rules)."""
 import math
 
@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from flashattn.chapter import decode
+from flashbook.chapter import decode
 
 
 @pytest.fixture(scope="module")
@@ -186,7 +186,7 @@ def test_split_sweep_table_fills_deduped_floor_rows():
 
 def test_split_sweep_without_the_rule_row_raises(tmp_path):
     import json
-    from flashattn.data.results import load_experiment_file
+    from flashbook.data.results import load_experiment_file
     doc = load_experiment_file(decode.SWEEP_RUN, "splits.json")
     doc["rows"] = [r for r in doc["rows"] if not (r["B"] == 8 and r["Nk"] == 32768
                                                   and r["impl"] == "waves1_floor")]
@@ -255,7 +255,7 @@ def test_varlen_tile_sweep_reads_json_and_log(tmp_path):
     assert t.notna().all().all() and (t > 0).all().all()
     assert set(t.index.get_level_values("mix")) == {"equal_8x4096", "equal_32x1024"}
     import shutil
-    from flashattn.data.results import experiments_root
+    from flashbook.data.results import experiments_root
     (tmp_path / "run").mkdir()
     shutil.copy(experiments_root() / decode.SWEEP_RUN / "varlen.json", tmp_path / "run")
     (tmp_path / "run" / "varlen-grid.log").write_text("# nothing timed\n")

@@ -1,11 +1,11 @@
-"""flashattn.chapter.gap: effects against a control, stall breakdowns, memory units and the
+"""flashbook.chapter.gap: effects against a control, stall breakdowns, memory units and the
 target table of chapter 10 (CPU only, synthetic rows and the recorded dataset)."""
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
-from flashattn.chapter import gap
+from flashbook.chapter import gap
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -98,7 +98,7 @@ def test_target_table_status_and_margin():
 
 
 def test_on_the_recorded_dataset():
-    from flashattn.data import results
+    from flashbook.data import results
     try:
         r = results.load("h200")
     except Exception:

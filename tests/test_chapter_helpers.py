@@ -1,11 +1,12 @@
-"""flashattn.chapter.helpers: the helpers more than one chapter calls (CPU only)."""
+"""flashbook.chapter.helpers: the helpers more than one chapter calls (CPU only)."""
 import math
 
 import numpy as np
 import pytest
 
-from flashattn import chapter, reference
-from flashattn.chapter import helpers
+from flashbook import chapter
+from flashattn import reference
+from flashbook.chapter import helpers
 from flashattn.steps import Config
 
 
@@ -56,7 +57,7 @@ def test_tile_kinds_agree_with_tile_counts(step, N, cfg):
 def test_time_steps_times_each_step_at_the_pinned_config(monkeypatch):
     pytest.importorskip("torch")
     import flashattn.launch
-    from flashattn.measure import timing
+    from flashattn import timing
 
     launched = []
 
@@ -103,7 +104,7 @@ def test_tile_registers():
 # --- Tables for people (issue 22, item 4) ------------------------------------------------------
 
 def test_fmt_value_counts_as_integers_and_no_nan():
-    from flashattn.chapter import fmt_value, verdict
+    from flashbook.chapter import fmt_value, verdict
     assert fmt_value(501775908.0) == "501,775,908"
     assert fmt_value(128.0) == "128"
     assert fmt_value(np.int64(8192)) == "8,192"
@@ -117,7 +118,7 @@ def test_fmt_value_counts_as_integers_and_no_nan():
 def test_table_formats_by_column_or_row_with_units_and_a_stable_id():
     pd = pytest.importorskip("pandas")
     pytest.importorskip("jinja2")
-    from flashattn import chapter
+    from flashbook import chapter
     df = pd.DataFrame({"grid": [128.0, 2048.0], "time": [0.25, 2.0], "ok": [True, False],
                        "x": [np.nan, 1.5]}, index=["a", "b"])
     html = chapter.table(df, units={"time": "ms"}).to_html()

@@ -1,11 +1,11 @@
-"""flashattn.chapter.ladder: the Hopper ladder's effect tables, calls and figure (CPU only)."""
+"""flashbook.chapter.ladder: the Hopper ladder's effect tables, calls and figure (CPU only)."""
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
-from flashattn.chapter import ladder
-from flashattn.data.results import Results, load
+from flashbook.chapter import ladder
+from flashbook.data.results import Results, load
 
 W = "fp16-causal-d128"
 

@@ -1,4 +1,4 @@
-"""flashattn.chapter.lessons: the SASS readers of the lesson pages, on small hand-made listings
+"""flashbook.chapter.lessons: the SASS readers of the lesson pages, on small hand-made listings
 (CPU, no compiler), and the tables they build from the recorded data.
 
 ``python -m pytest tests/test_chapter_lessons.py -o addopts=""``
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from flashattn.chapter import lessons
+from flashbook.chapter import lessons
 
 
 def _listing(lines: list[str]) -> str:
@@ -146,7 +146,7 @@ def test_io_model_arithmetic():
 # --- on the recorded data -------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def r():
-    from flashattn.data import results
+    from flashbook.data import results
     return results.load("h200")
 
 

@@ -1,12 +1,12 @@
-"""flashattn.chapter.method: chapter 3's control table, host times, noise probe and power regimes
+"""flashbook.chapter.method: chapter 3's control table, host times, noise probe and power regimes
 (CPU only; synthetic data, and the recorded dataset where it is in the repository)."""
 import math
 
 import pandas as pd
 import pytest
 
-from flashattn.chapter import method
-from flashattn.data import results
+from flashbook.chapter import method
+from flashbook.data import results
 
 
 def _row(wl, impl, N, samples, **kw):

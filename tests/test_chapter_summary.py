@@ -1,4 +1,4 @@
-"""flashattn.chapter.summary (chapter 13) on the recorded dataset, and README's quoted numbers
+"""flashbook.chapter.summary (chapter 13) on the recorded dataset, and README's quoted numbers
 against the data they quote (experiments/readme_figure.py prints them)."""
 import math
 import re
@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from flashattn.chapter import summary
-from flashattn.data import results
+from flashbook.chapter import summary
+from flashbook.data import results
 from flashattn.steps import STEP_NAMES
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -108,7 +108,7 @@ def test_journey_figure(r):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from flashattn.impls import IMPLS
+    from flashbook.impls import IMPLS
     fig = summary.journey_figure(r)
     try:
         axes = fig.axes
@@ -169,7 +169,7 @@ README_DATASETS = {
 
 @pytest.mark.parametrize("label", list(README_DATASETS))
 def test_readme_states_the_rounds_of_each_dataset(label):
-    from flashattn.data.schema import read_json
+    from flashbook.data.schema import read_json
     meta = read_json(str(ROOT / "results" / "h200" / README_DATASETS[label]))["meta"]
     rounds = meta["method"]["rounds"]
     row = next(ln for ln in (ROOT / "README.md").read_text().splitlines()
@@ -178,7 +178,7 @@ def test_readme_states_the_rounds_of_each_dataset(label):
 
 
 def test_readme_states_the_varlen_backward_method():
-    from flashattn.data.schema import read_json
+    from flashbook.data.schema import read_json
     doc = read_json(str(ROOT / "experiments" / "data" / "34-final" / "varlen_bwd.json"))
     methods = {row["method"] for row in doc["rows"]}
     rounds = doc["meta"]["command"].split("--rounds ")[1].split()[0]

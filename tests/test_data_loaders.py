@@ -1,4 +1,4 @@
-"""The loaders of flashattn.data.results beyond the bench/profile/compile parts: the tile-shape
+"""The loaders of flashbook.data.results beyond the bench/profile/compile parts: the tile-shape
 grid, experiment runs and the seed's quoted B200 numbers. On the repository's recorded data
 (read-only) and on synthetic documents written to a temporary folder."""
 import json
@@ -8,9 +8,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from flashattn.data import results
-from flashattn.data.schema import ROW_FIELDS, add_derived, make_row, write_json
-from flashattn.impls import IMPLS, base_name
+from flashbook.data import results
+from flashbook.data.schema import ROW_FIELDS, add_derived, make_row, write_json
+from flashbook.impls import IMPLS, base_name
 from flashattn.steps import Config
 
 REPO = Path(__file__).resolve().parents[1]

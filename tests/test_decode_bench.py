@@ -1,4 +1,4 @@
-"""flashattn.measure.bench_decode (python -m flashattn decode-bench) on the CPU: the command
+"""flashbook.measure.bench_decode (python -m flashbook decode-bench) on the CPU: the command
 line, the sweep as data and its time estimate, the document's rows (schema.make_decode_row,
 add_decode_derived, decode_frame, format_decode_table), and run_decode_bench's bookkeeping with
 the GPU parts replaced by CPU fakes (as tests/test_bench.py does for bench)."""
@@ -9,10 +9,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from flashattn.data import schema  # noqa: E402
-from flashattn.data.schema import (DECODE_FIELDS, ROW_FIELDS, add_decode_derived,  # noqa: E402
+from flashbook.data import schema  # noqa: E402
+from flashbook.data.schema import (DECODE_FIELDS, ROW_FIELDS, add_decode_derived,  # noqa: E402
                                    decode_frame, format_decode_table, kv_bytes, make_decode_row)
-from flashattn.measure import bench_decode as bd  # noqa: E402
+from flashbook.measure import bench_decode as bd  # noqa: E402
 
 
 # --- command line ------------------------------------------------------------------------------
@@ -227,7 +227,7 @@ def cpu_fakes(monkeypatch):
     timing by fixed samples, host and wall times by constants, graphs by a stand-in."""
     import importlib
 
-    from flashattn.measure import timing
+    from flashattn import timing
     from flashattn.reference import decode_attention, varlen_attention
     decode_mod = importlib.import_module("flashattn.decode")
     varlen_mod = importlib.import_module("flashattn.varlen")
@@ -338,7 +338,7 @@ def test_run_decode_bench_varlen_part(cpu_fakes, monkeypatch):
     v = by["varlen", "equal_2x32"]
     assert v["error"] is None and v["max_abs_err"] < 1e-2 and v["total_tokens"] == 64
     assert v["lens"] == [32, 32] and v["B"] == 2 and v["Nq"] == 32 and v["part"] == "varlen"
-    from flashattn.measure.timing import attention_flops, tflops
+    from flashattn.timing import attention_flops, tflops
     assert v["tflops"] == pytest.approx(tflops(2 * attention_flops(1, 4, 32, 32, 16, True),
                                                v["median_ms"]))
     assert by["square_padded", "equal_2x32"]["error"]       # no GPU to resolve a step on

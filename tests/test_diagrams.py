@@ -1,7 +1,7 @@
-"""The book's diagrams (``flashattn.chapter.diagrams``) render, and the committed SVGs are current.
+"""The book's diagrams (``flashbook.chapter.diagrams``) render, and the committed SVGs are current.
 
 CPU only, a few seconds: ``python -m pytest tests/test_diagrams.py -o addopts=""``. After changing
-a diagram, rewrite the files with ``python -m flashattn.chapter.diagrams``.
+a diagram, rewrite the files with ``python -m flashbook.chapter.diagrams``.
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import matplotlib  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from flashattn.chapter import diagrams  # noqa: E402
+from flashbook.chapter import diagrams  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "book" / "_static" / "diagrams"
@@ -49,7 +49,7 @@ def test_renders(name):
 @pytest.mark.parametrize("name", NAMES)
 def test_committed_svg(name):
     path = OUT / f"{name}.svg"
-    assert path.exists(), f"{path} missing: run python -m flashattn.chapter.diagrams"
+    assert path.exists(), f"{path} missing: run python -m flashbook.chapter.diagrams"
     text = path.read_text(encoding="utf-8")
     assert path.stat().st_size < MAX_BYTES, f"{path} is {path.stat().st_size} B"
     root = ET.fromstring(text.encode("utf-8"))
@@ -60,7 +60,7 @@ def test_committed_svg(name):
         pytest.skip(f"{path.name} written by matplotlib {made_by.group(1)}, "
                     f"this is {matplotlib.__version__}")
     assert text == _svg(name), (
-        f"{path} is stale: run python -m flashattn.chapter.diagrams")
+        f"{path} is stale: run python -m flashbook.chapter.diagrams")
 
 
 def test_save(tmp_path):

@@ -6,7 +6,7 @@ For each step whose schedule the mirror states (the plain grid, REMAP, PAIR; the
 grid's work items, dealt round-robin as the kernel deals them), causal and not, at a few
 lengths and an ``input_pos``: the K and V tiles each program loads are the mirror's work for it,
 in the mirror's order, query tile by query tile; and the tiles the kernel masks
-(``mask_scores``, observed through a copy of kernels/fmha.py that records its calls) are the
+(``mask_scores``, observed through a copy of the ladder kernel, flashbook/ladder/fmha.py, that records its calls) are the
 mirror's "masked" ones, so ``tile_counts`` counts what the kernel does.
 """
 import collections
@@ -19,8 +19,9 @@ import torch
 
 from flashattn import interpret, kernels
 from flashattn import reference as R
-from flashattn.kernels import FMHA, fmha_constants, fmha_grid
+from flashattn.kernels import fmha_constants, fmha_grid, fmha_spec
 from flashattn.steps import Config, get_step
+from flashbook.ladder import LADDER
 
 pytestmark = pytest.mark.usefixtures("one_thread")   # tests/conftest.py
 
@@ -52,13 +53,14 @@ def launch_traced(step, Nq, Nk, *, causal, input_pos, config, sm_count, kernel=N
     out = torch.full(q.shape, math.nan, dtype=q.dtype)
     lse = torch.full((1, 1, 1), math.nan)                 # WRITE_LSE off: never touched
     grid = fmha_grid(step, config, B=B, Hq=HQ, Nq=Nq, sm_count=sm_count)
-    args = FMHA.args(dict(Q=q, K=k, V=v, Out=out, Lse=lse),
+    spec = LADDER if kernel is not None else fmha_spec(step)   # a probe is a ladder copy
+    args = spec.args(dict(Q=q, K=k, V=v, Out=out, Lse=lse),
                      dict(qk_scale=D ** -0.5, input_pos=input_pos, num_heads=HQ,
                           group_size=HQ // HKV, num_m_blocks=-(-Nq // config.TILE_M)),
                      fmha_constants(step, config, head_dim=D, causal=causal,
-                                    even_k=Nk % config.TILE_N == 0))
+                                    even_k=Nk % config.TILE_N == 0, spec=spec))
     with interpret.trace() as tr:
-        interpret.launch(grid, kernel or FMHA.kernel(), args)
+        interpret.launch(grid, kernel or spec.kernel(), args)
     assert not torch.isnan(out).any()
     return grid, tr
 
@@ -148,7 +150,7 @@ def test_the_trace_is_the_mirrors_schedule(variant, causal, shape, config):
         assert got[prog] == exp, f"program {prog}"
 
 
-# --- the masked tiles: a copy of kernels/fmha.py whose mask_scores records each call ----------
+# --- the masked tiles: a copy of the ladder kernel whose mask_scores records each call ---------
 PROBE = '''
 
 MASKED = []                    # (bid 0, bid 1, first query position, key tile j) per call
@@ -164,9 +166,9 @@ def mask_scores(qk, offs_m, offs_n_tile, j, k_seqlen, TILE_N, CAUSAL, EVEN_K):
 
 @pytest.fixture
 def probe(tmp_path):
-    """A fresh copy of kernels/fmha.py (its text unchanged) with the recording mask_scores
+    """A fresh copy of flashbook/ladder/fmha.py (its text unchanged) with the recording mask_scores
     appended; the interpreter runs it like the original."""
-    src = (Path(kernels.__file__).parent / "fmha.py").read_text()
+    src = Path(importlib.util.find_spec(LADDER.module).origin).read_text()   # the ladder
     assert "\ndef mask_scores(qk, offs_m, offs_n_tile, j, k_seqlen,\n" in src
     path = tmp_path / "fmha_probe.py"
     path.write_text(src + PROBE)

@@ -17,12 +17,13 @@ import pytest
 import torch
 
 import flashattn
-from flashattn import aot, nbrun
+from flashattn import aot
+from flashbook import nbrun
 from flashattn.contract import MAX_HEAD_DIM, check_head_dim, head_dim_arg
-from flashattn.data import results
-from flashattn.data.schema import read_json
-from flashattn.measure import ncu as P
-from flashattn.measure import record
+from flashbook.data import results
+from flashbook.data.schema import read_json
+from flashbook.measure import ncu as P
+from flashbook.measure import record
 
 REPO = Path(__file__).resolve().parents[1]
 BAD_HEAD_DIMS = (0, -8, 257, 512)
@@ -85,7 +86,7 @@ def test_bench_and_profile_options_refuse_the_same_head_dims(add, capsys):
     # bench (workload.add_workload_args) and profile (target.add_shape_args) share the rule.
     import argparse
 
-    from flashattn.measure import target, workload
+    from flashbook.measure import target, workload
     p = argparse.ArgumentParser(prog="x")
     if add == "target":
         target.add_shape_args(p)
@@ -173,7 +174,7 @@ def test_varlen_checks_its_other_arguments():
         flashattn.attention_varlen(q, q, q, cu, cu, 8, 8, check_values="no")
     with pytest.raises(TypeError, match="out must be a torch.Tensor or None, got list"):
         flashattn.attention_varlen(q, q, q, cu, cu, 8, 8, out=[0.0])
-    with pytest.raises(TypeError, match="config must be a flashattn.Config"):
+    with pytest.raises(TypeError, match="config must be a flashattn.steps.Config"):
         flashattn.attention_varlen(q, q, q, cu, cu, 8, 8, config="64x64")
     with pytest.raises(TypeError, match="max_seqlen_q must be an int, got float"):
         flashattn.attention_varlen(q, q, q, cu, cu, 8.0, 8)

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from flashattn.data import results
-from flashattn.data.schema import ROW_FIELDS, add_derived, make_row
+from flashbook.data import results
+from flashbook.data.schema import ROW_FIELDS, add_derived, make_row
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -29,7 +29,7 @@ def sweep():
 @pytest.fixture
 def fake_bench(monkeypatch):
     """run_bench without a GPU: synthetic rows in the bench schema; records its calls."""
-    from flashattn.measure import bench
+    from flashbook.measure import bench
     calls = []
 
     def run_bench(steps=None, seqlens=None, *, causal=True, command=None, **kw):
@@ -106,7 +106,7 @@ def test_sweep_rejects_a_path_as_run_name(sweep, fake_bench, tmp_path):
 
 
 def test_sweep_without_gpu_says_so(sweep, monkeypatch, tmp_path, capsys):
-    from flashattn.measure import bench
+    from flashbook.measure import bench
 
     def no_gpu(*a, **k):
         raise RuntimeError("run_bench needs a CUDA GPU (torch.cuda.is_available() is False)")

@@ -1,10 +1,10 @@
-"""The registry of implementations (flashattn.impls) and the names the benchmark accepts:
+"""The registry of implementations (flashbook.impls) and the names the benchmark accepts:
 steps, experiments, ``best``, variants "STEP@CONFIG", control copies "STEP#N", libraries."""
 import pytest
 
-from flashattn import impls
-from flashattn.impls import IMPLS, ORDER, base_name, color_of, get, rank
-from flashattn.measure.bench import check_impl_name
+from flashbook import impls
+from flashbook.impls import IMPLS, ORDER, base_name, color_of, get, rank
+from flashbook.measure.bench import check_impl_name
 from flashattn.steps import ARCHS, EXPERIMENTS, STEP_NAMES, STEPS, Config
 
 ALL_STEPS = {**STEPS, **EXPERIMENTS}
@@ -101,7 +101,7 @@ def test_check_impl_name_rejects(name):
 
 
 def test_the_hopper_ladder_names_are_bench_names():
-    from flashattn.measure.bench import step_of
+    from flashbook.measure.bench import step_of
     from flashattn.steps import HOPPER_LADDER
     assert HOPPER_LADDER
     for name, label in HOPPER_LADDER:

@@ -1,13 +1,18 @@
-"""The package's import graph, read from the source with ``ast`` (nothing is imported).
+"""The import graph of the library (``flashattn``) and the book's package (``flashbook``), read
+from the source with ``ast`` (nothing is imported).
 
-Every ``import`` and ``from ... import`` of a package module counts, at module level or inside a
-function: a function-level import is a dependency that is only deferred. The layers (see the
-docstring of ``flashattn/__init__.py``):
+Every ``import`` and ``from ... import`` of a module of either package counts, at module level or
+inside a function: a function-level import is a dependency that is only deferred. The layers
+(see the docstrings of ``flashattn/__init__.py`` and ``flashbook/__init__.py``):
 
-    contract, steps             leaves: import nothing from the package
-    kernels/, impls             the kernels and the registry of implementations
-    launch, autotune, aot, api  launching, tuning, compiling, the public entry points
-    reference/, measure/, data/, chapter/
+    flashattn.contract, .steps      leaves: import nothing from either package
+    flashattn.kernels/              the kernels and their specs
+    flashattn.launch, autotune, aot, api   launching, tuning, compiling, the public entry points
+    flashattn.reference/
+    flashbook.impls, .source        the registry of implementations; a step's folded source
+    flashbook.data/, .measure/, .chapter/, .nbrun
+
+The library never imports the book (not even inside a function).
 
 A failing test prints the whole graph.
 """
@@ -19,17 +24,20 @@ from pathlib import Path
 import pytest
 
 PKG = "flashattn"
-ROOT = Path(__file__).resolve().parents[1] / PKG
+BOOK = "flashbook"
+PKGS = (PKG, BOOK)
+REPO = Path(__file__).resolve().parents[1]
+ROOT = REPO / PKG
 
 
 def _module_name(path: Path) -> str:
-    parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts = parts[:-1]
     return ".".join(parts)
 
 
-MODULES = {_module_name(p): p for p in sorted(ROOT.rglob("*.py"))}
+MODULES = {_module_name(p): p for pkg in PKGS for p in sorted((REPO / pkg).rglob("*.py"))}
 
 
 def _imports(module: str, *, nested: bool = True) -> set[str]:
@@ -50,7 +58,7 @@ def _imports(module: str, *, nested: bool = True) -> set[str]:
     out = set()
     for node in nodes:
         if isinstance(node, ast.Import):
-            out |= {a.name for a in node.names if a.name.split(".")[0] == PKG}
+            out |= {a.name for a in node.names if a.name.split(".")[0] in PKGS}
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 base = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
@@ -58,13 +66,13 @@ def _imports(module: str, *, nested: bool = True) -> set[str]:
                 target = ".".join(base + ([node.module] if node.module else []))
             else:
                 target = node.module or ""
-            if target.split(".")[0] != PKG:
+            if target.split(".")[0] not in PKGS:
                 continue
             for a in node.names:   # `from . import autotune` imports the submodule
                 sub = f"{target}.{a.name}"
                 out.add(sub if sub in MODULES else target)
     for m in out:
-        assert m in MODULES, f"{module} imports {m}, which is not a module of the package"
+        assert m in MODULES, f"{module} imports {m}, which is not a module of either package"
     return out - {module}
 
 
@@ -128,13 +136,40 @@ def under(prefix: str) -> set[str]:
 # --- the graph is what the source says ----------------------------------------------------------
 def test_the_graph_sees_every_kind_of_import():
     assert {"flashattn", "flashattn.contract", "flashattn.kernels", "flashattn.kernels.spec",
-            "flashattn.measure.bench", "flashattn.data.schema", "flashattn.chapter.page",
-            "flashattn.reference.emulate"} <= set(MODULES)
+            "flashbook.measure.bench", "flashbook.data.schema", "flashbook.chapter.page",
+            "flashattn.reference.emulate", "flashbook"} <= set(MODULES)
     assert "flashattn.launch" in GRAPH["flashattn.api"]                     # from .launch import
     assert "flashattn.kernels.spec" in GRAPH["flashattn.kernels"]           # from .spec import
-    assert "flashattn.contract" in GRAPH["flashattn.data.schema"]           # from ..contract
-    assert "flashattn.data.results" in GRAPH["flashattn.chapter.page"]      # inside a function
-    assert "flashattn.data.results" not in build_graph(nested=False)["flashattn.chapter.page"]
+    assert "flashattn.contract" in GRAPH["flashbook.data.schema"]           # from flashattn.contract
+    assert "flashbook.data.results" in GRAPH["flashbook.chapter.page"]      # inside a function
+    assert "flashbook.data.results" not in build_graph(nested=False)["flashbook.chapter.page"]
+    assert "flashattn.steps" in GRAPH["flashbook"]                          # across packages
+
+
+# --- the library never imports the book ---------------------------------------------------------
+def test_the_library_does_not_import_the_book():
+    bad = {m: sorted(reachable(GRAPH, m) & under(BOOK)) for m in under(PKG)}
+    bad = {m: hit for m, hit in bad.items() if hit}
+    assert not bad, f"the library reaches the book's package: {bad}\n{show()}"
+
+
+def test_the_library_names_no_book_module_anywhere():
+    # Not even as a string for importlib: grep the library's source for the book's name in code.
+    import io
+    import tokenize
+    bad = []
+    for m in under(PKG):
+        toks = tokenize.generate_tokens(io.StringIO(MODULES[m].read_text()).readline)
+        for t in toks:
+            if t.type == tokenize.STRING and t.string.strip("\"'frbFRB").startswith(BOOK + "."):
+                bad.append((m, t.start[0], t.string))
+            if t.type == tokenize.NAME and t.string == BOOK:
+                bad.append((m, t.start[0], t.string))
+    assert not bad, f"library code names the book's package: {bad}"
+
+
+def test_the_book_uses_the_library():
+    assert any(reachable(GRAPH, m) & under(PKG) for m in under(BOOK))
 
 
 # --- no cycles ------------------------------------------------------------------------------------
@@ -151,19 +186,19 @@ def test_no_import_cycles_at_module_level():
 
 
 # --- layers ---------------------------------------------------------------------------------------
-@pytest.mark.parametrize("leaf", ["flashattn.contract", "flashattn.steps"])
+@pytest.mark.parametrize("leaf", ["flashattn.contract", "flashattn.steps", "flashattn.stats"])
 def test_leaves_import_nothing_from_the_package(leaf):
     assert GRAPH[leaf] == set(), f"{leaf} imports {sorted(GRAPH[leaf])}\n{show()}"
 
 
-LOW = ["flashattn.kernels", "flashattn.contract", "flashattn.steps", "flashattn.impls"]
-HIGH = ["flashattn.measure", "flashattn.data", "flashattn.chapter", "flashattn.api",
+LOW = ["flashattn.kernels", "flashattn.contract", "flashattn.steps", "flashbook.impls"]
+HIGH = ["flashbook.measure", "flashbook.data", "flashbook.chapter", "flashattn.api",
         "flashattn.launch", "flashattn.autotune"]
 
 
 @pytest.mark.parametrize("low", LOW)
 def test_low_layers_do_not_reach_high_ones(low):
-    forbidden = set().union(*(under(h) for h in HIGH)) | {PKG}
+    forbidden = set().union(*(under(h) for h in HIGH)) | {PKG, BOOK}
     bad = {}
     for m in under(low):
         hit = reachable(GRAPH, m) & forbidden
@@ -173,8 +208,8 @@ def test_low_layers_do_not_reach_high_ones(low):
 
 
 def test_data_does_not_import_measure():
-    bad = {m: sorted(reachable(GRAPH, m) & under("flashattn.measure"))
-           for m in under("flashattn.data")}
+    bad = {m: sorted(reachable(GRAPH, m) & under("flashbook.measure"))
+           for m in under("flashbook.data")}
     bad = {m: hit for m, hit in bad.items() if hit}
     assert not bad, f"the dataset's reader reaches the measuring code: {bad}\n{show()}"
 
@@ -182,7 +217,7 @@ def test_data_does_not_import_measure():
 def test_the_leaves_and_the_kernels_import_cheaply():
     # "Importing it does not import cuda.tile" (kernels); `import flashattn` stays cheap.
     code = ("import sys, flashattn, flashattn.kernels, flashattn.contract, flashattn.steps, "
-            "flashattn.impls\n"
+            "flashbook.impls\n"
             "heavy = sorted(m for m in ('torch', 'cuda.tile', 'pandas', 'matplotlib') "
             "if m in sys.modules)\n"
             "print(','.join(heavy))")
@@ -190,3 +225,51 @@ def test_the_leaves_and_the_kernels_import_cheaply():
                          cwd=ROOT.parent, timeout=120)
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == "", f"imported eagerly: {res.stdout.strip()}"
+
+
+def test_import_flashattn_loads_neither_pandas_nor_matplotlib_nor_the_book():
+    # The library's public surface: the API modules and the interpreter, not the book (tqdm is
+    # not checked: torch itself imports it).
+    code = ("import sys, flashattn, flashattn.api, flashattn.decode, flashattn.varlen, "
+            "flashattn.autograd, flashattn.launch, flashattn.autotune, flashattn.aot, "
+            "flashattn.interpret, flashattn.reference, flashattn.env\n"
+            "print(','.join(sorted(m for m in sys.modules if m.split('.')[0] in "
+            "('pandas', 'matplotlib', 'flashbook', 'IPython'))))")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=REPO, timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "", f"importing the library loaded: {res.stdout.strip()}"
+
+
+def test_flashattn_exports_no_book_concepts():
+    import flashattn
+    book = {"STEPS", "STEP_NAMES", "SEED_STEPS", "EXPERIMENTS", "FLAGS", "Step", "get_step",
+            "ARCHS", "chapter", "measure", "data", "impls", "nbrun"}
+    assert not book & set(flashattn.__all__)
+    for name in book:
+        assert not hasattr(flashattn, name), name
+
+
+def test_the_peak_tflops_is_defined_once():
+    # Item 5 of issue 21: the H200's 989 TFLOPS is typed in one place (flashbook/hardware.py).
+    import re
+    hits = []
+    for p in sorted((REPO / "flashattn").rglob("*.py")) + sorted((REPO / "flashbook").rglob("*.py")) \
+            + sorted((REPO / "experiments").glob("*.py")):
+        for n, line in enumerate(p.read_text().splitlines(), 1):
+            if re.search(r"\b989\b", line):
+                hits.append(f"{p.relative_to(REPO)}:{n}")
+    assert hits == ["flashbook/hardware.py:3"], hits
+
+
+def test_each_packaging_lists_every_subpackage():
+    # The wheel of each package holds all of its subpackages (and the library's none of the book).
+    import tomllib
+    book = tomllib.loads((REPO / BOOK / "pyproject.toml").read_text())
+    have = {".".join(p.parent.relative_to(REPO).parts) for p in (REPO / BOOK).rglob("__init__.py")}
+    assert set(book["tool"]["setuptools"]["packages"]) == have
+    lib = tomllib.loads((REPO / "pyproject.toml").read_text())
+    assert lib["tool"]["setuptools"]["packages"]["find"]["include"] == [PKG, f"{PKG}.*"]
+    deps = {d.split("[")[0].split(">")[0].split("<")[0].split("=")[0] for d in
+            lib["project"]["dependencies"]}
+    assert deps == {"numpy", "torch", "cuda-tile"}, deps

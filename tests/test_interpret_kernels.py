@@ -7,13 +7,14 @@ import pytest
 import torch
 
 import flashattn
+import flashbook
 from flashattn import interpret, reference
 
 from criteria import assert_close_to_reference, seed_of
 
 ROOT = Path(__file__).resolve().parents[1]
 
-ALL_STEPS = list(flashattn.STEP_NAMES) + list(flashattn.EXPERIMENTS)
+ALL_STEPS = list(flashbook.STEP_NAMES) + list(flashbook.EXPERIMENTS)
 
 
 def _qkv(case, B, Hq, Hkv, Nq, Nk, D, dtype=torch.float16):

@@ -15,9 +15,10 @@ import pytest
 
 from flashattn import kernels
 from flashattn.contract import tile_d_for
-from flashattn.kernels import (FMHA, NAIVE, SPECS, KernelContractError, KernelSpec,
-                               constants_for, fmha_constants, fmha_grid, kernels_of,
-                               naive_constants)
+from flashattn.kernels import (FMHA, NAIVE, SHIPPED_FLAGS, SPECS, KernelContractError,
+                               KernelSpec, constants_for, fmha_constants, fmha_grid, fmha_spec,
+                               kernels_of, naive_constants)
+from flashbook.ladder import LADDER
 from flashattn.steps import ARCHS, EXPERIMENTS, STEPS, Config
 
 ALL_STEPS = {**STEPS, **EXPERIMENTS}
@@ -75,15 +76,16 @@ def test_every_kernel_has_a_spec():
 
 
 @pytest.mark.parametrize("spec_name,field,a,b", [
-    ("fmha", "constants", "FAST_MATH", "SPLIT_LOOP"),
+    ("ladder", "constants", "FAST_MATH", "SPLIT_LOOP"),
     ("fmha", "constants", "TILE_M", "TILE_N"),
     ("fmha", "constants", "K_LAT", "V_LAT"),
-    ("fmha", "constants", "CAUSAL", "PERSISTENT"),
+    ("fmha", "constants", "CAUSAL", "WRITE_LSE"),
+    ("ladder", "constants", "CAUSAL", "PERSISTENT"),
     ("naive_scores", "constants", "TILE_M", "TILE_N"),
     ("naive_pv", "constants", "TILE_N", "TILE_D"),
 ])
 def test_swapped_constants_are_refused(spec_name, field, a, b):
-    spec = SPECS[spec_name]
+    spec = LADDER if spec_name == "ladder" else SPECS[spec_name]
     bad = fresh(spec, **{field: swapped(getattr(spec, field), a, b)})
     with pytest.raises(KernelContractError, match=rf"{a}.*{b}|{b}.*{a}"):
         bad.check_signature()
@@ -106,15 +108,15 @@ def test_swapped_scalars_and_arrays_are_refused():
 
 def test_a_missing_or_unknown_kernel_parameter_is_refused():
     with pytest.raises(KernelContractError, match="spec has 26 parameters, kernel 27.*only in kernel: \\['PIPELINE'\\]"):
-        fresh(FMHA, constants=FMHA.constants[:-1]).check_signature()
+        fresh(LADDER, constants=LADDER.constants[:-1]).check_signature()
     with pytest.raises(KernelContractError, match="spec has 28 parameters, kernel 27"):
-        fresh(FMHA, constants=(*FMHA.constants, "NUM_STAGES")).check_signature()
+        fresh(LADDER, constants=(*LADDER.constants, "NUM_STAGES")).check_signature()
     with pytest.raises(KernelContractError, match="'NUM_STAGES' vs kernel 'TILE_M'"):
-        fresh(FMHA, constants=("NUM_STAGES", *FMHA.constants)).check_signature()
+        fresh(LADDER, constants=("NUM_STAGES", *LADDER.constants)).check_signature()
     with pytest.raises(KernelContractError, match="no function"):
-        fresh(FMHA, function="fmha_kernel_v2").check_signature()
+        fresh(LADDER, function="fmha_kernel_v2").check_signature()
     with pytest.raises(KernelContractError, match="not found"):
-        fresh(FMHA, module="flashattn.kernels.nothing_here").check_signature()
+        fresh(LADDER, module="flashattn.kernels.nothing_here").check_signature()
 
 
 def test_a_derived_spec_is_checked_afresh():
@@ -128,15 +130,16 @@ def test_a_derived_spec_is_checked_afresh():
 def _fmha_values(step="baseline", config=Config(64, 64)):
     arrays = dict(Q="q", K="k", V="v", Out="out", Lse="lse")  # stand-ins: passed through
     scalars = dict(qk_scale=0.125, input_pos=0, num_heads=8, group_size=2, num_m_blocks=3)
-    constants = fmha_constants(ALL_STEPS[step], config, head_dim=128, causal=True, even_k=True)
+    constants = fmha_constants(ALL_STEPS[step], config, head_dim=128, causal=True, even_k=True,
+                               spec=LADDER)
     return arrays, scalars, constants
 
 
 def test_args_are_positional_in_signature_order():
     arrays, scalars, constants = _fmha_values("pair", Config(64, 128, occupancy=2))
-    args = FMHA.args(arrays, scalars, constants)
-    assert len(args) == len(FMHA.params) == len(FMHA.source_params())
-    by_name = dict(zip(FMHA.source_params(), args))
+    args = LADDER.args(arrays, scalars, constants)
+    assert len(args) == len(LADDER.params) == len(LADDER.source_params())
+    by_name = dict(zip(LADDER.source_params(), args))
     assert [by_name[n] for n in ("Q", "K", "V", "Out", "Lse")] == ["q", "k", "v", "out", "lse"]
     assert by_name["WRITE_LSE"] is False
     assert by_name["qk_scale"] == 0.125 and isinstance(by_name["qk_scale"], float)
@@ -144,7 +147,7 @@ def test_args_are_positional_in_signature_order():
     assert by_name["PAIR"] is True and by_name["TILE_N"] == 128
     assert all(by_name[n] == v for n, v in constants.items())
     # Given in any order, the arguments come out the same.
-    assert FMHA.args(dict(reversed(arrays.items())), dict(reversed(scalars.items())),
+    assert LADDER.args(dict(reversed(arrays.items())), dict(reversed(scalars.items())),
                      dict(reversed(constants.items()))) == args
 
 
@@ -163,7 +166,7 @@ def test_args_name_what_is_wrong(what, edit, names):
     values = dict(arrays=arrays, scalars=scalars, constants=constants)
     edit(values[what])
     with pytest.raises(KernelContractError) as e:
-        FMHA.args(values["arrays"], values["scalars"], values["constants"])
+        LADDER.args(values["arrays"], values["scalars"], values["constants"])
     msg = str(e.value)
     assert "'fmha'" in msg and what in msg
     for n in names:
@@ -186,13 +189,13 @@ def test_naive_args_by_name(name):
 def test_signature_refuses_wrong_constants():
     pytest.importorskip("cuda.tile")
     _, _, constants = _fmha_values()
-    sig = FMHA.signature(dtype="float16", constants=constants)
-    assert len(sig.parameters) == len(FMHA.params)
-    assert [p.value for p in sig.parameters[-len(FMHA.constants):]] == \
-        [constants[n] for n in FMHA.constants]
+    sig = LADDER.signature(dtype="float16", constants=constants)
+    assert len(sig.parameters) == len(LADDER.params)
+    assert [p.value for p in sig.parameters[-len(LADDER.constants):]] == \
+        [constants[n] for n in LADDER.constants]
     del constants["EVEN_K"]
     with pytest.raises(KernelContractError, match="EVEN_K"):
-        FMHA.signature(dtype="float16", constants=constants)
+        LADDER.signature(dtype="float16", constants=constants)
 
 
 # --- the constants of every step ----------------------------------------------------------------
@@ -204,7 +207,8 @@ def test_fmha_constants_are_exactly_the_kernels(step, head_dim, causal, even_k):
     for arch in ARCHS:
         for config in s.configs(arch):
             c = fmha_constants(s, config, head_dim=head_dim, causal=causal, even_k=even_k)
-            assert list(c) and set(c) == set(FMHA.constants) and len(c) == len(FMHA.constants)
+            spec = fmha_spec(s)
+            assert list(c) and set(c) == set(spec.constants) and len(c) == len(spec.constants)
             assert (c["TILE_M"], c["TILE_N"]) == (config.TILE_M, config.TILE_N)
             assert c["TILE_D"] == tile_d_for(head_dim) >= head_dim
             assert c["CAUSAL"] is causal and c["EVEN_K"] is even_k
@@ -212,12 +216,15 @@ def test_fmha_constants_are_exactly_the_kernels(step, head_dim, causal, even_k):
             assert fmha_constants(s, config, head_dim=head_dim, causal=causal, even_k=even_k,
                                   write_lse=True) == dict(c, WRITE_LSE=True)
             for f, v in flags.items():
-                if f != "UNCHECKED_KV":
+                if f != "UNCHECKED_KV" and f in c:
                     assert c[f] == v and type(c[f]) is type(v), f
+                elif f not in c:                 # folded into the shipped kernel
+                    assert spec is FMHA and SHIPPED_FLAGS[f] == v, f
             # Unchecked loads only where every K/V tile is provably in bounds.
-            assert c["UNCHECKED_KV"] == (flags["UNCHECKED_KV"] and even_k
-                                         and tile_d_for(head_dim) == head_dim)
-            assert constants_for(FMHA, s, config, head_dim=head_dim, causal=causal,
+            if "UNCHECKED_KV" in c:
+                assert c["UNCHECKED_KV"] == (flags["UNCHECKED_KV"] and even_k
+                                             and tile_d_for(head_dim) == head_dim)
+            assert constants_for(spec, s, config, head_dim=head_dim, causal=causal,
                                  even_k=even_k) == c
 
 
@@ -235,7 +242,21 @@ def test_fmha_constants_for_naive_step_is_not_its_kernels():
 
 @pytest.mark.parametrize("step", FUSED)
 def test_fused_steps_launch_the_fused_kernel(step):
-    assert kernels_of(ALL_STEPS[step]) == [FMHA]
+    s = ALL_STEPS[step]
+    shipped = all(s.flag_values()[f] == v for f, v in SHIPPED_FLAGS.items())
+    assert kernels_of(s) == [FMHA if shipped else LADDER]
+
+
+def test_the_best_steps_run_the_shipped_kernel():
+    for name in ("remap", "autotune", "arch_tuned", "warp_groups"):
+        assert kernels_of(ALL_STEPS[name]) == [FMHA], name
+    for name in ("baseline", "fast_math", "loop_split", "lazy_rescale", "persistent"):
+        assert kernels_of(ALL_STEPS[name]) == [LADDER], name
+
+
+def test_the_ladder_spec_matches_its_source():
+    LADDER.check_signature()
+    assert set(LADDER.constants) - set(FMHA.constants) == set(SHIPPED_FLAGS)
 
 
 def test_fmha_grid():
@@ -329,7 +350,7 @@ def test_launch_passes_the_lse_and_its_flag(captured):
     launch(q, q, q, torch.empty_like(q), s, config, causal=True, scale=0.1, lse=lse)
     launch(q, q, q, torch.empty_like(q), s, config, causal=True, scale=0.1)
     (_, off), (_, on), (_, off2) = captured.launched
-    by_name = [dict(zip(FMHA.params, a)) for a in (off, on, off2)]
+    by_name = [dict(zip(fmha_spec(s).params, a)) for a in (off, on, off2)]
     assert by_name[0]["WRITE_LSE"] is False and by_name[1]["WRITE_LSE"] is True
     assert by_name[1]["Lse"] is lse
     stand_in = by_name[0]["Lse"]

@@ -112,7 +112,7 @@ VARIANTS = ["arch_tuned@128x128:occ=1:nww=8", "arch_tuned@128x128:occ=1:nww=4",
 @pytest.mark.parametrize("causal", [False, True])
 def test_config_variants_match_reference(variant, causal, request):
     from flashattn.launch import launch
-    from flashattn.measure.bench import step_of
+    from flashbook.measure.bench import step_of
     seed = seed_of(request.node.callspec.id)
     step, cfg = step_of(variant, None)
     assert cfg is not None and cfg.label() == variant.split("@")[1].replace(":", " ")

@@ -1,4 +1,4 @@
-"""flashattn.measure.ncu: the ncu command, report parsing (real tiny fixtures + fakes), the CLI."""
+"""flashbook.measure.ncu: the ncu command, report parsing (real tiny fixtures + fakes), the CLI."""
 import importlib
 import json
 import lzma
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from flashattn.measure import ncu as P
+from flashbook.measure import ncu as P
 
 FIX = Path(__file__).parent / "fixtures" / "profile"
 
@@ -24,7 +24,7 @@ def test_ncu_command_exact():
         "--metrics", "dram__bytes_read.sum,dram__bytes_write.sum,"
         "l1tex__t_bytes_pipe_lsu_mem_local_op_ld.sum,l1tex__t_bytes_pipe_lsu_mem_local_op_st.sum,"
             "smsp__inst_executed.sum,sm__cycles_active.avg,sm__cycles_elapsed.avg",
-        "-o", "/tmp/out/steps", "-f", "python3", "-m", "flashattn.measure.target",
+        "-o", "/tmp/out/steps", "-f", "python3", "-m", "flashbook.measure.target",
         "--step", "baseline,remap", "--seqlen", "4096", "--batch", "4", "--heads", "32",
         "--head-dim", "128", "--dtype", "float16", "--causal", "--gqa", "32:8"]
 
@@ -41,7 +41,7 @@ def test_ncu_target_is_a_runnable_module():
 
 
 def test_repo_is_the_repository_root():
-    assert (P.REPO / "flashattn" / "measure" / "ncu.py").is_file()
+    assert (P.REPO / "flashbook" / "measure" / "ncu.py").is_file()
     assert (P.REPO / "results").is_dir()
 
 
@@ -261,7 +261,7 @@ def test_cli_without_gpu_shows_recorded_summary(capsys, monkeypatch, tmp_path):
 
 
 def test_cli_via_package_entry_point(capsys, monkeypatch):
-    from flashattn.__main__ import main
+    from flashbook.__main__ import main
     monkeypatch.setattr(P, "have_gpu_and_ncu", lambda ncu="ncu": (False, "no GPU here"))
     assert main(["profile", "--step", "remap", "--gqa", "32:8", "--no-causal"]) == 0
     assert "--no-causal --gqa 32:8" in capsys.readouterr().out

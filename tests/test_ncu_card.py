@@ -4,8 +4,8 @@ import math
 import pandas as pd
 import pytest
 
-from flashattn.chapter import plots
-from flashattn.data.results import load
+from flashbook.chapter import plots
+from flashbook.data.results import load
 
 
 @pytest.fixture(scope="module")

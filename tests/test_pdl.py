@@ -114,7 +114,7 @@ def test_sass_has_the_instructions_only_when_asked():
 def test_listings_show_the_shipped_code():
     """Chapters 12 and 13 list the backward and decoding kernels as they ship: the switch and
     its branches folded away, the parameter gone."""
-    from flashattn.chapter import backward, decode as chapter_decode
+    from flashbook.chapter import backward, decode as chapter_decode
     for name in ("bwd_preprocess_kernel", "bwd_dkdv_kernel", "bwd_dq_kernel"):
         text = backward.listing(name)
         assert "PDL" not in text and "grid_dependency" not in text, name

@@ -1,4 +1,4 @@
-"""Every figure of flashattn.chapter.plots, drawn from small synthetic DataFrames (no GPU, Agg)."""
+"""Every figure of flashbook.chapter.plots, drawn from small synthetic DataFrames (no GPU, Agg)."""
 import matplotlib
 
 matplotlib.use("Agg")
@@ -7,7 +7,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 
-from flashattn.chapter import plots  # noqa: E402
+from flashbook.chapter import plots  # noqa: E402
 
 STEPS = ["baseline", "large_tiles", "fast_math", "remap", "autotune"]
 
@@ -185,7 +185,7 @@ def test_palette_is_stable():
 
 
 def test_palette_comes_from_the_registry():
-    from flashattn.impls import IMPLS, color_of
+    from flashbook.impls import IMPLS, color_of
     assert plots.PALETTE == {n: i.color for n, i in IMPLS.items()}
     for name in ("arch_tuned@128x128 occ=1", "arch_tuned#2", "flex", "something_new"):
         assert plots.color_of(name) == color_of(name)

@@ -1,4 +1,4 @@
-"""flashattn.data.results on SYNTHETIC fixtures (tests/fixtures/results/synthetic: made-up
+"""flashbook.data.results on SYNTHETIC fixtures (tests/fixtures/results/synthetic: made-up
 numbers)."""
 import json
 import math
@@ -7,8 +7,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from flashattn.data import results
-from flashattn.impls import ORDER as IMPL_ORDER
+from flashbook.data import results
+from flashbook.impls import ORDER as IMPL_ORDER
 
 ROOT = Path(__file__).parent / "fixtures" / "results"
 REPO = Path(__file__).resolve().parents[1]

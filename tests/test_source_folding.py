@@ -1,4 +1,4 @@
-"""Folding a step's kernel source (flashattn.kernels.source): parameters that only folded-away
+"""Folding a step's kernel source (flashbook.source): parameters that only folded-away
 code reads leave the rendered signatures and calls (issue 13), and the forward's LSE output
 (issue 11) never shows in a step's listing. CPU only: the source is read, not imported."""
 import ast
@@ -7,8 +7,8 @@ import textwrap
 
 import pytest
 
-from flashattn.kernels import FMHA
-from flashattn.kernels.source import (LATE_FLAGS, OUTPUT_PARAMS, prune_unused, specialize, step_diff,
+from flashbook.ladder import LADDER as FMHA   # the ladder kernel every listing folds
+from flashbook.source import (LATE_FLAGS, OUTPUT_PARAMS, prune_unused, specialize, step_diff,
                                      step_source)
 from flashattn.steps import EXPERIMENTS, STEPS
 
@@ -209,7 +209,7 @@ def test_pruned_diffs_show_only_their_step():
 
 
 def test_prune_definitions_keeps_spacing_and_comments():
-    from flashattn.kernels.source import prune_definitions
+    from flashbook.source import prune_definitions
     src = ("import math\nimport os\n\nA = 1\n# about B\nB = 2\n\n\ndef helper(x):\n"
            "    return x + B\n\n\ndef used():\n    return A + math.pi\n\n\n@ct.kernel\n"
            "def k():\n    used()\n")
@@ -229,7 +229,7 @@ def test_prune_true_drops_later_chapters_locals():
 
 
 def test_dead_assignments_keep_bodies_and_stores():
-    from flashattn.kernels.source import prune_definitions
+    from flashbook.source import prune_definitions
     src = ("@ct.kernel\ndef k(X, F):\n    if F:\n        a = 1\n    else:\n        a = 2\n"
            "    # why b\n    b = 3\n    ct.store(X, tile=b)\n    s = ct.store(X, tile=b)\n")
     # a is unread but each branch holds only it: the whole if goes; the store stays.
@@ -239,12 +239,12 @@ def test_dead_assignments_keep_bodies_and_stores():
 
 
 def test_kernel_params_counts_the_listing():
-    from flashattn.kernels.source import kernel_params
+    from flashbook.source import kernel_params
     src = step_source("baseline", causal=True, even_k=True, prune=True)
     assert kernel_params(src) == ["Q", "K", "V", "Out", "qk_scale", "input_pos", "num_heads",
                                   "group_size", "TILE_M", "TILE_N", "TILE_D"]
     assert len(kernel_params(step_source("baseline", causal=True, even_k=True))) > 20
     with pytest.raises(KeyError):
         kernel_params(src, "nope")
-    from flashattn.kernels.source import step_params
+    from flashbook.source import step_params
     assert step_params("baseline", causal=True, even_k=True, prune=True) == kernel_params(src)

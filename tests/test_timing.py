@@ -1,8 +1,8 @@
-"""flashattn.measure.timing on the CPU: the FLOP convention, interleaving and quartiles."""
+"""flashattn.timing on the CPU: the FLOP convention, interleaving and quartiles."""
 import pytest
 
-from flashattn.measure import timing
-from flashattn.measure.timing import attention_flops
+from flashattn import timing
+from flashattn.timing import attention_flops
 
 
 def test_flops_convention():

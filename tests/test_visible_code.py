@@ -10,7 +10,7 @@ those who run them, but the rendered book hides it with Jupyter Book's cell tags
 
 A code cell is **visible** when it has none of these tags. A visible cell is a **kernel listing**
 when it carries the tag ``kernel-listing`` or calls ``step_source``, ``step_diff``,
-``config_diff`` or ``inspect.getsource`` (``flashattn.kernels.source``'s renderers of the real
+``config_diff`` or ``inspect.getsource`` (``flashbook.source``'s renderers of the real
 kernel): listings are the lesson and are not counted.
 
 **Budget: 40 visible non-blank code lines per page** (chapter notebooks ``notebooks/*.ipynb`` and

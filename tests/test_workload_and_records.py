@@ -7,8 +7,8 @@ import lzma
 
 import pytest
 
-from flashattn.data.schema import json_path, read_json
-from flashattn.measure import record, target, workload
+from flashbook.data.schema import json_path, read_json
+from flashbook.measure import record, target, workload
 
 
 def _parser():
@@ -52,7 +52,7 @@ def test_read_json_reads_the_plain_file_or_its_xz_twin(tmp_path):
 
 
 def test_recorded_compressed_records_load():
-    from flashattn.data import results
+    from flashbook.data import results
     r = results.load("h200")
     for sub in ("backward", "backward-full", "decode"):
         prof = r.profile_at(sub)[0]                   # (wide frame, units, rules, meta)
@@ -68,7 +68,7 @@ def test_profile_parts_and_targets(monkeypatch, tmp_path):
     assert set(target.EXTRA_TARGETS) == (set(target.BACKWARD_TARGETS) | set(target.DECODE_TARGETS)
                                          | set(target.VARLEN_TARGETS))
     calls = []
-    from flashattn.measure import ncu
+    from flashbook.measure import ncu
     monkeypatch.setattr(ncu, "record_profiles",
                         lambda out, steps, N, causal, **kw: calls.append(
                             (out.name, tuple(steps), N, causal, kw)) or out / "summary.json")

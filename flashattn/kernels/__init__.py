@@ -1,13 +1,16 @@
 """The cuTile kernels and their contracts.
 
-    fmha.py     the fused FlashAttention forward behind every step (chapter 3 on)
+    fmha.py     the fused FlashAttention forward as it ships (the flags of ``best`` folded in)
     naive.py    standard attention in three kernels (chapter 1)
     spec.py     KernelSpec: a kernel's parameters by name, checked against its source
-    source.py   a step's kernel source with its flags folded away, and step diffs
 
 This module holds one ``KernelSpec`` per kernel and the rules that turn a step and a
 configuration into the kernel's constants and grid. The launch (``flashattn.launch``) and the
 compiler report (``flashattn.aot``) both use them. Importing it does not import cuda.tile.
+
+The book's ladder kernel (every step's flag, ``flashbook/ladder/fmha.py``) is not part of the
+library: the book registers its spec (``register_ladder``), and a step whose flags differ from
+``SHIPPED_FLAGS`` runs it.
 """
 from __future__ import annotations
 
@@ -16,32 +19,59 @@ from ..steps import Config, Step
 from .spec import Array, KernelContractError, KernelSpec, hinted
 
 __all__ = ["FMHA", "NAIVE", "SPECS", "KernelSpec", "KernelContractError", "Array", "hinted",
-           "kernels_of", "fmha_constants", "fmha_grid", "naive_constants", "NAIVE_ROW_TILE"]
+           "kernels_of", "fmha_constants", "fmha_grid", "fmha_spec", "naive_constants",
+           "NAIVE_ROW_TILE", "SHIPPED_FLAGS", "register_ladder"]
 
 # --- the fused kernel -------------------------------------------------------------------------
 # Lse: fp32 (B, Hq, Nq), the natural-log LSE of each query row, written only with WRITE_LSE (the
-# backward's forward, issue 11); without it the launch passes a one-element stand-in.
+# backward's forward); without it the launch passes a one-element stand-in.
+FMHA_ARRAYS = (Array("Q", 4), Array("K", 4), Array("V", 4), Array("Out", 4),
+               Array("Lse", 3, "float32"))
+FMHA_SCALARS = (("qk_scale", float), ("input_pos", int), ("num_heads", int),
+                ("group_size", int), ("num_m_blocks", int))
 FMHA = KernelSpec(
-    "fmha", "flashattn.kernels.fmha", "fmha_kernel",
-    arrays=(Array("Q", 4), Array("K", 4), Array("V", 4), Array("Out", 4),
-            Array("Lse", 3, "float32")),
-    scalars=(("qk_scale", float), ("input_pos", int), ("num_heads", int),
-             ("group_size", int), ("num_m_blocks", int)),
-    constants=("TILE_M", "TILE_N", "TILE_D", "CAUSAL", "EVEN_K", "FAST_MATH", "SPLIT_LOOP",
-               "REMAP", "PAIR", "LAZY_RESCALE", "EXP_POLY", "UNCHECKED_KV", "K_LAT", "V_LAT",
-               "PERSISTENT", "WRITE_LSE", "PIPELINE"))
+    "fmha", "flashattn.kernels.fmha", "fmha_kernel", arrays=FMHA_ARRAYS, scalars=FMHA_SCALARS,
+    constants=("TILE_M", "TILE_N", "TILE_D", "CAUSAL", "EVEN_K", "K_LAT", "V_LAT", "WRITE_LSE"))
+# The flags folded into fmha.py: what step="best" runs (fast math, the diagonal-only mask, the
+# longest causal tiles first); every other flag at its default.
+SHIPPED_FLAGS = dict(FAST_MATH=True, SPLIT_LOOP=True, REMAP=True, PAIR=False,
+                     LAZY_RESCALE=False, EXP_POLY=0, UNCHECKED_KV=False, PERSISTENT=False,
+                     PIPELINE=False)
+
+_LADDER: list[KernelSpec] = []      # the book's ladder kernel, once flashbook registers it
+
+
+def register_ladder(spec: KernelSpec) -> None:
+    """The book's ladder kernel (all the steps' flags): steps off the shipped flags run it."""
+    _LADDER[:] = [spec]
+
+
+def fmha_spec(step: Step) -> KernelSpec:
+    """The fused kernel a step runs: the shipped one when its flags are the shipped flags, else
+    the book's ladder (registered by ``import flashbook``)."""
+    flags = step.flag_values()
+    if all(flags[f] == v for f, v in SHIPPED_FLAGS.items()):
+        return FMHA
+    if not _LADDER:
+        raise ValueError(f"step {step.name!r} runs the book's ladder kernel, which the library "
+                         "does not ship: import flashbook first (flashbook.attention(..., "
+                         "step=NAME))")
+    return _LADDER[0]
 
 
 def fmha_constants(step: Step, config: Config, *, head_dim: int, causal: bool,
-                   even_k: bool, write_lse: bool = False) -> dict:
-    """The ``ct.Constant`` values of ``fmha_kernel`` for a step, by name. ``write_lse``: also
-    write the LSE of each row (the forward of a training step)."""
+                   even_k: bool, write_lse: bool = False, spec: KernelSpec | None = None) -> dict:
+    """The ``ct.Constant`` values of the fused kernel ``step`` runs (``fmha_spec``; or of
+    ``spec``, the ladder say), by name. ``write_lse``: also write the LSE of each row (the
+    forward of a training step)."""
     flags = step.flag_values()
     td = tile_d_for(head_dim)
-    return dict(flags, TILE_M=config.TILE_M, TILE_N=config.TILE_N, TILE_D=td,
-                CAUSAL=bool(causal), EVEN_K=bool(even_k), WRITE_LSE=bool(write_lse),
-                # Unchecked loads only where every K/V tile is provably in bounds.
-                UNCHECKED_KV=flags["UNCHECKED_KV"] and even_k and td == head_dim)
+    out = dict(flags, TILE_M=config.TILE_M, TILE_N=config.TILE_N, TILE_D=td,
+               CAUSAL=bool(causal), EVEN_K=bool(even_k), WRITE_LSE=bool(write_lse),
+               # Unchecked loads only where every K/V tile is provably in bounds.
+               UNCHECKED_KV=flags["UNCHECKED_KV"] and even_k and td == head_dim)
+    names = (spec or fmha_spec(step)).constants
+    return {k: v for k, v in out.items() if k in names}
 
 
 def fmha_grid(step: Step, config: Config, *, B: int, Hq: int, Nq: int,
@@ -94,7 +124,7 @@ SPECS: dict[str, KernelSpec] = {"fmha": FMHA, **NAIVE}
 
 def kernels_of(step: Step) -> list[KernelSpec]:
     """The kernels a step launches, in launch order."""
-    return list(NAIVE.values()) if step.kernel == "naive" else [FMHA]
+    return list(NAIVE.values()) if step.kernel == "naive" else [fmha_spec(step)]
 
 
 def constants_for(spec: KernelSpec, step: Step, config: Config, *, head_dim: int,
@@ -102,43 +132,28 @@ def constants_for(spec: KernelSpec, step: Step, config: Config, *, head_dim: int
     """The constants of any kernel of a step, by name (what ``aot`` compiles)."""
     if spec.name == "fmha":
         return fmha_constants(step, config, head_dim=head_dim, causal=causal, even_k=even_k,
-                              write_lse=write_lse)
+                              write_lse=write_lse, spec=spec)
     return naive_constants(spec.name, config, head_dim=head_dim, causal=causal)
 
 
-# === decoding: split-KV over a contiguous or paged KV cache (issue 12) =========================
+# === decoding: split-KV over a contiguous or paged KV cache (chapter 12) ======================
 # kernels/decode.py: decode_split_kernel (partials per split) and decode_combine_kernel (the LSE
 # merge). Not steps: the host module flashattn/decode.py launches them, aot.compile_spec compiles
 # them. Their integer tables (block table, lengths) are int32 arrays (``Array(..., "int32")``).
 DECODE_MAX_TILE_M = 64        # rows (query heads x new tokens of a group) per program
-DECODE_WAVES = 1              # the split rule fills at most this many programs per SM (E18)
+DECODE_WAVES = 1              # the split rule fills at most this many programs per SM (ch. 12)
 DECODE_MAX_SPLITS = 256       # beyond this, partials and the combine's loop outweigh the gain
-# Launch hints of decode_split_kernel per architecture (none: the compiler's choice). On sm_90
-# the kernel takes 255 registers, one program per SM; occupancy=2 compiles to 128 registers
-# without spills, and E18 timed it: no gain at the grid the split rule picks (one wave), so
-# no entry.
+# Launch hints of decode_split_kernel per architecture (none: the compiler's choice; occupancy=2
+# on sm_90 did not pay at the one-wave grid, chapter 12).
 DECODE_SPLIT_HINTS: dict[str, dict] = {}
 DECODE_COMBINE_ELEMS = 2048   # fp32 values per combine tile (its loop keeps two such tiles)
 DECODE_COMBINE_CHUNK = 4096   # fp32 partial-output values one step of the one-row combine loads
-# The one-row combine (decode_combine_row_kernel) runs when B x Hkv x rows (its programs) is at
-# most DECODE_ROW_COMBINE_MAX and there are at least DECODE_ROW_COMBINE_MIN_SPLITS splits; else
-# the multi-row combine, whose programs walk the splits one by one. E21 (experiments/data/
-# 30-decode-combine/, both in the same rounds, Nq=1 and 4, 4K-128K): one-row programs won
-# wherever the rows fit one wave and the splits were many (B=1, 16 splits, 32 and 128 rows:
-# 1.05-1.48x; B=2, 8 splits, 64 rows: 1.00-1.06x) and lost otherwise (B=2 Nq=4, 256 rows:
-# 0.91-0.99x; B=4, 4 splits, 128 rows: 0.96-1.00x; B=8: 0.75-1.00x). E18b: 8192 of them
-# (B=64, Nq=4) were 1.8x slower.
+# The one-row combine (decode_combine_row_kernel) when its programs (B x Hkv x rows) fit one wave
+# and the splits are many, else the multi-row combine, whose programs walk the splits (ch. 12).
 DECODE_ROW_COMBINE_MAX = 128
 DECODE_ROW_COMBINE_MIN_SPLITS = 8
-# The merge fused into the split kernel (FUSED: the last split of a row block merges, counted
-# with an acq_rel atomic add; no second launch). Off: E23 (experiments/data/32-decode-fused/,
-# against both two-kernel merges in the same rounds) found it correct (GPU tests, CUDA-graph
-# replay) but slower wherever the cache is long: 0.82-0.95x the multi-row merge at 32K-128K
-# for B = 1-8. With the merge in it, tileiras 13.4.92 compiles the split kernel with 165 KiB
-# of shared memory instead of 81 KiB and 168 registers instead of 255
-# (experiments/data/32-decode-fused/resources.json), and its K/V stream slows by more than
-# the launch it saves. Contiguous
-# caches only: tileiras 13.4.92 crashes (SIGSEGV) compiling any atomic in the paged variant.
+# The merge fused into the split kernel (FUSED): off, correct but slower on long caches (its
+# shared memory doubles); contiguous caches only (tileiras 13.4.92 fails on atomics when paged).
 DECODE_FUSED_COMBINE = False
 # Programmatic dependent launch (sm_90+): the combine is launched as a dependent of the split
 # kernel, so its launch overlaps the split's run (the kernels' PDL constant). Off by default
@@ -250,7 +265,7 @@ def decode_combine_kind(*, B: int, Hkv: int, rows: int, num_splits: int,
     program per packed row) when ``B x Hkv x rows <= row_max`` (default
     ``DECODE_ROW_COMBINE_MAX``) and ``num_splits >= min_splits`` (default
     ``DECODE_ROW_COMBINE_MIN_SPLITS``), else "block" (``decode_combine_kernel``, one program
-    per row block). E21 measured the row/block switch."""
+    per row block)."""
     if int(num_splits) == 1:
         return None
     if (DECODE_FUSED_COMBINE if fused is None else fused) and not paged:
@@ -298,10 +313,7 @@ def decode_num_splits(*, B: int, Hkv: int, rows: int, max_seqlen: int, head_dim:
     memory-bound and every program streams its run of the cache at about the same rate, so the
     step takes as long as the SM with the most programs: the grid should fill the SMs once and
     not spill a partial second wave onto some of them. So ``floor(waves * sm_count / base)``
-    splits (at least 1) with ``waves = 1``: E18 timed 1, 2, 4 and 8 waves, rounded up and
-    down, on the H200, and one program per SM, rounded down, was the fastest or within the
-    noise of it at every shape (B=8, 32K: 2 splits 0.247 ms, 5 splits 0.286 ms, 16 splits
-    0.276 ms). Bounded above by the K/V tiles of the longest sequence over
+    splits (at least 1) with ``waves = 1``, the fastest on the H200 (chapter 12). Bounded above by the K/V tiles of the longest sequence over
     ``min_tiles_per_split`` (a split with no tile is pure overhead: a partial written and read
     back) and by ``max_splits``; then lowered to the number of runs the kernel actually deals
     (``cdiv(n, cdiv(n, splits))`` for ``n`` tiles), so the longest sequence leaves no split
@@ -340,7 +352,7 @@ __all__ += ["DECODE", "DECODE_SPLIT", "DECODE_COMBINE", "decode_tiles",
 # === end of decoding ============================================================================
 
 
-# === the backward pass (issue 11) ===============================================================
+# === the backward pass (chapter 11) =============================================================
 # kernels/fmha_bwd.py: bwd_preprocess_kernel (Delta = rowsum(dO o O)), bwd_dkdv_kernel (one
 # program per K/V tile and (batch, kv head), looping over the query heads of its group and the
 # query tiles that see it) and bwd_dq_kernel (one program per query tile). Not steps: the host
@@ -383,7 +395,7 @@ BWD_ATOMIC = {"bwd_preprocess": BWD_PREPROCESS, "bwd_dkdv_dq_atomic": BWD_DKDV_D
 BWD_PREPROCESS_CONFIG = Config(64, 64)     # 64 rows of Delta per program (TILE_N unused)
 # Programmatic dependent launch of dK/dV after the preprocess and of dQ after dK/dV (the
 # kernels' PDL constant): 0 off; 1 each waits for the previous kernel at its start; 2 early
-# signals, and dQ runs beside the end of dK/dV (only its store waits). E27 measured both.
+# signals, and dQ runs beside the end of dK/dV (only its store waits). Off: measured, no gain.
 BWD_PDL = 0
 PDL_ARCHS = ("sm_90", "sm_100", "sm_103", "sm_110", "sm_120", "sm_121")  # griddepcontrol: sm_90+
 
@@ -455,7 +467,7 @@ __all__ += ["BWD", "BWD_PREPROCESS", "BWD_DKDV", "BWD_DQ", "BWD_CONFIGS", "BWD_A
 # === end of the backward pass ===================================================================
 
 
-# === packed variable-length prefill (issue 12) ==================================================
+# === packed variable-length prefill (chapter 12) ================================================
 # kernels/varlen.py: varlen_fwd_kernel, one program per (query tile, sequence, head) over packed
 # (total, H, D) tensors viewed head-major, cu_seqlens read on the device. Not a step: the host
 # module flashattn/varlen.py launches it, aot.compile_spec compiles it.
@@ -471,25 +483,17 @@ VARLEN = {"varlen_fwd": VARLEN_FWD}
 
 # Query tiles per varlen program (the kernel's Q_TILES) per architecture (absent: 1), used when
 # the sequences average fewer than VARLEN_Q_TILES_BELOW query tiles: each program builds its
-# sequence's tensor maps once (E17) and runs this many tiles with them. E22
-# (experiments/data/31-varlen-qtiles/, against the padded square kernel in the same rounds,
-# 64x128 occ=2): 4 tiles took 32x1024 causal from 0.833 to 0.913 and 128x256 from 0.686 to
-# 0.825 (0.745 to 0.895 non-causal), the skewed mix +15 % / +4 %, uniform 1-4096 +3.7 % causal
-# (-0.7 % non-causal); at 8x4096 (64 tiles a sequence) any Q_TILES > 1 was slower (0.955 to
-# 0.938 causal, 0.987 to 0.947 non-causal). Not timed elsewhere; sm_120's 64x64 tile spills
-# 8 bytes with Q_TILES = 4.
+# sequence's tensor maps once and runs this many tiles with them: short sequences gain, long
+# ones lose (chapter 12; timed on sm_90 only).
 VARLEN_Q_TILES: dict[str, int] = {"sm_90": 4}
 VARLEN_Q_TILES_BELOW = 64
 
 # Tiles and hints per architecture and padded head dim (TILE_D up to the key): the forward
 # steps' configurations (steps.py: warp_groups' first on Hopper, arch_tuned's elsewhere),
 # smaller where the compiler report showed spills (tests/test_varlen_aot.py prints it). Only
-# sm_90 at D=128 was timed (E18, below); the others are not measured yet (the varlen benchmark,
-# measure/bench_decode.py, compares them with the padded square kernel).
+# sm_90 at D=128 was timed (chapter 12); the others are not measured yet.
 VARLEN_CONFIGS: dict[str, dict[int, Config]] = {
-    # sm_90, D=128: E18 timed four tiles against the padded square kernel (equal 8x4096 and
-    # 32x1024): 64x128 occupancy=2 the fastest or tied (0.951 / 0.881 of the square kernel,
-    # against 0.952 / 0.788 for 128x128 nww=8).
+    # sm_90, D=128: 64x128 occupancy=2 the fastest or tied of four tiles (chapter 12).
     "sm_90": {128: Config(64, 128, occupancy=2),
               256: Config(128, 64, occupancy=1, num_worker_warps=8)},
     "sm_100": {128: Config(128, 128, occupancy=2), 256: Config(128, 64, occupancy=1)},
