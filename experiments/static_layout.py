@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import cuda.tile as ct  # noqa: E402
 
-from flashattn.kernels.fmha import INV_LOG_2, attend_query_tile  # noqa: E402
+from flashbook.ladder.fmha import INV_LOG_2, attend_query_tile  # noqa: E402
 from flashattn.kernels.spec import Array, KernelSpec  # noqa: E402
 
 ConstInt = ct.Constant[int]
@@ -158,8 +158,10 @@ def _compile(spec, constants, config, arch, out_dir, tag, **sig):
 def compile_report(out_dir: str, arch: str = "sm_90") -> str:
     """Compile the library kernel and both variants at the shipped Hopper configurations and
     write a table of registers, stack, shared memory, SASS lines and the opcodes that differ."""
-    from flashattn.kernels import FMHA, fmha_constants
+    from flashattn.kernels import constants_for, fmha_spec
     from flashattn.steps import Config, get_step
+    step = get_step("arch_tuned")
+    lib = fmha_spec(step)
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     lines = [f"# E30 compile report ({arch}, fp16, D=128, B=4 H=32)", ""]
     for cfg in (Config(64, 128, occupancy=2), Config(128, 128, occupancy=1,
@@ -167,10 +169,10 @@ def compile_report(out_dir: str, arch: str = "sm_90") -> str:
         for causal in (True, False):
             for N in (4096, 16384):
                 shape = (4, 32, N, 128)
-                base_c = fmha_constants(get_step("arch_tuned"), cfg, head_dim=128,
-                                        causal=causal, even_k=True)
+                base_c = constants_for(lib, step, cfg, head_dim=128, causal=causal,
+                                       even_k=True)
                 small = {n: base_c[n] for n in SPECS["strides"].constants}
-                rows = {"library": _compile(FMHA, base_c, cfg, arch, out_dir, "lib",
+                rows = {"library": _compile(lib, base_c, cfg, arch, out_dir, "lib",
                                             shape=shape, static_shape=False,
                                             static_stride=False)}
                 rows["strides"] = _compile(SPECS["strides"], small, cfg, arch, out_dir,
@@ -207,12 +209,12 @@ def time_report(out: str, seqlens: str, rounds: int, argv) -> int:
     if not torch.cuda.is_available():
         print("error: `static_layout.py time` needs a CUDA GPU", file=sys.stderr)
         return 1
-    from flashattn.data.stats import ratio_ci
+    from flashattn.stats import ratio_ci
     from flashattn.env import metadata
     from flashattn.launch import launch
-    from flashattn.measure import timing
-    from flashattn.measure.libraries import library_fn
-    from flashattn.measure.workload import SAMPLE_MS
+    from flashattn import timing
+    from flashbook.measure.libraries import library_fn
+    from flashbook.measure.workload import SAMPLE_MS
     from flashattn.steps import Config, get_step
     B, H, D = 4, 32, 128
     rows, t0 = [], time.perf_counter()
