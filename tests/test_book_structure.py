@@ -208,8 +208,8 @@ def test_the_output_check_catches_a_later_step():
     assert later_steps_in_output(10, "<th>arch_tuned</th>") == []
 
 
-# Chapter 5's relabelled tables (warp_groups/arch_tuned in its two-warp-group table, fast_math in
-# its compile grid) are written but its re-execution did not finish here: still to do.
+# Chapter 5 still shows warp_groups/arch_tuned (its two-warp-group table) and fast_math (its compile
+# grid): relabelling them needs a re-execution of the chapter, which hung here (still to do).
 _OUTPUT_RESIDUE = {"05_large_tile_trap.ipynb"}
 
 
