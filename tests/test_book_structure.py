@@ -208,15 +208,8 @@ def test_the_output_check_catches_a_later_step():
     assert later_steps_in_output(10, "<th>arch_tuned</th>") == []
 
 
-# Chapter 5 still shows warp_groups/arch_tuned (its two-warp-group table) and fast_math (its compile
-# grid): relabelling them needs a re-execution of the chapter, which hung here (still to do).
-_OUTPUT_RESIDUE = {"05_large_tile_trap.ipynb"}
-
-
-@pytest.mark.parametrize("path", [pytest.param(p, marks=pytest.mark.xfail(
-    strict=True, reason="chapter 5's tables still name chapter 6's and 10's steps"))
-    if p.name in _OUTPUT_RESIDUE else p for p in NOTEBOOKS if 3 <= int(p.name[:2]) <= 9],
-    ids=lambda p: p.name)
+@pytest.mark.parametrize("path", [p for p in NOTEBOOKS if 3 <= int(p.name[:2]) <= 9],
+                         ids=lambda p: p.name)
 def test_visible_outputs_name_no_later_step(path):
     """Chapters 3-9 speak only of what came before: the tables and printouts a reader sees (every
     output not removed from the page) name no step of a later chapter; a margin note may point
