@@ -2,15 +2,20 @@
 
 Two checks, CPU only, a second or two:
 
-1. **Typed numbers.** The prose of every page in ``book/`` (Markdown pages, and the Markdown cells
-   of notebook pages) may hold a number only where an entry of ``ALLOWED`` covers it and says why
+1. **Typed numbers.** The prose of every page in ``book/`` and ``book/appendix/`` (Markdown pages,
+   and the Markdown cells of notebook pages) may hold a number only where an entry of ``ALLOWED``
+   covers it and says why
    it is not a measurement: a hardware limit, a software version, a chapter number, a tile shape
    that names a configuration. Code (fenced blocks, inline code, whose digits are masked), glue
    roles, cross-references, citations and link targets are not prose. A measured quantity
    (registers, bytes, percentages from a profile, SASS counts, TFLOPS, times) has no entry: it
    must be glued from the data, so a page cannot go stale by hand. Some entries also check the
    number they allow (a tile shape must be one the data hold, a chapter must exist, the driver a
-   page names must be the recording's).
+   page names must be the recording's). The lab record in the appendix names where each number
+   was measured: a length, batch, head dimension, split count, varlen mix or tile row is allowed
+   only if the recorded data (``results/h200`` and every run in ``experiments/data``) hold it, a
+   target only if the code that checks it holds it, and a prediction's numbers only inside its
+   **Prediction.** paragraph.
 2. **Glued numbers.** Notebook pages glue their values with ``flashbook.chapter.glue`` and quote
    them with ``{glue:text}`` roles. Every glued value must equal what ``results/h200`` gives now
    (the committed outputs are what the book renders: ``execute_notebooks`` is off), every role
@@ -63,6 +68,84 @@ def _tile_shapes(r) -> set[str]:
         if m:
             shapes.add(f"{m[1]}×{m[2]}")
     return shapes
+
+
+_COORDS: dict = {}
+
+
+def _coords(r) -> dict[str, set]:
+    """The coordinates the recorded data hold: sequence lengths, batch sizes, head dims, split
+    counts, varlen mixes (sequences, length), tile rows, tileiras versions, over the recorded
+    dataset and every experiment run (``results.experiment``)."""
+    if id(r) in _COORDS:
+        return _COORDS[id(r)]
+    frames = [r.bench] + [r.experiment(n) for n in r.experiments]
+    c = {k: set() for k in ("N", "B", "D", "splits", "mix", "rows", "tileiras")}
+    for df in frames:
+        for col, key in (("Nq", "N"), ("Nk", "N"), ("B", "B"), ("D", "D"), ("num_splits", "splits")):
+            if col in df:
+                c[key] |= {int(v) for v in df[col].dropna().unique()}
+        if "mix" in df:
+            for m in df["mix"].dropna().unique():
+                if (x := re.fullmatch(r"equal_(\d+)x(\d+)", str(m))):
+                    c["mix"].add((int(x[1]), int(x[2])))
+    c["rows"] = {int(s.split("×")[0]) for s in _tile_shapes(r)}
+    metas = [r.meta] + [json.loads(p.read_text()).get("meta", {}) for p in
+                        (ROOT / "experiments" / "data").glob("*/*.json")]
+    c["tileiras"] = {str(m.get("tileiras")) for m in metas if m.get("tileiras")}
+    _COORDS[id(r)] = c
+    return c
+
+
+def _length(text: str) -> int:
+    return int(text[:-1]) * 1024 if text.endswith("K") else int(text)
+
+
+def _check_coord(key, parse=int):
+    """Every number in the match must be a ``key`` coordinate of the data (see ``_coords``)."""
+    def check(m, r):
+        have = _coords(r)[key]
+        bad = [x for x in re.findall(r"\d+K?", m[0]) if parse(x) not in have]
+        return f"{key} {bad} not in the recorded data" if bad else None
+    return check
+
+
+def _check_mix(m, r):
+    n, length = int(m["n"]), _length(m["l"])
+    return None if (n, length) in _coords(r)["mix"] else f"no varlen mix of {n} × {length} recorded"
+
+
+def _check_sms(m, r):
+    n = int(m["v"] or m["w"])
+    have = int(r.meta.get("sm_count", -1))
+    return None if n == have else f"{n} SMs, the recording's GPU has {have}"
+
+
+def _check_tileiras(m, r):
+    have = _coords(r)["tileiras"]
+    bad = [v for v in re.findall(r"\d+\.\d+(?:\.\d+)?", m[0])
+           if not any(v.startswith(h) or h.startswith(v) for h in have)]
+    return f"tileiras {bad} never recorded (recordings ran {sorted(have)})" if bad else None
+
+
+def _target_values() -> set[float]:
+    """The thresholds of the project's targets, as the code that checks them holds them."""
+    import inspect
+    from flashbook.chapter import decode, gap
+    vals = {float(t[3]) for t in gap.TARGETS}
+    for v in re.findall(r"threshold=([\d.]+)", inspect.getsource(decode.targets)):
+        vals |= {float(v), round(float(v) * 100, 6)}      # 0.8 is written "80 %"
+    return vals
+
+
+def _check_target(m, r):
+    bad = [x for x in re.findall(r"\d+(?:\.\d+)?", m[0]) if float(x) not in _target_values()]
+    return f"{bad} is no target of gap.TARGETS or decode.targets" if bad else None
+
+
+def _check_peak(m, r):
+    from flashbook.chapter import gap
+    return None if float(m["v"]) == gap.PEAK_TFLOPS else f"peak {m['v']} != {gap.PEAK_TFLOPS}"
 
 
 def _chapters() -> int:
@@ -121,7 +204,7 @@ ALLOWED = (
     Allow(r"about 989 TFLOPS|about 3\.9 tera-operations|some 250 times|"
           r"At head dimension 128 each score costs \$4D = 512\$",
           "the preface's roofline: H100/H200 spec sheet peak and arithmetic on the specs"),
-    Allow(r"95\s+% interval", "the confidence level of the book's intervals, a convention"),
+    Allow(r"95 % (?:confidence )?interval", "the confidence level of the book's intervals, a convention"),
     # Formulas and notation.
     Allow(r"\$4 \\cdot B \\cdot H \\cdot N\^2 \\cdot D / t\$|\$2 N\^2 D\$",
           "the FLOP count of attention (the throughput convention)"),
@@ -146,6 +229,48 @@ ALLOWED = (
     Allow(r"torch (?P<v>\d+(?:\.\d+)*) built", "the recording's torch", _check_meta("torch")),
     Allow(r"built for CUDA (?P<v>\d+(?:\.\d+)*)", "the recording's CUDA", _check_meta("cuda")),
     Allow(r"Return code 5", "an error message quoted verbatim"),
+    # The lab record (book/appendix/): where a measurement was taken and how, checked against the
+    # data; the measurements themselves are glued like everywhere else.
+    Allow(r"\b\d+K\b", "a sequence length (it must be one the data hold)",
+          _check_coord("N", _length)),
+    Allow(r"(?:\bN[kq]?|\$N\$)\s*=\s*\d+K?\b", "a sequence length (it must be one the data hold)",
+          _check_coord("N", _length)),
+    Allow(r"\bB\s*(?:=|≥)\s*\d+\b", "a batch size (it must be one the data hold)", _check_coord("B")),
+    Allow(r"\bD\s*=\s*\d+\b", "a head dimension (it must be one the data hold)", _check_coord("D")),
+    Allow(r"(?P<n>\d+) (?:×|sequences of|of) (?P<l>\d+K?)\b(?! heads)",
+          "a varlen mix: sequences × length (it must be one the data hold)", _check_mix),
+    Allow(r"\b\d+ splits\b|splits instead of \d+", "a split count (it must be one the data hold)",
+          _check_coord("splits")),
+    Allow(r"\b\d+-row (?:tiles?|one)\b|\b\d+ rows\b",
+          "the rows of a tile shape (they must be a tile the data hold)", _check_coord("rows")),
+    Allow(r"split counts of 1, 2, 4 and 8 waves|for 1 to 16 tiles per program|"
+          r"with 1, 4 and 8 tiles per program",
+          "the settings a sweep ran at (its design, not its result)"),
+    Allow(r"\d+ (?:idle-start )?rounds|batches of about \d+ ms|a \d+ ms batch|\d+ ms of idle",
+          "settings of a timing method (rounds, batch length, idle gap)"),
+    Allow(r"\b[Ss]weep \d\b", "the name of an experiment run"),
+    Allow(r"tileiras 13\.\d+(?:\.\d+)? against 13\.\d+(?:\.\d+)?|(?:[Ww]ith|writes) 13\.\d+\b(?!\.\d| or)",
+          "the tileiras versions compared (they must be ones the data were compiled with)",
+          _check_tileiras),
+    Allow(r"\b(?P<v>\d+) SMs\b|\((?P<w>\d+) × occupancy \d+\)", "the SM count of the recording's GPU", _check_sms),
+    Allow(r"the (?P<v>\d+) MB L2|(?P<w>\d+) W power limit",
+          "the H200's datasheet: its L2 size and power limit"),
+    Allow(r"dense fp16 peak \((?P<v>\d+) TFLOPS\)", "the datasheet peak the roofline uses",
+          _check_peak),
+    Allow(r"issues 16 operations per clock per SM and the FMA pipe 128",
+          "MUFU and FMA throughput from the CUDA programming guide"),
+    Allow(r"occupancy=#: 128 registers",
+          "the register cap of two 256-thread programs per SM (65,536 / 512)"),
+    Allow(r"(?:above|below|from|outside|reach|minus) 1\b(?![.,]\d)|\(1\.00: as fast",
+          "parity: a ratio of 1 means as fast (a definition)"),
+    Allow(r"\(5th to 95th percentile", "the percentiles a range is given between"),
+    Allow(r"\*\*Prediction\.\*\*(?:(?!\s\s)[^*])*",
+          "a prediction, written down before the measurement that tests it"),
+    Allow(r"at least (?:\d+\.\d+×|\d+ % of the HBM peak)|≥ \d+(?:\.\d+)?(?:×| % of the HBM peak| targets)|"
+          r"within \d+ % of the padded|headline target, \d+\.\d+×",
+          "a project target (it must be one the code checks)", _check_target),
+    Allow(r"here 2⁸; p ≤ 256|adding 1\.5·2²³", "the arithmetic of fp16's range and fp32 rounding"),
+    Allow(r"\*i\*\+1|\*n\*−1−\*i\*", "the indices of causal pairing"),
 )
 
 NUMBER = re.compile(r"(?<![A-Za-z_\d.#])\d+(?:[.,]\d+)*")
@@ -221,13 +346,19 @@ def typed_numbers(text: str, r) -> list[tuple[int, str, str]]:
     return sorted(problems)
 
 
+def _book_files() -> list[Path]:
+    return [p for folder in (BOOK, BOOK / "appendix") for ext in ("*.md", "*.ipynb")
+            for p in sorted(folder.glob(ext))]
+
+
 def book_pages() -> list[Path]:
-    """The pages to scan: ``book/*.md`` and ``book/*.ipynb``, or ``$BOOK_PAGES`` (paths separated
-    by ``os.pathsep``) to check other text, e.g. a page's old version."""
+    """The pages to scan: ``book/*.md``, ``book/*.ipynb`` and the lab record in
+    ``book/appendix/``, or ``$BOOK_PAGES`` (paths separated by ``os.pathsep``) to check other
+    text, e.g. a page's old version."""
     env = os.environ.get("BOOK_PAGES")
     if env:
         return [Path(p) for p in env.split(os.pathsep) if p]
-    return sorted(BOOK.glob("*.md")) + sorted(BOOK.glob("*.ipynb"))
+    return _book_files()
 
 
 def markdown_parts(page: Path) -> list[tuple[str, str]]:
@@ -240,7 +371,7 @@ def markdown_parts(page: Path) -> list[tuple[str, str]]:
 
 
 def _page_id(p: Path) -> str:
-    return p.name
+    return f"appendix/{p.name}" if p.parent.name == "appendix" else p.name
 
 
 @pytest.mark.parametrize("page", book_pages(), ids=_page_id)
@@ -279,9 +410,7 @@ def test_prose_extraction():
 
 def test_allowed_entries_are_used():
     """No dead entries: every ALLOWED phrase occurs on some page (of book/, not $BOOK_PAGES)."""
-    texts = [prose(t).replace("\n", " ")
-             for p in sorted(BOOK.glob("*.md")) + sorted(BOOK.glob("*.ipynb"))
-             for _, t in markdown_parts(p)]
+    texts = [prose(t).replace("\n", " ") for p in _book_files() for _, t in markdown_parts(p)]
     unused = [a.pattern for a in ALLOWED if not any(a.regex.search(t) for t in texts)]
     assert not unused, f"ALLOWED entries that no page uses (remove them): {unused}"
 
@@ -417,7 +546,9 @@ def _same(a, b) -> bool:
     return a == b
 
 
-NOTEBOOK_PAGES = [p for p in book_pages() if p.suffix == ".ipynb"]
+# The glue-source check covers the pages in book/ itself; the appendix glues its values under
+# chapter-style keys, and nbval rebuilds them from the data (the notebooks test).
+NOTEBOOK_PAGES = [p for p in book_pages() if p.suffix == ".ipynb" and p.parent.name != "appendix"]
 
 
 @pytest.mark.skipif(not NOTEBOOK_PAGES, reason="no notebook pages in book/")
@@ -459,7 +590,22 @@ def test_glue_roles_name_glued_keys(page):
 def test_book_pages_in_toc():
     """Every page in book/ is in _toc.yml (a page outside it is not built, and not checked)."""
     toc = (ROOT / "_toc.yml").read_text()
-    pages = {p.stem for p in BOOK.glob("*.md")} | {p.stem for p in BOOK.glob("*.ipynb")}
+    pages = {p.relative_to(BOOK).with_suffix("").as_posix() for p in _book_files()}
     missing = sorted(p for p in pages
                      if not re.search(rf"(?:file|root):\s*book/{p}\s*$", toc, re.M))
     assert not missing, f"pages in book/ missing from _toc.yml: {missing}"
+
+
+def test_lab_record_allowances_are_checked(data):
+    """The appendix's allowances take coordinates the data hold and nothing else; a prediction's
+    numbers are allowed up to the end of its paragraph, not beyond."""
+    def flagged(text):
+        return [num for _, num, _ in typed_numbers(text, data)]
+    assert flagged("At B=8 and 32K, at N=4096 and D=256, 32 × 1K, 16 splits, 132 SMs.") == []
+    assert sorted(flagged("At B=3 and 3K, N=3000, D=96, 5 × 1K, 7 splits, 100 SMs.")) == sorted(
+        ["B=3", "3K", "N=3000", "D=96", "5 × 1K", "7 splits", "100 SMs"])
+    assert flagged("the kernel ran 12 % faster at 4K") == ["12"]
+    assert flagged("**Prediction.** A gain of +2–5 % at 1K.\n\nIt gained 7 %.") == ["7"]
+    assert flagged("tileiras 13.5 against 13.4; at least 1.10× at 16K") == []
+    assert flagged("tileiras 13.9 against 13.4; at least 1.25× at 16K") == [
+        "at least 1.25×", "tileiras 13.9 against 13.4"]

@@ -182,3 +182,50 @@ def test_intro_outline_names_every_page():
     others = [f for f in re.findall(r"file:\s*(\S+)", toc) if f not in chapters]
     missing = [f for f in others if f.split("/")[-1] + "." not in outline]
     assert not missing, f"pages of _toc.yml not linked from the intro's outline: {missing}"
+
+
+def later_steps_in_output(chapter: int, text: str) -> list[str]:
+    """Steps of later chapters that an output shows by name: an identifier with an underscore
+    anywhere (``arch_tuned``), a one-word name (``pair``) only as a whole label (a table cell or
+    header, ``pair@...``, ``pair /``, ``pair:``), so that English ("a persistent grid") passes."""
+    found = []
+    for s, ch in INTRODUCED.items():
+        if ch <= chapter:
+            continue
+        if "_" in s:
+            pat = rf"(?<![\w-]){s}(?![\w-])"
+        else:
+            pat = rf">\s*{s}\s*<|(?<![\w-]){s}(?=@| /|:)|/ {s}(?![\w-])"
+        if re.search(pat, text):
+            found.append(s)
+    return found
+
+
+def test_the_output_check_catches_a_later_step():
+    assert later_steps_in_output(9, "<th>arch_tuned / cuDNN</th>") == ["arch_tuned"]
+    assert later_steps_in_output(8, "<td>pair</td>") == ["pair"]
+    assert later_steps_in_output(8, "<th>persistent grid: call</th> a pair of tiles") == []
+    assert later_steps_in_output(10, "<th>arch_tuned</th>") == []
+
+
+@pytest.mark.parametrize("path", [p for p in NOTEBOOKS if 3 <= int(p.name[:2]) <= 9],
+                         ids=lambda p: p.name)
+def test_visible_outputs_name_no_later_step(path):
+    """Chapters 3-9 speak only of what came before: the tables and printouts a reader sees (every
+    output not removed from the page) name no step of a later chapter; a margin note may point
+    ahead. Figures are checked through their code (legend labels come from the cell)."""
+    chapter = int(path.name[:2])
+    nb = json.loads(path.read_text(encoding="utf-8"))
+    found = []
+    for i, cell in enumerate(nb["cells"]):
+        tags = set(cell.get("metadata", {}).get("tags", []))
+        if cell["cell_type"] != "code" or tags & {"remove-cell", "remove-output"}:
+            continue
+        for o in cell.get("outputs", []):
+            if (o.get("metadata", {}).get("scrapbook") or {}).get("name"):
+                continue                                  # a glued value: the prose quotes it
+            data = {k: v for k, v in o.get("data", {}).items() if not k.startswith("image/")}
+            text = json.dumps(data) + json.dumps(o.get("text", ""))
+            found += [f"cell {i}: {s}" for s in later_steps_in_output(chapter, text)]
+    assert not found, (f"{path.name} shows steps of later chapters in its outputs: {found}; "
+                       "label them by what this chapter calls them (a margin note may link ahead)")

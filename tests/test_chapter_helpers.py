@@ -138,3 +138,17 @@ def test_table_formats_by_column_or_row_with_units_and_a_stable_id():
     assert ">501,775,908<" in html and ">21.73<" in html and ">0.75<" in html
     with pytest.raises(ValueError):
         chapter.table(df, by="value")
+
+
+def test_table_prints_whole_percentages_as_integers():
+    pd = pytest.importorskip("pandas")
+    pytest.importorskip("jinja2")
+    from flashbook import chapter
+    rows = pd.DataFrame({"a": [25.0, 3.72], "b": [18.75, 3.73]},
+                        index=["theoretical occupancy %", "duration (ms)"])
+    html = chapter.table(rows, 2, by="row").to_html()
+    assert ">25<" in html and ">18.75<" in html and "25.00" not in html
+    assert ">3.72<" in html
+    cols = pd.DataFrame({"occupancy %": [25.0, 12.5], "time": [2.0, 0.25]})
+    html = chapter.table(cols, 1).to_html()
+    assert ">25<" in html and ">12.5<" in html and ">2.0<" in html and "25.0<" not in html

@@ -58,3 +58,11 @@ def test_card_html_is_the_same_every_time(prof):
     assert 'id="T_ncu-card-remap-loop_split"' in html[0]
     alone = plots.ncu_card(prof, "baseline").to_html()
     assert 'id="T_ncu-card-baseline"' in alone
+
+
+def test_card_prints_a_whole_percentage_as_an_integer(prof):
+    """Two programs per SM give a theoretical occupancy of exactly 25 %: "25", not "25.0"."""
+    t = plots.ncu_card(prof, "autotune", "remap", styled=False)
+    assert t.loc[("Occupancy", "theoretical occupancy %"), "autotune"] == 25.0
+    html = plots.ncu_card(prof, "autotune", "remap").to_html()
+    assert ">25<" in html and ">25.0<" not in html and ">12.5<" in html

@@ -122,7 +122,9 @@ def table(df, decimals=2, *, units=None, na: str = "–", by: str = "column",
 
     ``by``: "column" when each column is one quantity (a column whose values are all whole
     numbers prints as integers, any other with ``decimals`` places); "row" when each row is
-    one (a profile's metrics beside each other: counts, then percentages); "cell" when each
+    one (a profile's metrics beside each other: counts, then percentages); in a percentage
+    column or row (its label has "%") a whole value prints as an integer ("25" beside "18.75",
+    never "25.00"); "cell" when each
     value decides alone (a whole number as an integer: a metrics table with a ratio column,
     where a count and its ratio share a row). ``decimals`` is one
     number or a dict {column or row label: places} (the others get 2). Returns a pandas Styler
@@ -151,6 +153,8 @@ def table(df, decimals=2, *, units=None, na: str = "–", by: str = "column",
     for label in labels:
         values = out[label] if by in ("column", "cell") else out.loc[label]
         integer = None if by == "cell" else _all_integral(values.tolist())
+        if integer is False and "%" in str(label):
+            integer = None           # a whole percentage prints as one: "25", not "25.00"
         d = places.get(label, default)
         subset = [label] if by in ("column", "cell") else pd.IndexSlice[[label], :]
         sty = sty.format(lambda v, d=d, i=integer: fmt_value(v, d, na, integer=i),

@@ -336,9 +336,11 @@ def fmt_bytes(v) -> str:
     return f"{v:,.0f} B"
 
 
-def _card_fmt(fmt: str, v) -> str:
+def _card_fmt(fmt: str, v, percent: bool = False) -> str:
     if v != v:
         return "–"
+    if percent and float(v).is_integer():
+        return f"{int(v)}"                 # a whole percentage as one: "25", not "25.0"
     return fmt_bytes(v) if fmt == "bytes" else fmt.format(v)
 
 
@@ -383,7 +385,7 @@ def ncu_card(profile_df, step, prev=None, *, highlight=(), styled=True):
     try:
         sty = table.style
         for (section, label) in table.index:
-            sty = sty.format(lambda v, f=fmts[label]: _card_fmt(f, v),
+            sty = sty.format(lambda v, f=fmts[label], pct="%" in label: _card_fmt(f, v, pct),
                              subset=pd.IndexSlice[[(section, label)], steps])
         if "ratio" in table:
             sty = sty.format(lambda v: "–" if v != v or not np.isfinite(v) else f"×{v:.2f}",
