@@ -23,6 +23,7 @@ The package, by layer (each imports only from the layers above it):
 from .api import attention, sdpa
 from .decode import decode  # the function; the module is sys.modules["flashattn.decode"]
 from .varlen import attention_varlen, attention_varlen_backward
+from .flex import flex_attention  # issue 23: FlexAttention on the cuTile kernel (flashattn.mods)
 from .steps import (ARCHS, EXPERIMENTS, FLAGS, SEED_STEPS, STEP_NAMES, STEPS, Config, Step,
                     get_step)
 
@@ -35,6 +36,10 @@ __all__ = ["attention", "sdpa", "decode", "attention_varlen", "attention_varlen_
 # flashattn stays cheap, and `import flashattn; flashattn.reference.attention(...)` works.
 _SUBMODULES = ("aot", "api", "autograd", "autotune", "chapter", "contract", "data", "dispatch",
                "env", "impls", "interpret", "kernels", "launch", "measure", "reference", "steps")
+
+
+__all__ += ["flex_attention"]
+_SUBMODULES += ("mods",)
 
 
 def __getattr__(name):
