@@ -534,3 +534,87 @@ def _as_opt(m, kind):
         return None
     from .mods import as_mod
     return as_mod(m, kind)
+
+
+# --- flash-attn's keywords: attention(..., window_size=, softcap=) -----------------------------
+_BLOCK_MASKS: dict = {}
+_BLOCK_MASK_CACHE = 32
+
+
+def _check_window(window_size):
+    if window_size is None:
+        return -1, -1
+    if not isinstance(window_size, (tuple, list)) or len(window_size) != 2 or any(
+            isinstance(w, bool) or not isinstance(w, int) for w in window_size):
+        raise TypeError(f"window_size must be a (left, right) pair of ints (-1: unbounded), "
+                        f"got {window_size!r}")
+    left, right = (int(w) for w in window_size)
+    if left < -1 or right < -1:
+        raise ValueError(f"window_size entries must be >= -1 (-1: unbounded), got {window_size}")
+    return left, right
+
+
+def _check_softcap(softcap):
+    if softcap is None:
+        return 0.0
+    if isinstance(softcap, bool) or not isinstance(softcap, (int, float)) or \
+            not math.isfinite(softcap) or softcap < 0:
+        raise ValueError(f"softcap must be a finite number >= 0 (0: off), got {softcap!r}")
+    return float(softcap)
+
+
+def cached_block_mask(mask, Nq: int, Nk: int, device, block_size):
+    """``create_block_mask(mask, None, None, Nq, Nk, device, BLOCK_SIZE)``, built once per mask
+    tile function and shape (the host cost of a BlockMask is paid once per shape)."""
+    from torch.nn.attention.flex_attention import create_block_mask
+    key = (mask.tile, tuple(mask.params.items()), Nq, Nk, str(device), tuple(block_size))
+    bm = _BLOCK_MASKS.get(key)
+    if bm is None:
+        bm = create_block_mask(mask, None, None, Nq, Nk, device=device,
+                               BLOCK_SIZE=tuple(block_size))
+        if len(_BLOCK_MASKS) >= _BLOCK_MASK_CACHE:
+            _BLOCK_MASKS.pop(next(iter(_BLOCK_MASKS)))
+        _BLOCK_MASKS[key] = bm
+    return bm
+
+
+def attention_masked(q, k, v, *, causal, scale, input_pos, step, window_size, softcap):
+    """``flashattn.attention`` with flash-attn's ``window_size``/``softcap``: the flex kernel
+    with ``mods.sliding_window`` (or ``mods.causal``) as a BlockMask and ``mods.softcap`` as the
+    score function. None when both are off (window (-1, -1), softcap 0): the dense path then.
+
+    Query row i sits at position ``p = input_pos + i`` (``attention``'s convention) and sees
+    keys ``p - left .. p + right`` (-1: unbounded), and none past ``p`` when causal. Only
+    ``step="best"`` routes here: a named step's kernel has no window or softcap, so naming one
+    with them raises (nothing is silently dropped). Forward only."""
+    import torch
+    from . import mods
+    left, right = _check_window(window_size)
+    cap = _check_softcap(softcap)
+    if (left, right) == (-1, -1) and cap == 0.0:
+        return None
+    if step != "best":
+        raise ValueError(f"step={step!r} has no window_size/softcap: these run on the flex "
+                         "kernels, which step='best' (the default) selects")
+    if torch.compiler.is_compiling() or (torch.is_grad_enabled() and any(
+            isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v))):
+        raise NotImplementedError("window_size/softcap are forward-only for now (the flex "
+                                  "kernels have no backward yet): call under torch.no_grad()")
+    from .contract import check_tensors
+    check_tensors(q, k, v, causal=causal, scale=scale, input_pos=input_pos,
+                  interpret=interpreting(getattr(q, "device", None)))
+    if causal:
+        right = 0 if right == -1 else min(right, 0)
+    B, Hq, Nq, D = q.shape
+    Nk = k.shape[2]
+    mask = None
+    if (left, right) != (-1, -1):
+        mask = mods.sliding_window(left, right, offset=int(input_pos))
+    score = mods.softcap(cap) if cap else None
+    bm = None
+    if mask is not None:
+        arch = device_arch(q.device)
+        cfg = FLEX_CONFIGS.get(arch, DEFAULT_CONFIG)
+        bm = cached_block_mask(mask, Nq, Nk, q.device, (cfg.TILE_M, cfg.TILE_N))
+    return flex_attention(q, k, v, score_mod=score, block_mask=bm, scale=scale,
+                          enable_gqa=q.shape[1] != k.shape[1])
