@@ -308,10 +308,6 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
             raise TypeError(f"{n} must be a torch.Tensor, got {type(t).__name__}")
         if t.dim() != 4:
             raise ValueError(f"{n} must be (B, H, N, D), got shape {tuple(t.shape)}")
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value)):
-        raise NotImplementedError("flashattn.flex_attention is forward-only (no backward kernels "
-                                  "yet): call it under torch.no_grad() or with inputs that do "
-                                  "not require grad")
     if query.dtype not in (torch.float16, torch.bfloat16):
         raise TypeError(f"query must be float16 or bfloat16, got {query.dtype}")
     for n, t in (("key", key), ("value", value)):
@@ -369,62 +365,23 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
                              f"{tuple(sinks.shape) if isinstance(sinks, torch.Tensor) else sinks!r}")
         if sinks.device != device:
             raise ValueError(f"sinks is on {sinks.device} but query on {device}")
-        sinks = sinks.detach().to(torch.float32).contiguous()
+        sinks = sinks.to(torch.float32).contiguous()
 
-    out = torch.empty((B, Hq, Nq, D), dtype=query.dtype, device=device)
-    lse = torch.empty((B, Hq, Nq), dtype=torch.float32, device=device) if want_lse else None
-    if out.numel() and Nk == 0:
-        out.zero_()
-        if lse is not None:
-            lse.fill_(-math.inf if sinks is None else 0.0)
-            if sinks is not None:
-                lse.copy_(sinks.view(1, Hq, 1).expand(B, Hq, Nq))
-    elif out.numel():
-        arch = device_arch(device)
-        plan = flex_plan(B=B, Hq=Hq, Hkv=Hkv, Nq=Nq, Nk=Nk, D=D, block_size=block_size,
-                         has_full=len(tensors) == 4, score=score, mask=mask,
-                         sinks=sinks is not None, write_lse=want_lse, blasst=blasst_threshold,
-                         arch=arch, kernel_options=ko)
-        c = plan["constants"]
-        q, k, v = (t if t.is_contiguous() else t.contiguous() for t in (query, key, value))
-        i32 = dict(dtype=torch.int32, device=device)
-        dummy = torch.zeros(1, **i32)
-        tm = {n: t for n, t in tensors}
-        kv_num = tm.get("kv_num_blocks", torch.zeros(1, 1, 1, **i32))
-        kv_idx = tm.get("kv_indices", torch.zeros(1, 1, 1, 1, **i32))
-        f_num = tm.get("full_kv_num_blocks", torch.zeros(1, 1, 1, **i32))
-        f_idx = tm.get("full_kv_indices", torch.zeros(1, 1, 1, 1, **i32))
-        kv_num, kv_idx, f_num, f_idx = (t.contiguous() for t in (kv_num, kv_idx, f_num, f_idx))
-        st = [t.contiguous() for t in (score.tensor_values() if score else ())]
-        mt = [t.contiguous() for t in (mask.tensor_values() if mask else ())]
-        st += [dummy] * (3 - len(st))
-        mt += [dummy] * (3 - len(mt))
-        lse_arg = lse if lse is not None else torch.empty(1, 1, 1, dtype=torch.float32,
-                                                          device=device)
-        sink_arg = sinks if sinks is not None else torch.zeros(1, dtype=torch.float32,
-                                                               device=device)
-        args = (q, k, v, out, lse_arg, kv_num, kv_idx, f_num, f_idx, sink_arg, *st, *mt,
-                float(scale), Hq, Hq // Hkv, int(kv_num.shape[0] > 1), int(kv_num.shape[1] > 1),
-                *(c[n] for n in FLEX_CONSTANTS))
-        kernel = flex_kernel(score, mask)
-        if plan["hints"] and not interp:
-            from .kernels import hinted
-            kernel = hinted(kernel, plan["hints"])
-        steps = lambda: _visited_steps(block_mask, B, Hq, Nq, Nk, c) \
-            if block_mask is not None else \
-            B * Hq * attention_steps(Nq, Nk, c["TILE_M"], c["TILE_N"], causal=False)
-        launch_key = (id(kernel), tuple(sorted(c.items())), str(query.dtype))
-        with on_device(device), expect(device, steps, f"flex_attention({B}x{Hq}x{Nq}x{D})"):
-            try:
-                launch_kernel(device, plan["grid"], kernel, args)
-            except Exception as e:
-                if interp or launch_key in _LAUNCHED:
-                    raise
-                names = " and ".join(f"{m.kind}_mod {m.name!r}" for m in (score, mask) if m) \
-                    or "no mod"
-                raise ModError(f"the flex kernel with {names} failed to compile or launch: "
-                               f"{type(e).__name__}: {e}") from e
-        _LAUNCHED.add(launch_key)
+    needs_grad = torch.is_grad_enabled() and (
+        any(t.requires_grad for t in (query, key, value)) or
+        (sinks is not None and sinks.requires_grad))
+    if sinks is not None and not needs_grad:
+        sinks = sinks.detach()
+    plan_args = dict(score=score, mask=mask, tensors=tensors, block_size=block_size,
+                     scale=float(scale), blasst=blasst_threshold, ko=ko,
+                     block_mask=block_mask)
+    if needs_grad:
+        _check_differentiable(score, block_mask, blasst_threshold)
+        out, lse = _FlexFunction.apply(query, key, value, sinks, plan_args)
+        if not want_lse:
+            lse = None
+    else:
+        out, lse = _forward(query, key, value, sinks, want_lse=want_lse, **plan_args)
     if return_aux is not None:
         from torch.nn.attention.flex_attention import AuxOutput
         return out, AuxOutput(lse=lse, max_scores=None)
@@ -618,3 +575,201 @@ def attention_masked(q, k, v, *, causal, scale, input_pos, step, window_size, so
         bm = cached_block_mask(mask, Nq, Nk, q.device, (cfg.TILE_M, cfg.TILE_N))
     return flex_attention(q, k, v, score_mod=score, block_mask=bm, scale=scale,
                           enable_gqa=q.shape[1] != k.shape[1])
+
+
+
+def _forward(query, key, value, sinks, *, score, mask, tensors, block_size, scale, blasst, ko,
+             block_mask, want_lse):
+    """Launch the flex forward kernel: (out, lse or None)."""
+    import torch
+    B, Hq, Nq, D = query.shape
+    Hkv, Nk = key.shape[1], key.shape[2]
+    device = query.device
+    interp = interpreting(device)
+    blasst_threshold = blasst
+    out = torch.empty((B, Hq, Nq, D), dtype=query.dtype, device=device)
+    lse = torch.empty((B, Hq, Nq), dtype=torch.float32, device=device) if want_lse else None
+    if out.numel() and Nk == 0:
+        out.zero_()
+        if lse is not None:
+            lse.fill_(-math.inf if sinks is None else 0.0)
+            if sinks is not None:
+                lse.copy_(sinks.view(1, Hq, 1).expand(B, Hq, Nq))
+    elif out.numel():
+        arch = device_arch(device)
+        plan = flex_plan(B=B, Hq=Hq, Hkv=Hkv, Nq=Nq, Nk=Nk, D=D, block_size=block_size,
+                         has_full=len(tensors) == 4, score=score, mask=mask,
+                         sinks=sinks is not None, write_lse=want_lse, blasst=blasst_threshold,
+                         arch=arch, kernel_options=ko)
+        c = plan["constants"]
+        q, k, v = (t if t.is_contiguous() else t.contiguous() for t in (query, key, value))
+        i32 = dict(dtype=torch.int32, device=device)
+        dummy = torch.zeros(1, **i32)
+        tm = {n: t for n, t in tensors}
+        kv_num = tm.get("kv_num_blocks", torch.zeros(1, 1, 1, **i32))
+        kv_idx = tm.get("kv_indices", torch.zeros(1, 1, 1, 1, **i32))
+        f_num = tm.get("full_kv_num_blocks", torch.zeros(1, 1, 1, **i32))
+        f_idx = tm.get("full_kv_indices", torch.zeros(1, 1, 1, 1, **i32))
+        kv_num, kv_idx, f_num, f_idx = (t.contiguous() for t in (kv_num, kv_idx, f_num, f_idx))
+        st = [t.contiguous() for t in (score.tensor_values() if score else ())]
+        mt = [t.contiguous() for t in (mask.tensor_values() if mask else ())]
+        st += [dummy] * (3 - len(st))
+        mt += [dummy] * (3 - len(mt))
+        lse_arg = lse if lse is not None else torch.empty(1, 1, 1, dtype=torch.float32,
+                                                          device=device)
+        sink_arg = sinks if sinks is not None else torch.zeros(1, dtype=torch.float32,
+                                                               device=device)
+        args = (q, k, v, out, lse_arg, kv_num, kv_idx, f_num, f_idx, sink_arg, *st, *mt,
+                float(scale), Hq, Hq // Hkv, int(kv_num.shape[0] > 1), int(kv_num.shape[1] > 1),
+                *(c[n] for n in FLEX_CONSTANTS))
+        kernel = flex_kernel(score, mask)
+        if plan["hints"] and not interp:
+            from .kernels import hinted
+            kernel = hinted(kernel, plan["hints"])
+        steps = lambda: _visited_steps(block_mask, B, Hq, Nq, Nk, c) \
+            if block_mask is not None else \
+            B * Hq * attention_steps(Nq, Nk, c["TILE_M"], c["TILE_N"], causal=False)
+        launch_key = (id(kernel), tuple(sorted(c.items())), str(query.dtype))
+        with on_device(device), expect(device, steps, f"flex_attention({B}x{Hq}x{Nq}x{D})"):
+            try:
+                launch_kernel(device, plan["grid"], kernel, args)
+            except Exception as e:
+                if interp or launch_key in _LAUNCHED:
+                    raise
+                names = " and ".join(f"{m.kind}_mod {m.name!r}" for m in (score, mask) if m) \
+                    or "no mod"
+                raise ModError(f"the flex kernel with {names} failed to compile or launch: "
+                               f"{type(e).__name__}: {e}") from e
+        _LAUNCHED.add(launch_key)
+    return out, lse
+
+
+# --- the backward -------------------------------------------------------------------------------
+BWD_CONFIG = Config(64, 64)
+_BWD_KERNELS: dict = {}
+
+
+def _check_differentiable(score, block_mask, blasst):
+    if score is not None and not score.differentiable:
+        raise NotImplementedError(
+            f"score_mod {score.name!r} has no derivative: it is forward-only. Give it one "
+            "(flashattn.mods.ScoreMod(name, tile, torch_fn, grad=def d_score) or additive=True "
+            "for a bias), or call under torch.no_grad()")
+    if blasst is not None:
+        raise NotImplementedError("blasst_threshold is forward-only (an approximation); drop it "
+                                  "for training")
+    if block_mask is not None and block_mask.q_num_blocks is None:
+        raise ValueError("block_mask has no q_num_blocks/q_indices (the backward's column "
+                         "lists): build it with create_block_mask")
+
+
+def flex_bwd_kernels(score=None, mask=None):
+    """(dq kernel, dkdv kernel) for a ScoreMod/MaskMod pair, built once."""
+    grad = score.grad if score is not None else None
+    key = (score.tile if score else None, grad, len(score.tensors) if score else 0,
+           mask.tile if mask else None, len(mask.tensors) if mask else 0)
+    with _LOCK:
+        ks = _BWD_KERNELS.get(key)
+        if ks is None:
+            from .interpret import install_shim
+            install_shim()
+            from .kernels.flex_bwd import make_flex_bwd_kernels
+            ks = make_flex_bwd_kernels(key[0], key[1], key[3], key[2], key[4])
+            _BWD_KERNELS[key] = ks
+    return ks
+
+
+def _backward(q, k, v, out, dout, lse, sinks, *, score, mask, tensors, block_size, scale,
+              blasst, ko, block_mask):
+    """(dq, dk, dv, dsinks or None) of the flex forward."""
+    import torch
+    B, Hq, Nq, D = q.shape
+    Hkv, Nk = k.shape[1], k.shape[2]
+    device = q.device
+    from .contract import tile_d_for
+    tm, tn = block_mask_tiles(block_size, BWD_CONFIG, ko)
+    qpb = block_size[0] // tm if block_size else 1
+    tpb = block_size[1] // tn if block_size else 1
+    q, k, v, out, dout = (t.contiguous() for t in (q, k, v, out, dout))
+    delta = (dout.float() * out.float()).sum(-1).contiguous()                 # (B, Hq, Nq)
+    lse = lse.contiguous()
+    i32 = dict(dtype=torch.int32, device=device)
+    z3, z4 = torch.zeros(1, 1, 1, **i32), torch.zeros(1, 1, 1, 1, **i32)
+    dummy = torch.zeros(1, **i32)
+    st = [t.contiguous() for t in (score.tensor_values() if score else ())]
+    mt = [t.contiguous() for t in (mask.tensor_values() if mask else ())]
+    st += [dummy] * (3 - len(st))
+    mt += [dummy] * (3 - len(mt))
+    has_full = False
+    kvt, qt = [z3, z4, z3, z4], [z3, z4, z3, z4]
+    if block_mask is not None:
+        bm = block_mask
+        has_full = bm.full_kv_num_blocks is not None and bm.full_q_num_blocks is not None
+        kvt = [bm.kv_num_blocks, bm.kv_indices,
+               bm.full_kv_num_blocks if has_full else z3, bm.full_kv_indices if has_full else z4]
+        qt = [bm.q_num_blocks, bm.q_indices,
+              bm.full_q_num_blocks if has_full else z3, bm.full_q_indices if has_full else z4]
+        kvt, qt = [t.contiguous() for t in kvt], [t.contiguous() for t in qt]
+    bmul = int(kvt[0].shape[0] > 1)
+    hmul = int(kvt[0].shape[1] > 1)
+    consts = dict(TILE_M=tm, TILE_N=tn, TILE_D=tile_d_for(D), EVEN_K=Nk % tn == 0,
+                  EVEN_M=Nq % tm == 0, HAS_SCORE=score is not None,
+                  HAS_GRAD=score is not None and score.grad is not None,
+                  HAS_MASK=mask is not None, HAS_BLOCKS=block_mask is not None,
+                  HAS_FULL=has_full, QPB=qpb, TPB=tpb)
+    c = tuple(consts.values())
+    dq = torch.empty_like(q)
+    dk = torch.empty_like(k)
+    dv = torch.empty_like(v)
+    dq_kernel, dkdv_kernel = flex_bwd_kernels(score, mask)
+    with on_device(device):
+        launch_kernel(device, (-(-Nq // tm), B * Hq, 1), dq_kernel,
+                      (q, k, v, dout, lse, delta, dq, *kvt, *st, *mt, float(scale), Hq,
+                       Hq // Hkv, bmul, hmul, *c))
+        launch_kernel(device, (-(-Nk // tn), B * Hkv, 1), dkdv_kernel,
+                      (q, k, v, dout, lse, delta, dk, dv, *qt, *st, *mt, float(scale), Hkv,
+                       Hq // Hkv, bmul, hmul, *c))
+    dsinks = None
+    if sinks is not None:
+        # The sink is a key of logit sinks[h] and value 0: dL/dsink = -sum_i P_sink,i Delta_i.
+        p_sink = torch.exp(sinks.view(1, Hq, 1).float() - lse)
+        dsinks = -(p_sink * delta).sum((0, 2))
+    return dq, dk, dv, dsinks
+
+
+def _torch_function():
+    import torch
+
+    class FlexFunction(torch.autograd.Function):
+        """flex_attention's forward (with its LSE) and the flex backward kernels."""
+
+        @staticmethod
+        def forward(ctx, q, k, v, sinks, plan):
+            out, lse = _forward(q, k, v, sinks, want_lse=True, **plan)
+            ctx.save_for_backward(q, k, v, out, lse,
+                                  sinks if sinks is not None else torch.empty(0))
+            ctx.plan = plan
+            ctx.has_sinks = sinks is not None
+            ctx.mark_non_differentiable(lse)
+            return out, lse
+
+        @staticmethod
+        def backward(ctx, dout, _dlse):
+            q, k, v, out, lse, sinks = ctx.saved_tensors
+            dq, dk, dv, ds = _backward(q, k, v, out, dout, lse,
+                                       sinks if ctx.has_sinks else None, **ctx.plan)
+            return dq, dk, dv, (ds.to(sinks.dtype) if ds is not None else None), None
+    return FlexFunction
+
+
+class _Lazy:
+    """The autograd.Function, made on first use (torch imported then)."""
+    fn = None
+
+    def apply(self, *args):
+        if _Lazy.fn is None:
+            _Lazy.fn = _torch_function()
+        return _Lazy.fn.apply(*args)
+
+
+_FlexFunction = _Lazy()

@@ -45,7 +45,8 @@ class _Mod:
     tensors (in the order both functions take them) and the key of the compiled kernel."""
     kind = ""
 
-    def __init__(self, name, tile, torch_fn=None, tensors=(), *, params=None):
+    def __init__(self, name, tile, torch_fn=None, tensors=(), *, params=None, grad=None,
+                 additive=False):
         from .kernels.flex import MAX_MOD_TENSORS
         if not callable(tile) or getattr(tile, "__name__", "") == "<lambda>":
             raise TypeError(f"{self.kind}_mod {name!r}: the tile function must be a def (cuTile "
@@ -62,6 +63,14 @@ class _Mod:
         self.torch_fn = torch_fn if torch_fn is not None else tile
         self.tensors = tensors
         self.params = params or {}
+        # The backward: ``grad`` a tile def of d score_mod / d score (same arguments); or
+        # ``additive``: score + something independent of the score (derivative 1).
+        self.grad = grad
+        self.additive = bool(additive)
+
+    @property
+    def differentiable(self) -> bool:
+        return self.grad is not None or self.additive
 
     def tensor_values(self):
         return tuple(t for _, t in self.tensors)
@@ -267,6 +276,16 @@ def _softcap_tile(cap: float, approx: bool):
 
 
 @functools.lru_cache(maxsize=None)
+def _softcap_grad(cap: float):
+    inv = 1.0 / cap
+
+    def softcap_grad(score, b, h, q_idx, kv_idx):
+        t = ct.tanh(score * inv)
+        return 1.0 - t * t
+    return softcap_grad
+
+
+@functools.lru_cache(maxsize=None)
 def _softcap_torch(cap: float):
     def softcap_score(score, b, h, q_idx, kv_idx):
         import torch
@@ -284,7 +303,7 @@ def softcap(cap: float, *, approx: bool = False) -> ScoreMod:
     cap = float(cap)
     return ScoreMod(f"softcap({cap:g}{', approx' if approx else ''})",
                     _softcap_tile(cap, bool(approx)), _softcap_torch(cap),
-                    params=dict(cap=cap, approx=bool(approx)))
+                    params=dict(cap=cap, approx=bool(approx)), grad=_softcap_grad(cap))
 
 
 def _alibi_tile(score, b, h, q_idx, kv_idx, slopes):
@@ -319,7 +338,7 @@ def alibi(slopes) -> ScoreMod:
         raise ValueError(f"alibi: slopes must be a (Hq,) tensor, got "
                          f"{tuple(slopes.shape) if isinstance(slopes, torch.Tensor) else slopes!r}")
     return ScoreMod("alibi", _alibi_tile, _alibi_torch,
-                    (("slopes", slopes.to(torch.float32).contiguous()),))
+                    (("slopes", slopes.to(torch.float32).contiguous()),), additive=True)
 
 
 @functools.lru_cache(maxsize=None)
@@ -347,7 +366,7 @@ def relative_bias(table) -> ScoreMod:
     center = (table.shape[1] - 1) // 2
     return ScoreMod("relative_bias", _relbias_tile(center), _relbias_torch(center),
                     (("table", table.to(torch.float32).contiguous()),),
-                    params=dict(max_len=center + 1))
+                    params=dict(max_len=center + 1), additive=True)
 
 
 # === the attention sink =======================================================================
