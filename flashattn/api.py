@@ -46,7 +46,7 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None,
             position - left .. position + right; -1 unbounded (default (-1, -1)).
         softcap: flash-attn's logit soft-capping, softcap * tanh(score / softcap) on the scaled
             score; 0 or None: off. With either, the call runs on the flex kernels
-            (``flashattn.flex.attention_masked``), never the dense or decode path; forward only.
+            (``flashattn.flex.attention_masked``), never the dense or decode path.
 
     Returns:
         (B, Hq, Nq, D) tensor, dtype of q. Differentiable: when q, k or v requires grad (or

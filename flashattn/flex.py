@@ -272,8 +272,11 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
             than T below the running maxima (BLASST): approximate, off by default.
 
     Returns:
-        (B, Hq, Nq, D) in query's dtype (and the LSE as asked). Forward only: with grad mode on
-        and an input requiring grad it raises NotImplementedError (the backward is not built).
+        (B, Hq, Nq, D) in query's dtype (and the LSE as asked). Differentiable in query, key,
+        value and sinks (the flex backward kernels, through a ``torch.autograd.Function``) for
+        any mask and a score_mod with a derivative (``ScoreMod.grad`` or ``additive``: the
+        shipped ones); a score_mod without one, or BLASST, raises NotImplementedError when a
+        gradient is needed. The LSE is not differentiable.
 
     Raises:
         TypeError, ValueError: bad tensors, block masks, mods or options (the message names
@@ -543,7 +546,7 @@ def attention_masked(q, k, v, *, causal, scale, input_pos, step, window_size, so
     Query row i sits at position ``p = input_pos + i`` (``attention``'s convention) and sees
     keys ``p - left .. p + right`` (-1: unbounded), and none past ``p`` when causal. Only
     ``step="best"`` routes here: a named step's kernel has no window or softcap, so naming one
-    with them raises (nothing is silently dropped). Forward only."""
+    with them raises (nothing is silently dropped). Differentiable (the flex backward)."""
     import torch
     from . import mods
     left, right = _check_window(window_size)
@@ -553,10 +556,9 @@ def attention_masked(q, k, v, *, causal, scale, input_pos, step, window_size, so
     if step != "best":
         raise ValueError(f"step={step!r} has no window_size/softcap: these run on the flex "
                          "kernels, which step='best' (the default) selects")
-    if torch.compiler.is_compiling() or (torch.is_grad_enabled() and any(
-            isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v))):
-        raise NotImplementedError("window_size/softcap are forward-only for now (the flex "
-                                  "kernels have no backward yet): call under torch.no_grad()")
+    if torch.compiler.is_compiling():
+        raise NotImplementedError("window_size/softcap under torch.compile: the flex kernels are "
+                                  "not a torch.library operator yet; call it eagerly")
     from .contract import check_tensors
     check_tensors(q, k, v, causal=causal, scale=scale, input_pos=input_pos,
                   interpret=interpreting(getattr(q, "device", None)))

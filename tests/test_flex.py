@@ -288,8 +288,10 @@ def test_bad_options_and_arguments():
     _bad(lambda q, k, v: flex_attention(q, k.float(), v), TypeError, "dtype")
     _bad(lambda q, k, v: flex_attention(q, k, v, sinks=torch.zeros(3)), ValueError, "sinks")
     _bad(lambda q, k, v: flex_attention(q, k, v, blasst_threshold=-1.0), ValueError, "blasst")
-    _bad(lambda q, k, v: flex_attention(q.requires_grad_(), k, v), NotImplementedError,
-         "forward-only")
+    def no_grad_mod(score, b, h, q_idx, kv_idx):
+        return score * 2.0
+    _bad(lambda q, k, v: flex_attention(q.requires_grad_(), k, v, score_mod=no_grad_mod),
+         NotImplementedError, "'no_grad_mod' has no derivative: it is forward-only")
     with pytest.raises(ValueError, match="sliding_window"):
         mods.sliding_window(-3)
     with pytest.raises(ValueError, match="softcap"):
