@@ -775,3 +775,69 @@ class _Lazy:
 
 
 _FlexFunction = _Lazy()
+
+
+def compile_flex_bwd(arch: str, *, score=None, mask=None, block_size=(128, 128), head_dim=128,
+                     Nk=8192, dtype="float16"):
+    """Compile the two backward kernels for ``arch`` (tileiras); a KernelReport each."""
+    import os
+    import time
+    from .aot import KernelReport, analyze_cubin, _cache_dir
+    from .contract import tile_d_for
+    from .kernels.spec import Array, KernelSpec
+    from .interpret import install_shim
+    from cuda.tile.compilation import export_kernel
+    install_shim()
+    score = _as_opt(score, "score")
+    mask = _as_opt(mask, "mask") if block_size is not None else None
+
+    class Spec(KernelSpec):
+        def check_signature(self):
+            return None
+
+    def slots(prefix, mod):
+        ts = list(mod.tensors) if mod else []
+        out = [Array(f"{prefix}{i}", t.dim(), "float32" if t.dtype.is_floating_point else
+                     "int32") for i, (_, t) in enumerate(ts)]
+        return out + [Array(f"{prefix}{i}", 1, "int32") for i in range(len(ts), 3)]
+    tm, tn = block_mask_tiles(block_size, BWD_CONFIG)
+    consts = dict(TILE_M=tm, TILE_N=tn, TILE_D=tile_d_for(head_dim), EVEN_K=Nk % tn == 0,
+                  EVEN_M=Nk % tm == 0, HAS_SCORE=score is not None,
+                  HAS_GRAD=score is not None and score.grad is not None,
+                  HAS_MASK=mask is not None, HAS_BLOCKS=block_size is not None,
+                  HAS_FULL=block_size is not None,
+                  QPB=block_size[0] // tm if block_size else 1,
+                  TPB=block_size[1] // tn if block_size else 1)
+    blocks = [Array(n, r, "int32") for n, r in (("A", 3), ("B", 4), ("C", 3), ("D", 4))]
+    common = (Array("Q", 4), Array("K", 4), Array("V", 4), Array("dO", 4),
+              Array("Lse", 3, "float32"), Array("Delta", 3, "float32"))
+    scal = (("sm_scale", float), ("heads", int), ("group_size", int), ("mask_bmul", int),
+            ("mask_hmul", int))
+    specs = [Spec("flex_dq", "", "", arrays=(*common, Array("dQ", 4), *blocks,
+                                             *slots("S", score), *slots("M", mask)),
+                  scalars=scal, constants=tuple(consts)),
+             Spec("flex_dkdv", "", "", arrays=(*common, Array("dK", 4), Array("dV", 4), *blocks,
+                                               *slots("S", score), *slots("M", mask)),
+                  scalars=scal, constants=tuple(consts))]
+    names = "+".join(m.name for m in (score, mask) if m) or "identity"
+    reps = []
+    for spec, kernel in zip(specs, flex_bwd_kernels(score, mask)):
+        rep = KernelReport(step=f"flex_bwd[{names}]", arch=arch, kernel=spec.name,
+                           config=f"{tm}x{tn}")
+        t0 = time.perf_counter()
+        try:
+            out = _cache_dir() / f"{spec.name}-{arch}-{os.getpid()}-{abs(hash(names)) % 10**8}.cubin"
+            out.parent.mkdir(parents=True, exist_ok=True)
+            export_kernel(kernel, [spec.signature(dtype=dtype, constants=consts)], str(out),
+                          gpu_code=arch, output_format="cubin")
+            a = analyze_cubin(out)
+            out.unlink()
+            rep.registers, rep.stack_bytes, rep.shared_bytes = (
+                a["registers"], a["stack_bytes"], a["shared_bytes"])
+            rep.sass, rep.sass_lines = a["sass"], a["sass_lines"]
+        except Exception as e:
+            msg = str(e).strip()
+            rep.error = f"{type(e).__name__}: {msg[-2000:]}"
+        rep.compile_s = time.perf_counter() - t0
+        reps.append(rep)
+    return reps

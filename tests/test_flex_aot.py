@@ -51,3 +51,15 @@ def test_a_mod_the_compiler_rejects_is_named():
 def ct_module():
     import cuda.tile as ct
     return ct
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_backward_compiles(arch):
+    from flashattn.flex import compile_flex_bwd
+    for kw in (dict(block_size=None),
+               dict(score=mods.softcap(30.0), mask=mods.sliding_window(256)),
+               dict(score=mods.alibi(mods.alibi_slopes(32)),
+                    mask=mods.document(torch.zeros(8192, dtype=torch.int32)))):
+        for r in compile_flex_bwd(arch, **kw):
+            assert not r.error, (r.kernel, r.error)
+            assert r.mma_ops > 0
