@@ -200,7 +200,7 @@ def _check_block_mask(bm, *, B, Hq, Nq, Nk, device):
             bm.full_kv_num_blocks.shape[:2] != num.shape[:2] or
             bm.full_kv_indices.shape[:2] != num.shape[:2])):
         raise ValueError("block_mask: its tensors disagree on the (B, H) axes")
-    if device.type == "cpu":
+    if device.type == "cpu" and not torch.compiler.is_compiling():
         # Values (a synchronisation on a GPU, so checked where it is free): every listed block
         # index within the key blocks, counts within the index lists.
         for nname, iname, n, i in (("kv_num_blocks", "kv_indices", num, idx),
@@ -361,7 +361,8 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
             if t.device != device:
                 raise ValueError(f"{m.kind}_mod {m.name!r}: its tensor {n} is on {t.device} but "
                                  f"the query on {device} (mod.to(device))")
-        _probe(m, m.kind)
+        if not torch.compiler.is_compiling():      # the compiled kernel checks it then
+            _probe(m, m.kind)
     if sinks is not None:
         if not isinstance(sinks, torch.Tensor) or tuple(sinks.shape) != (Hq,):
             raise ValueError(f"sinks must be a ({Hq},) tensor (one logit per query head), got "
@@ -378,9 +379,15 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
     plan_args = dict(score=score, mask=mask, tensors=tensors, block_size=block_size,
                      scale=float(scale), blasst=blasst_threshold, ko=ko,
                      block_mask=block_mask)
-    if needs_grad:
-        _check_differentiable(score, block_mask, blasst_threshold)
-        out, lse = _FlexFunction.apply(query, key, value, sinks, plan_args)
+    if needs_grad or torch.compiler.is_compiling():
+        # Through the torch.library operator: autograd, and torch.compile sees one opaque op.
+        if needs_grad:
+            _check_differentiable(score, block_mask, blasst_threshold)
+        elif blasst_threshold is not None:
+            raise NotImplementedError("blasst_threshold under torch.compile: call it eagerly")
+        from . import flex_op
+        out, lse = flex_op.forward(query, key, value, sinks, score=score, mask=mask,
+                                   block_mask=block_mask, ko=ko, scale=float(scale))
         if not want_lse:
             lse = None
     else:
@@ -739,42 +746,6 @@ def _backward(q, k, v, out, dout, lse, sinks, *, score, mask, tensors, block_siz
     return dq, dk, dv, dsinks
 
 
-def _torch_function():
-    import torch
-
-    class FlexFunction(torch.autograd.Function):
-        """flex_attention's forward (with its LSE) and the flex backward kernels."""
-
-        @staticmethod
-        def forward(ctx, q, k, v, sinks, plan):
-            out, lse = _forward(q, k, v, sinks, want_lse=True, **plan)
-            ctx.save_for_backward(q, k, v, out, lse,
-                                  sinks if sinks is not None else torch.empty(0))
-            ctx.plan = plan
-            ctx.has_sinks = sinks is not None
-            ctx.mark_non_differentiable(lse)
-            return out, lse
-
-        @staticmethod
-        def backward(ctx, dout, _dlse):
-            q, k, v, out, lse, sinks = ctx.saved_tensors
-            dq, dk, dv, ds = _backward(q, k, v, out, dout, lse,
-                                       sinks if ctx.has_sinks else None, **ctx.plan)
-            return dq, dk, dv, (ds.to(sinks.dtype) if ds is not None else None), None
-    return FlexFunction
-
-
-class _Lazy:
-    """The autograd.Function, made on first use (torch imported then)."""
-    fn = None
-
-    def apply(self, *args):
-        if _Lazy.fn is None:
-            _Lazy.fn = _torch_function()
-        return _Lazy.fn.apply(*args)
-
-
-_FlexFunction = _Lazy()
 
 
 def compile_flex_bwd(arch: str, *, score=None, mask=None, block_size=(128, 128), head_dim=128,

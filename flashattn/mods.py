@@ -75,6 +75,17 @@ class _Mod:
     def tensor_values(self):
         return tuple(t for _, t in self.tensors)
 
+    def with_values(self, values):
+        """The same mod reading ``values`` (its tensors' replacements, in order)."""
+        values = tuple(values)
+        if len(values) != len(self.tensors):
+            raise ValueError(f"{self.kind}_mod {self.name!r} reads {len(self.tensors)} tensors, "
+                             f"got {len(values)}")
+        new = object.__new__(type(self))
+        new.__dict__.update(self.__dict__)
+        new.tensors = tuple((n, t) for (n, _), t in zip(self.tensors, values))
+        return new
+
     def to(self, device):
         """The same mod with its tensors on ``device``."""
         new = object.__new__(type(self))

@@ -112,3 +112,32 @@ def test_blasst_and_grad_refused():
     q, k, v = (torch.randn(1, 2, 16, 16).half().requires_grad_() for _ in range(3))
     with interpret.enabled(), pytest.raises(NotImplementedError, match="blasst"):
         flex_attention(q, k, v, blasst_threshold=8.0)
+
+
+def test_torch_compile_fullgraph_through_the_operator():
+    """flashattn::flex_fwd / flex_bwd are torch.library operators: torch.compile(fullgraph=True)
+    traces flex_attention with a BlockMask and a score function, forward and backward."""
+    import os
+    g = torch.Generator().manual_seed(11)
+    q, k, v, do = (torch.randn(1, 2, 32, 16, generator=g).half() for _ in range(4))
+    bm = create_block_mask(mods.causal(), None, None, 32, 32, device="cpu", BLOCK_SIZE=16)
+    sc = mods.softcap(3.0)
+
+    def f(q, k, v):
+        return flex_attention(q, k, v, score_mod=sc, block_mask=bm)
+    eager = [t.clone().requires_grad_() for t in (q, k, v)]
+    comp = [t.clone().requires_grad_() for t in (q, k, v)]
+    old = os.environ.get("FLASHATTN_INTERPRET")
+    os.environ["FLASHATTN_INTERPRET"] = "1"            # the compiled graph runs later
+    try:
+        torch._dynamo.reset()
+        f(*eager).backward(do)
+        out = torch.compile(f, fullgraph=True)(*comp)
+        out.backward(do)
+    finally:
+        if old is None:
+            os.environ.pop("FLASHATTN_INTERPRET")
+        else:
+            os.environ["FLASHATTN_INTERPRET"] = old
+    for a, b in zip(eager, comp):
+        assert torch.equal(a.grad, b.grad)
