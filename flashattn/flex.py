@@ -21,6 +21,11 @@ the interpreter's NumPy ``cuda.tile`` (``_probe``): a mod that cannot run on til
 the wrong type or shape, gets a ``TypeError``/``ModError`` naming it before anything compiles;
 a compiler failure on the GPU is re-raised as ``ModError`` naming the mods, with the compiler's
 message.
+
+Backward: ``kernels/flex_bwd.py`` (dQ; dK/dV over the BlockMask's column lists, GQA summed in
+the kernel), through the torch.library operators of ``flex_op.py`` (``flashattn::flex_fwd``,
+``flashattn::flex_bwd``): autograd and ``torch.compile(fullgraph=True)``. A score function
+needs a derivative (``ScoreMod.grad``) or ``additive=True``; the sink gets its gradient.
 """
 from __future__ import annotations
 
@@ -32,7 +37,8 @@ from .dispatch import attention_steps, device_arch, expect, interpreting, launch
 from .steps import Config
 
 __all__ = ["flex_attention", "ModError", "flex_plan", "FLEX_CONFIGS", "flex_kernel",
-           "block_mask_tiles"]
+           "block_mask_tiles", "attention_masked", "compile_flex", "compile_flex_bwd",
+           "flex_bwd_kernels"]
 
 
 class ModError(ValueError):
@@ -386,6 +392,7 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
         elif blasst_threshold is not None:
             raise NotImplementedError("blasst_threshold under torch.compile: call it eagerly")
         from . import flex_op
+        flex_op._IMPL.update(forward=_forward, backward=_backward)
         out, lse = flex_op.forward(query, key, value, sinks, score=score, mask=mask,
                                    block_mask=block_mask, ko=ko, scale=float(scale))
         if not want_lse:

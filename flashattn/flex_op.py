@@ -16,6 +16,7 @@ import torch
 
 __all__ = ["flex_fwd", "flex_bwd", "register_plan", "forward"]
 
+_IMPL: dict = {}        # "forward", "backward": set by flashattn.flex (no import cycle)
 _PLANS: list = []
 _PLAN_IDS: dict = {}
 _BLOCK_NAMES = ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices",
@@ -74,9 +75,8 @@ def flex_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sinks: torch.Ten
              mask_tensors: list[torch.Tensor], plan_id: int, scale: float
              ) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse) of flex attention under plan ``plan_id``; ``sinks``: (Hq,) or empty."""
-    from .flex import _forward
     plan = _rebuild(plan_id, blocks, score_tensors, mask_tensors)
-    return _forward(q, k, v, sinks if sinks.numel() else None, want_lse=True, scale=scale,
+    return _IMPL["forward"](q, k, v, sinks if sinks.numel() else None, want_lse=True, scale=scale,
                     **plan)
 
 
@@ -93,9 +93,8 @@ def flex_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
              mask_tensors: list[torch.Tensor], plan_id: int, scale: float
              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv, dsinks) of ``flex_fwd``; dsinks empty without sinks."""
-    from .flex import _backward
     plan = _rebuild(plan_id, blocks, score_tensors, mask_tensors)
-    dq, dk, dv, ds = _backward(q, k, v, out, dout, lse, sinks if sinks.numel() else None,
+    dq, dk, dv, ds = _IMPL["backward"](q, k, v, out, dout, lse, sinks if sinks.numel() else None,
                                scale=scale, **plan)
     return dq, dk, dv, (ds.to(sinks.dtype) if ds is not None else sinks.new_empty(0))
 
