@@ -11,7 +11,7 @@ what it costs in the SASS (issue 23).
 
     PYTHONPATH=. python experiments/flex_sass.py [--arch sm_90 ...]   # ~4 min on 2 cores
 
-Writes experiments/data/40-flex/sass.{md,json}.
+Writes experiments/data/40-flex/sass.md and sass.json.xz.
 """
 import argparse
 import collections
@@ -129,7 +129,9 @@ def main(argv=None):
         print("\n".join(lines[-30:]), flush=True)
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "sass.md").write_text("\n".join(lines) + "\n")
-    (a.out / "sass.json").write_text(json.dumps(res, indent=1) + "\n")
+    import lzma                  # over 20 KB: committed xz-compressed (CONTRIBUTING)
+    (a.out / "sass.json.xz").write_bytes(lzma.compress((json.dumps(res, indent=1) + "\n")
+                                                       .encode(), preset=9))
 
 
 if __name__ == "__main__":
