@@ -34,7 +34,23 @@ import threading
 
 from .dispatch import attention_steps, device_arch, expect, interpreting, launch_kernel, \
     on_device
-from .steps import Config
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Config:
+    """Tiles and the occupancy hint of a flex kernel (the fields and methods of the steps'
+    ``Config`` it uses, kept here so the library does not depend on the book's steps)."""
+    TILE_M: int
+    TILE_N: int
+    occupancy: int | None = None
+
+    def hints(self) -> dict:
+        return {"occupancy": self.occupancy} if self.occupancy is not None else {}
+
+    def label(self) -> str:
+        return f"{self.TILE_M}x{self.TILE_N}" + (f" occ={self.occupancy}"
+                                                 if self.occupancy is not None else "")
 
 __all__ = ["flex_attention", "ModError", "flex_plan", "FLEX_CONFIGS", "flex_kernel",
            "block_mask_tiles", "attention_masked", "compile_flex", "compile_flex_bwd",
