@@ -25,15 +25,17 @@ The package, by layer (each imports only from the layers above it):
 from .api import attention, sdpa
 from .decode import decode  # the function; the module is sys.modules["flashattn.decode"]
 from .varlen import attention_varlen, attention_varlen_backward
+from .flex import flex_attention  # FlexAttention on the cuTile kernel (flashattn.mods)
 
 __version__ = "0.1.0"
 __all__ = ["attention", "sdpa", "decode", "attention_varlen", "attention_varlen_backward",
-           "__version__"]
+           "flex_attention", "__version__"]
 
 # Submodules load on first use (flashattn.reference, flashattn.kernels, ...): importing
 # flashattn stays cheap, and `import flashattn; flashattn.reference.attention(...)` works.
-_SUBMODULES = ("aot", "api", "autograd", "autotune", "contract", "dispatch", "env", "interpret",
-               "kernels", "launch", "launch_bwd", "reference", "stats", "steps", "timing")
+_SUBMODULES = ("aot", "api", "autograd", "autotune", "contract", "dispatch", "env", "flex",
+               "interpret", "kernels", "launch", "launch_bwd", "mods", "reference", "stats",
+               "steps", "timing")
 
 
 def __getattr__(name):

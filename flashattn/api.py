@@ -17,7 +17,7 @@ from .steps import get_step
 
 
 def attention(q, k, v, *, causal: bool = False, scale: float | None = None,
-              input_pos: int = 0, step: str = "best"):
+              input_pos: int = 0, step: str = "best", window_size=None, softcap=None):
     """Scaled dot-product attention with a cuTile FlashAttention kernel.
 
     Args:
@@ -42,6 +42,11 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None,
             ("best" sends a decode step, 1 to ``decode.DECODE_PATH_MAX_NQ`` query rows over at
             least ``decode.DECODE_PATH_MIN_NK`` keys, to the split-KV kernels of
             ``flashattn.decode``, which are faster there: the measured crossover).
+        window_size: flash-attn's (left, right): row i (position input_pos + i) sees keys
+            position - left .. position + right; -1 unbounded (default (-1, -1)).
+        softcap: flash-attn's logit soft-capping, softcap * tanh(score / softcap) on the scaled
+            score; 0 or None: off. With either, the call runs on the flex kernels
+            (``flashattn.flex.attention_masked``), never the dense or decode path.
 
     Returns:
         (B, Hq, Nq, D) tensor, dtype of q. Differentiable: when q, k or v requires grad (or
@@ -57,6 +62,13 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None,
     if not isinstance(step, str):
         raise TypeError(f"step must be a str (a name from flashattn.STEPS, or 'best'), got "
                         f"{type(step).__name__}")
+    if window_size is not None or softcap is not None:
+        from .flex import attention_masked          # issue 23: never a path that drops them
+        out = attention_masked(q, k, v, causal=check_causal(causal), scale=scale,
+                               input_pos=input_pos, step=step, window_size=window_size,
+                               softcap=softcap)
+        if out is not None:
+            return out
     if _differentiable(q, k, v):
         from . import autograd
         return autograd.attention(q, k, v, causal=causal, scale=scale, input_pos=input_pos,

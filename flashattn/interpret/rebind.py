@@ -116,7 +116,7 @@ def rebound(f: types.FunctionType) -> types.FunctionType:
     if hit is not None:
         return hit
     g = dict(f.__globals__)
-    new = types.FunctionType(f.__code__, g, f.__name__, f.__defaults__, None)
+    new = types.FunctionType(f.__code__, g, f.__name__, f.__defaults__, f.__closure__)
     _CACHE[f] = new                                                  # before recursing: cycles
     for k, v in list(g.items()):
         if k.startswith("__"):

@@ -1,0 +1,261 @@
+"""FlexAttention in cuTile: a score function and a mask compiled into the fused kernel (issue 23).
+
+``make_flex_kernel(score_fn, mask_fn, n_score, n_mask)`` builds one ``@ct.kernel`` per pair of
+mods: the mods are plain ``def``s captured in the factory's closure (cuTile reads their source
+through ``inspect``; a ``lambda`` has none), inlined into the kernel body by the compiler. The
+tensors a mod reads (document ids, ALiBi slopes, a bias table) are kernel arguments: three array
+slots per mod (``S0..S2`` for the score function, ``M0..M2`` for the mask), unused slots a
+one-element stand-in. ``flashattn.flex`` builds each kernel once and caches it.
+
+Layout (``scaled_dot_product_attention``'s)::
+
+    Q, Out: (B, Hq, Nq, D)     K, V: (B, Hkv, Nk, D)     Lse: fp32 (B, Hq, Nq) (or a stand-in)
+    KvNum, FullNum:  int32 (Bm, Hm, Q_BLOCKS)            PyTorch's BlockMask, Bm in {1, B},
+    KvIdx, FullIdx:  int32 (Bm, Hm, Q_BLOCKS, KV_BLOCKS) Hm in {1, Hq}
+    Sink: fp32 (Hq,) per-head sink logits (or a stand-in)
+
+Grid: ``(cdiv(Nq, TILE_M), B * Hq, 1)``, one program per query tile per (batch, head), as
+``fmha.py``. With a block mask, a program visits only the key blocks its query block lists:
+first the partial ones (``KvIdx``: the mask function is evaluated), then the full ones
+(``FullIdx``: no mask function; only the ragged end of K is masked). A block absent from both
+lists costs nothing: no load, no MMA. ``Q_BLOCK = TILE_M * QPB`` and ``KV_BLOCK = TILE_N * TPB``:
+the tiles divide the BlockMask's block size. Chapter 7's loop split is the causal special case:
+the diagonal blocks are partial, the ones below it full.
+
+Mod conventions (FlexAttention's arguments, as tiles):
+
+    score_fn(score, b, h, q_idx, kv_idx, *score_tensors) -> fp32 [TILE_M, TILE_N]
+    mask_fn(b, h, q_idx, kv_idx, *mask_tensors)           -> bool, broadcast to [TILE_M, TILE_N]
+
+``score`` is ``q . k * scale`` (fp32 [TILE_M, TILE_N]), ``b`` and ``h`` int32 scalars (h: the
+query head), ``q_idx`` int32 [TILE_M, 1] and ``kv_idx`` int32 [1, TILE_N] absolute positions.
+The mask is applied in the safe form ``where(mask, score, -inf)``; a row that sees no key keeps
+m = -inf and gets output 0 and LSE -inf, as FlexAttention returns it (``GUARD``).
+
+BLASST (opt-in, ``BLASST``): after S = QK^T and the masks, a key tile whose row maxima all fall
+more than ``BLASST_T`` (log2 units) below the running maxima is dropped: no exponentials, no V
+load, no P.V.
+"""
+import math
+
+import cuda.tile as ct
+from cuda.tile import RoundingMode as RMd
+
+ConstInt = ct.Constant[int]
+ConstBool = ct.Constant[bool]
+ConstFloat = ct.Constant[float]
+
+INV_LOG_2 = 1.0 / math.log(2)  # exp(x) = exp2(x * log2(e))
+
+
+def identity_score(score, b, h, q_idx, kv_idx):
+    """The score function of plain attention (never called: HAS_SCORE=False folds it away)."""
+    return score
+
+
+def no_mask(b, h, q_idx, kv_idx):
+    """The mask of plain attention (never called: HAS_MASK=False folds it away)."""
+    return kv_idx >= 0
+
+
+def _score_caller(fn, n):
+    """A ``def`` calling ``fn`` with its first ``n`` tensor slots (a closure, as cuTile needs)."""
+    if n == 0:
+        def call_score(score, b, h, q_idx, kv_idx, S0, S1, S2):
+            return fn(score, b, h, q_idx, kv_idx)
+    elif n == 1:
+        def call_score(score, b, h, q_idx, kv_idx, S0, S1, S2):
+            return fn(score, b, h, q_idx, kv_idx, S0)
+    elif n == 2:
+        def call_score(score, b, h, q_idx, kv_idx, S0, S1, S2):
+            return fn(score, b, h, q_idx, kv_idx, S0, S1)
+    else:
+        def call_score(score, b, h, q_idx, kv_idx, S0, S1, S2):
+            return fn(score, b, h, q_idx, kv_idx, S0, S1, S2)
+    return call_score
+
+
+def _mask_caller(fn, n):
+    """A ``def`` calling the mask ``fn`` with its first ``n`` tensor slots."""
+    if n == 0:
+        def call_mask(b, h, q_idx, kv_idx, M0, M1, M2):
+            return fn(b, h, q_idx, kv_idx)
+    elif n == 1:
+        def call_mask(b, h, q_idx, kv_idx, M0, M1, M2):
+            return fn(b, h, q_idx, kv_idx, M0)
+    elif n == 2:
+        def call_mask(b, h, q_idx, kv_idx, M0, M1, M2):
+            return fn(b, h, q_idx, kv_idx, M0, M1)
+    else:
+        def call_mask(b, h, q_idx, kv_idx, M0, M1, M2):
+            return fn(b, h, q_idx, kv_idx, M0, M1, M2)
+    return call_mask
+
+
+MAX_MOD_TENSORS = 3
+
+
+def make_flex_kernel(score_fn=None, mask_fn=None, n_score: int = 0, n_mask: int = 0):
+    """The flex forward kernel for one (score function, mask function) pair; ``None``: none.
+    ``n_score``/``n_mask``: how many tensor slots each mod reads (0 to 3)."""
+    call_score = _score_caller(score_fn if score_fn is not None else identity_score,
+                               n_score if score_fn is not None else 0)
+    call_mask = _mask_caller(mask_fn if mask_fn is not None else no_mask,
+                             n_mask if mask_fn is not None else 0)
+
+    def flex_tile(Q, K, V, q, j, m_i, l_i, acc, offs_m, offs_n_tile, batch_idx, head_idx,
+                  kv_head, k_seqlen, qk_scale, sm_scale, partial, S0, S1, S2, M0, M1, M2,
+                  TILE_M: ConstInt, TILE_N: ConstInt, TILE_D: ConstInt, EVEN_K: ConstBool,
+                  HAS_SCORE: ConstBool, HAS_MASK: ConstBool, GUARD: ConstBool,
+                  BLASST: ConstBool, BLASST_T: ConstFloat):
+        """One key tile ``j``: S = QK^T, the score function, the mask (``partial`` tiles), the
+        online softmax and O += P V. Returns the updated m_i, l_i, acc."""
+        k = ct.load(K, index=(batch_idx, kv_head, 0, j), shape=(1, 1, TILE_D, TILE_N),
+                    order=(0, 1, 3, 2), latency=2, padding_mode=ct.PaddingMode.ZERO)
+        k = k.reshape((TILE_D, TILE_N))                              # [TILE_D, TILE_N]
+        qk = ct.full((TILE_M, TILE_N), 0.0, dtype=ct.float32)        # [TILE_M, TILE_N]
+        qk = ct.mma(q, k, qk)                                        # S = Q K^T
+        offs_n = j * TILE_N + offs_n_tile                            # [1, TILE_N] kv_idx
+        if HAS_SCORE:
+            # FlexAttention's score is q . k * scale; the softmax then runs on it in base 2.
+            qk = call_score(qk * sm_scale, batch_idx, head_idx, offs_m, offs_n,
+                            S0, S1, S2)                              # [TILE_M, TILE_N]
+        if HAS_MASK:
+            if partial:
+                # Only partial blocks evaluate the mask (full blocks were proven all-True).
+                keep = call_mask(batch_idx, head_idx, offs_m, offs_n, M0, M1, M2)
+                qk = ct.where(keep, qk, -math.inf)                   # the safe form
+        if not EVEN_K:
+            if j >= k_seqlen // TILE_N:
+                qk = ct.where(offs_n < k_seqlen, qk, -math.inf)      # keys past Nk
+        if BLASST:
+            # Dynamic skipping: keep the tile if some row's max comes within BLASST_T of its
+            # running max (log2 units); a cross-warp reduction and a branch per tile.
+            m_blk = ct.max(qk, axis=-1, keepdims=True) * qk_scale   # [TILE_M, 1]
+            need = ct.sum(ct.where(m_blk > m_i - BLASST_T, 1, 0))   # rows that need it
+            if need > 0:
+                m_i, l_i, acc = flex_softmax_pv(V, qk, m_i, l_i, acc, j, batch_idx, kv_head,
+                                                qk_scale, TILE_N, TILE_D, GUARD)
+        else:
+            m_i, l_i, acc = flex_softmax_pv(V, qk, m_i, l_i, acc, j, batch_idx, kv_head,
+                                            qk_scale, TILE_N, TILE_D, GUARD)
+        return m_i, l_i, acc
+
+    @ct.kernel
+    def flex_kernel(Q, K, V, Out, Lse, KvNum, KvIdx, FullNum, FullIdx, Sink,
+                    S0, S1, S2, M0, M1, M2,
+                    sm_scale: float, num_heads: int, group_size: int, mask_bmul: int,
+                    mask_hmul: int,
+                    TILE_M: ConstInt, TILE_N: ConstInt, TILE_D: ConstInt, EVEN_K: ConstBool,
+                    HAS_SCORE: ConstBool, HAS_MASK: ConstBool, HAS_BLOCKS: ConstBool,
+                    HAS_FULL: ConstBool, QPB: ConstInt, TPB: ConstInt, TAIL: ConstBool,
+                    HAS_SINK: ConstBool, GUARD: ConstBool, WRITE_LSE: ConstBool,
+                    BLASST: ConstBool, BLASST_T: ConstFloat):
+        """Flex forward: see the module docstring. sm_scale: the softmax scale; group_size =
+        Hq // Hkv; mask_bmul/mask_hmul: 1 where the BlockMask has a batch/head axis, else 0."""
+        # --- Program id -> (query tile, batch, head); GQA maps Hq heads onto Hkv ---
+        bid_x = ct.bid(0)
+        bid_y = ct.bid(1)
+        batch_idx = bid_y // num_heads
+        head_idx = bid_y % num_heads
+        kv_head = head_idx // group_size
+        if HAS_SCORE:
+            qk_scale = INV_LOG_2                                     # the mod saw the scale
+        else:
+            qk_scale = sm_scale * INV_LOG_2                          # scale after the row max
+
+        # --- Query tile and running state ---
+        offs_m = bid_x * TILE_M + ct.arange(TILE_M, dtype=ct.int32)  # [TILE_M]
+        offs_m = offs_m[:, None]                                     # [TILE_M, 1] q_idx
+        offs_n_tile = ct.arange(TILE_N, dtype=ct.int32)[None, :]     # [1, TILE_N]
+        if HAS_SINK:
+            # A learnable sink (gpt-oss): a key of logit Sink[h] and value 0 in every row's
+            # denominator; starting the row at m = sink, l = 1 counts it once.
+            sink = ct.gather(Sink, (head_idx,)).item() * INV_LOG_2
+            m_i = ct.full((TILE_M, 1), 0.0, dtype=ct.float32) + sink  # running max (log2)
+            l_i = ct.full((TILE_M, 1), 1.0, dtype=ct.float32)        # running sum of exp2
+        else:
+            m_i = ct.full((TILE_M, 1), -math.inf, dtype=ct.float32)
+            l_i = ct.full((TILE_M, 1), 0.0, dtype=ct.float32)
+        acc = ct.full((TILE_M, TILE_D), 0.0, dtype=ct.float32)       # unnormalised output
+        q = ct.load(Q, index=(batch_idx, head_idx, bid_x, 0), shape=(1, 1, TILE_M, TILE_D),
+                    padding_mode=ct.PaddingMode.ZERO).reshape((TILE_M, TILE_D))
+        k_seqlen = K.shape[2]
+
+        if HAS_BLOCKS:
+            # --- The key blocks the BlockMask lists for this query block ---
+            qb = bid_x // QPB
+            mb = batch_idx * mask_bmul
+            mh = head_idx * mask_hmul
+            n_part = ct.gather(KvNum, (mb, mh, qb)).item()
+            if HAS_FULL:
+                n_full = ct.gather(FullNum, (mb, mh, qb)).item()
+            else:
+                n_full = 0 * n_part
+            for i in range(0, n_part + n_full):
+                partial = i < n_part
+                if HAS_FULL:
+                    if partial:
+                        blk = ct.gather(KvIdx, (mb, mh, qb, i)).item()
+                    else:
+                        blk = ct.gather(FullIdx, (mb, mh, qb, i - n_part)).item()
+                else:
+                    blk = ct.gather(KvIdx, (mb, mh, qb, i)).item()
+                for t in range(0, TPB):
+                    j = blk * TPB + t
+                    if TAIL:
+                        # A block straddling Nk: its tiles wholly past the end are not loaded.
+                        if j * TILE_N < k_seqlen:
+                            m_i, l_i, acc = flex_tile(
+                                Q, K, V, q, j, m_i, l_i, acc, offs_m, offs_n_tile, batch_idx,
+                                head_idx, kv_head, k_seqlen, qk_scale, sm_scale, partial,
+                                S0, S1, S2, M0, M1, M2, TILE_M, TILE_N, TILE_D, EVEN_K,
+                                HAS_SCORE, HAS_MASK, GUARD, BLASST, BLASST_T)
+                    else:
+                        m_i, l_i, acc = flex_tile(
+                            Q, K, V, q, j, m_i, l_i, acc, offs_m, offs_n_tile, batch_idx,
+                            head_idx, kv_head, k_seqlen, qk_scale, sm_scale, partial,
+                            S0, S1, S2, M0, M1, M2, TILE_M, TILE_N, TILE_D, EVEN_K,
+                            HAS_SCORE, HAS_MASK, GUARD, BLASST, BLASST_T)
+        else:
+            # --- Dense: every key tile (no mask function) ---
+            for j in range(0, ct.cdiv(k_seqlen, TILE_N)):
+                m_i, l_i, acc = flex_tile(
+                    Q, K, V, q, j, m_i, l_i, acc, offs_m, offs_n_tile, batch_idx, head_idx,
+                    kv_head, k_seqlen, qk_scale, sm_scale, j < 0, S0, S1, S2, M0, M1, M2,
+                    TILE_M, TILE_N, TILE_D, EVEN_K, HAS_SCORE, False, GUARD, BLASST, BLASST_T)
+
+        # --- Normalise (0 for a row with no key) and store ---
+        if GUARD:
+            acc = ct.truediv(acc, ct.where(l_i > 0.0, l_i, 1.0), flush_to_zero=True,
+                             rounding_mode=RMd.APPROX)               # [TILE_M, TILE_D]
+        else:
+            acc = ct.truediv(acc, l_i, flush_to_zero=True, rounding_mode=RMd.APPROX)
+        acc = acc.reshape((1, 1, TILE_M, TILE_D)).astype(Out.dtype)
+        ct.store(Out, index=(batch_idx, head_idx, bid_x, 0), tile=acc)
+        if WRITE_LSE:
+            # Natural-log LSE as FlexAttention returns it; -inf for a row with no key.
+            lse = (m_i + ct.log2(l_i)) / INV_LOG_2                   # [TILE_M, 1]
+            ct.store(Lse, index=(batch_idx, head_idx, bid_x), tile=lse.reshape((1, 1, TILE_M)))
+
+    return flex_kernel
+
+
+def flex_softmax_pv(V, qk, m_i, l_i, acc, j, batch_idx, kv_head, qk_scale,
+                    TILE_N: ConstInt, TILE_D: ConstInt, GUARD: ConstBool):
+    """The online softmax of one tile (chapter 2) and O += P V. With ``GUARD`` a row whose
+    scores are all -inf so far keeps m = -inf without NaN (-inf - -inf)."""
+    m_ij = max(m_i, ct.max(qk, axis=-1, keepdims=True) * qk_scale)  # [TILE_M, 1]
+    if GUARD:
+        m_use = ct.where(m_ij == -math.inf, 0.0, m_ij)               # [TILE_M, 1]
+    else:
+        m_use = m_ij
+    p = ct.exp2(qk * qk_scale - m_use, flush_to_zero=True)           # [TILE_M, TILE_N]
+    alpha = ct.exp2(m_i - m_use, flush_to_zero=True)                 # [TILE_M, 1]
+    l_i = l_i * alpha + ct.sum(p, axis=-1, keepdims=True)            # [TILE_M, 1]
+    acc = acc * alpha                                                # [TILE_M, TILE_D]
+    v = ct.load(V, index=(batch_idx, kv_head, j, 0), shape=(1, 1, TILE_N, TILE_D),
+                latency=4, padding_mode=ct.PaddingMode.ZERO)
+    v = v.reshape((TILE_N, TILE_D))                                  # [TILE_N, TILE_D]
+    acc = ct.mma(p.astype(V.dtype), v, acc)                           # O += P V
+    return m_ij, l_i, acc
