@@ -23,18 +23,21 @@ The package, by layer (each imports only from the layers above it):
 from .api import attention, sdpa
 from .decode import decode  # the function; the module is sys.modules["flashattn.decode"]
 from .varlen import attention_varlen, attention_varlen_backward
+from .fp8 import quantize_fp8  # issue 24: fp8 inputs and caches with their descales
 from .steps import (ARCHS, EXPERIMENTS, FLAGS, SEED_STEPS, STEP_NAMES, STEPS, Config, Step,
                     get_step)
 
 __version__ = "0.1.0"
 __all__ = ["attention", "sdpa", "decode", "attention_varlen", "attention_varlen_backward",
+           "quantize_fp8",
            "STEPS", "STEP_NAMES", "SEED_STEPS", "Step", "Config", "get_step", "EXPERIMENTS",
            "ARCHS", "FLAGS", "__version__"]
 
 # Submodules load on first use (flashattn.reference, flashattn.chapter, ...): importing
 # flashattn stays cheap, and `import flashattn; flashattn.reference.attention(...)` works.
 _SUBMODULES = ("aot", "api", "autograd", "autotune", "chapter", "contract", "data", "dispatch",
-               "env", "impls", "interpret", "kernels", "launch", "measure", "reference", "steps")
+               "env", "impls", "interpret", "kernels", "launch", "measure", "reference", "steps",
+               "fp8")
 
 
 def __getattr__(name):

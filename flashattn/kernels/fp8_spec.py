@@ -1,0 +1,96 @@
+"""The FP8 kernels' contracts (issue 24): specs, configurations per architecture, constants.
+
+    FMHA_FP8          kernels/fp8.py fmha_fp8_kernel: the FP8 forward
+    DECODE_SPLIT_FP8  kernels/fp8.py decode_split_fp8_kernel: split-KV decoding, FP8 cache
+
+Imports nothing from cuda.tile. ``kernels/__init__.py`` adds both to ``SPECS``. The specs name
+e4m3 for the fp8 arrays (what ``aot.compile_spec`` compiles by default); ``with_fp8`` gives the
+same spec with e5m2 arrays for the compiler.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from ..contract import tile_d_for
+from ..steps import Config
+from .spec import Array, KernelSpec
+
+__all__ = ["FMHA_FP8", "DECODE_SPLIT_FP8", "FP8_SPECS", "FP8_CONFIGS", "FP8_P_SHIFT",
+           "FP8_FAST_ACC", "fp8_config", "fp8_constants", "fp8_grid", "with_fp8",
+           "FP8_DTYPES"]
+
+FP8_DTYPES = ("float8_e4m3fn", "float8_e5m2")
+
+# Q, K, V fp8; Out bf16 or fp16 ("io"); Descale (3, B, Hkv) fp32: q, k, v descales.
+FMHA_FP8 = KernelSpec(
+    "fmha_fp8", "flashattn.kernels.fp8", "fmha_fp8_kernel",
+    arrays=(Array("Q", 4, "float8_e4m3fn"), Array("K", 4, "float8_e4m3fn"),
+            Array("V", 4, "float8_e4m3fn"), Array("Out", 4), Array("Descale", 3, "float32")),
+    scalars=(("qk_scale", float), ("input_pos", int), ("num_heads", int),
+             ("group_size", int)),
+    constants=("TILE_M", "TILE_N", "TILE_D", "CAUSAL", "EVEN_K", "V_T", "FAST_ACC",
+               "P_SHIFT"))
+
+# Q, Out fp16/bf16 ("io"); K, V fp8 caches; Descale (2, B, Hkv) fp32: k, v descales. The rest
+# as DECODE_SPLIT (kernels/__init__.py), whose constants, grid and scratch it shares.
+DECODE_SPLIT_FP8 = KernelSpec(
+    "decode_split_fp8", "flashattn.kernels.fp8", "decode_split_fp8_kernel",
+    arrays=(Array("Q", 4), Array("K", 4, "float8_e4m3fn"), Array("V", 4, "float8_e4m3fn"),
+            Array("BlockTable", 2, "int32"), Array("SeqLens", 1, "int32"),
+            Array("Descale", 3, "float32"), Array("Opart", 4, "float32"),
+            Array("Lse", 3, "float32"), Array("Out", 4), Array("Counter", 2, "int32")),
+    scalars=(("qk_scale", float), ("num_q", int)),
+    constants=("TILE_M", "TILE_N", "TILE_D", "PAGED", "FINAL", "FUSED", "PDL"))
+
+FP8_SPECS = {"fmha_fp8": FMHA_FP8, "decode_split_fp8": DECODE_SPLIT_FP8}
+
+
+def with_fp8(spec: KernelSpec, fp8: str) -> KernelSpec:
+    """``spec`` with its e4m3 arrays declared as ``fp8`` (for the compiler's signature)."""
+    if fp8 not in FP8_DTYPES:
+        raise ValueError(f"fp8 must be one of {', '.join(FP8_DTYPES)}, got {fp8!r}")
+    arrays = tuple(dataclasses.replace(a, dtype=fp8) if a.dtype in FP8_DTYPES else a
+                   for a in spec.arrays)
+    return dataclasses.replace(spec, arrays=arrays)
+
+
+# P = 2^(s - m + FP8_P_SHIFT) lies in [0, 256]: inside e4m3's range (448), and its small values
+# sit 8 binades above e4m3's subnormals (FlashAttention-3 shifts the max by 8 the same way).
+FP8_P_SHIFT = 8
+# ct.mma(use_fast_acc=True) on Hopper: FP8 accumulation without the periodic promotion to
+# fp32; the sums here are D (<= 256) or TILE_N long. The compile report shows both.
+FP8_FAST_ACC = True
+
+# Tiles and hints per architecture and padded head dim (the smallest listed TILE_D >= it),
+# chosen from the compiler's report (tests/test_fp8_aot.py prints it): no spills. Not timed.
+FP8_CONFIGS: dict[str, dict[int, Config]] = {
+    # Hopper: two consumer warp groups (nww=8) of 64 rows each, FP8 HGMMA; 128-key tiles (an
+    # fp8 K/V tile is half the bytes of fp16's: the same shared memory holds twice the keys).
+    "sm_90": {128: Config(128, 128, occupancy=1, num_worker_warps=8),
+              256: Config(128, 64, occupancy=1, num_worker_warps=8)},
+    "sm_100": {128: Config(128, 128, occupancy=1), 256: Config(128, 64, occupancy=1)},
+    # Consumer Blackwell (and Ampere-style mma.sync): operands in registers, small tiles.
+    "sm_120": {128: Config(64, 64), 256: Config(64, 32)},
+}
+FP8_CONFIGS["sm_80"] = FP8_CONFIGS["sm_120"]
+
+
+def fp8_config(arch: str | None, head_dim: int) -> Config:
+    """The FP8 forward's configuration for ``arch`` (unknown: sm_120's) and ``head_dim``."""
+    td = tile_d_for(head_dim)
+    table = FP8_CONFIGS.get(arch or "sm_120", FP8_CONFIGS["sm_120"])
+    return table[min(d for d in table if d >= td)]
+
+
+def fp8_constants(config: Config, *, head_dim: int, causal: bool, even_k: bool,
+                  v_transposed: bool, fast_acc: bool = FP8_FAST_ACC,
+                  p_shift: int = FP8_P_SHIFT) -> dict:
+    """The ``ct.Constant`` values of ``fmha_fp8_kernel`` by name."""
+    return dict(TILE_M=config.TILE_M, TILE_N=config.TILE_N, TILE_D=tile_d_for(head_dim),
+                CAUSAL=bool(causal), EVEN_K=bool(even_k), V_T=bool(v_transposed),
+                FAST_ACC=bool(fast_acc), P_SHIFT=int(p_shift))
+
+
+def fp8_grid(config: Config, *, B: int, Hq: int, Nq: int) -> tuple[int, int, int]:
+    """One program per query tile per (batch, query head)."""
+    return (-(-int(Nq) // config.TILE_M), int(B) * int(Hq), 1)
