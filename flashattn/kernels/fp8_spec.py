@@ -51,7 +51,11 @@ def with_fp8(spec: KernelSpec, fp8: str) -> KernelSpec:
         raise ValueError(f"fp8 must be one of {', '.join(FP8_DTYPES)}, got {fp8!r}")
     arrays = tuple(dataclasses.replace(a, dtype=fp8) if a.dtype in FP8_DTYPES else a
                    for a in spec.arrays)
-    return dataclasses.replace(spec, arrays=arrays)
+    if arrays == spec.arrays:
+        return spec
+    # A name of its own: aot.compile_spec's cubin cache is keyed by the spec's name, not its
+    # arrays' dtypes.
+    return dataclasses.replace(spec, name=f"{spec.name}_{fp8.split('_')[1]}", arrays=arrays)
 
 
 # P = 2^(s - m + FP8_P_SHIFT) lies in [0, 256]: inside e4m3's range (448), and its small values
@@ -62,13 +66,16 @@ FP8_P_SHIFT = 8
 FP8_FAST_ACC = True
 
 # Tiles and hints per architecture and padded head dim (the smallest listed TILE_D >= it),
-# chosen from the compiler's report (tests/test_fp8_aot.py prints it): no spills. Not timed.
+# chosen from the compiler's report (tests/test_fp8_aot.py prints it; experiments/data/
+# 42-fp8-aot/report.txt): no spills. Not timed on a GPU yet (experiments/fp8_bench.py).
 FP8_CONFIGS: dict[str, dict[int, Config]] = {
     # Hopper: two consumer warp groups (nww=8) of 64 rows each, FP8 HGMMA; 128-key tiles (an
     # fp8 K/V tile is half the bytes of fp16's: the same shared memory holds twice the keys).
     "sm_90": {128: Config(128, 128, occupancy=1, num_worker_warps=8),
               256: Config(128, 64, occupancy=1, num_worker_warps=8)},
-    "sm_100": {128: Config(128, 128, occupancy=1), 256: Config(128, 64, occupancy=1)},
+    # Datacenter Blackwell (tcgen05 on fp8: UTCQMMA); at D=256, 128x64 spilled 8 bytes and
+    # 64x64 8 bytes causal; 128x32 does not (255 registers).
+    "sm_100": {128: Config(128, 128, occupancy=1), 256: Config(128, 32, occupancy=1)},
     # Consumer Blackwell (and Ampere-style mma.sync): operands in registers, small tiles.
     "sm_120": {128: Config(64, 64), 256: Config(64, 32)},
 }
