@@ -267,14 +267,15 @@ def test_fp8_forward_more_bad_inputs():
 
 
 # --- decoding over an FP8 cache ----------------------------------------------------------------
-def _cache(B, Hq, Hkv, Nq, S, D, *, seed, qdtype=torch.float16, paged=None):
+def _cache(B, Hq, Hkv, Nq, S, D, *, seed, qdtype=torch.float16, paged=None,
+           fp8=torch.float8_e4m3fn):
     g = torch.Generator().manual_seed(seed)
     q = torch.randn(B, Hq, Nq, D, generator=g).to(qdtype)
     if paged is None:
         kc = torch.randn(B, Hkv, S, D, generator=g)
         vc = torch.randn(B, Hkv, S, D, generator=g)
-        k8, kd = quantize_fp8(kc)
-        v8, vd = quantize_fp8(vc)
+        k8, kd = quantize_fp8(kc, dtype=fp8)
+        v8, vd = quantize_fp8(vc, dtype=fp8)
         return q, k8, v8, kd, vd, None
     page, num_pages, max_pages = paged
     kp = torch.randn(num_pages, Hkv, page, D, generator=g)
@@ -312,6 +313,17 @@ def test_fp8_cache_decode_matches_reference(B, Hq, Hkv, Nq, S, D, lens, paged, s
     vmax = (v8.float().abs().amax() * vd.max()).item()
     err = (out.float() - ref).abs().max().item()
     assert err <= 2 * u * vmax + 1e-6, f"{err:.3g}"
+
+
+def test_e5m2_cache_decode():
+    q, k8, v8, kd, vd, _ = _cache(2, 4, 2, 2, 140, 64, seed=4, fp8=torch.float8_e5m2)
+    seqlens = torch.tensor([140, 3], dtype=torch.int32)
+    with interpret.enabled():
+        out = flashattn.decode(q, k8, v8, seqlens, k_descale=kd, v_descale=vd, num_splits=2)
+    ref = decode_reference_fp8(q, k8, v8, seqlens, kd, vd)
+    vmax = (v8.float().abs().amax() * vd.max()).item()
+    assert k8.dtype == torch.float8_e5m2
+    assert (out.float() - ref).abs().max().item() <= 2 * 2.0 ** -11 * vmax + 1e-6
 
 
 def test_fp8_cache_decode_fused_merge(monkeypatch):
