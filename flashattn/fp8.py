@@ -425,11 +425,12 @@ def decode_reference_fp8(q, k_cache8, v_cache8, cache_seqlens, k_descale, v_desc
     vd = _descale_tensor(v_descale, "v_descale", B, Hkv, q.device).cpu()
     outs = []
     for b in range(B):
-        kc = k_cache8.float().cpu() * kd[b][None, :, None, None]
-        vc = v_cache8.float().cpu() * vd[b][None, :, None, None]
+        # Contiguous: sequence b's own cache; paged: the page pool, in sequence b's descales.
+        kb = k_cache8 if block_table is not None else k_cache8[b:b + 1]
+        vb = v_cache8 if block_table is not None else v_cache8[b:b + 1]
+        kc = kb.float().cpu() * kd[b][None, :, None, None]
+        vc = vb.float().cpu() * vd[b][None, :, None, None]
         bt = None if block_table is None else block_table[b:b + 1].cpu()
-        if block_table is None:
-            kc, vc = kc[b:b + 1], vc[b:b + 1]
         outs.append(decode_attention(q[b:b + 1].float().cpu(), kc, vc,
                                      cache_seqlens[b:b + 1].cpu(), bt, scale=scale))
     return torch.cat(outs)
