@@ -223,7 +223,8 @@ def attention_fp8(q, k, v, *, q_descale=None, k_descale=None, v_descale=None,
             FlashAttention-3 (every query head of a GQA group shares one).
         causal, scale, input_pos: as ``flashattn.attention``.
         out_dtype: torch.bfloat16 (default) or torch.float16.
-        v_transposed: v is already (B, Hkv, D, Nk) (the layout Hopper's FP8 MMA reads).
+        v_transposed: v is already (B, Hkv, D, Nk) (the layout Hopper's FP8 MMA reads); its
+            last dimension contiguous, its row pitch best a multiple of 16 bytes (TMA).
         v_transpose: for a (B, Hkv, Nk, D) v: "host" (one transpose pass, then the kernel
             reads V K-major) or "kernel" (the kernel reads (Nk, D) tiles; the compiler
             transposes them on chip).
@@ -288,12 +289,17 @@ def attention_fp8(q, k, v, *, q_descale=None, k_descale=None, v_descale=None,
     q, k = (t if t.is_contiguous() else t.contiguous() for t in (q, k))
     if v_transposed:
         v_t = True
+        v = v if v.stride(-1) == 1 else v.contiguous()
     elif v_transpose == "host":
-        v, v_t = v.transpose(-1, -2).contiguous(), True       # (B, Hkv, D, Nk): K-major
+        # (B, Hkv, D, Nk): K-major for the FP8 MMA. Rows padded to 16 bytes (the tensor-memory
+        # loads need 16-byte row pitches): a view of the first Nk columns.
+        pitch = -(-Nk // 16) * 16
+        vt = torch.empty((B, Hkv, D, pitch), dtype=v.dtype, device=v.device)[..., :Nk]
+        vt.copy_(v.transpose(-1, -2))
+        v, v_t = vt, True
     else:
         v_t = False
-    v = v if v.is_contiguous() else v.contiguous()
-    descale = torch.stack((qd, kd, vd)).contiguous()             # (3, B, Hkv)
+        v = v if v.is_contiguous() else v.contiguous()
     arch = device_arch(q.device)
     config = fp8_config(arch, D)
     constants = fp8_constants(config, head_dim=D, causal=causal,
@@ -301,7 +307,7 @@ def attention_fp8(q, k, v, *, q_descale=None, k_descale=None, v_descale=None,
                               fast_acc=fast_acc)
     grid = fp8_grid(config, B=B, Hq=Hq, Nq=Nq)
     kernel = hinted(FMHA_FP8.kernel(), config.hints())
-    args = FMHA_FP8.args(dict(Q=q, K=k, V=v, Out=out, Descale=descale),
+    args = FMHA_FP8.args(dict(Q=q, K=k, V=v, Out=out, QDescale=qd, KDescale=kd, VDescale=vd),
                          dict(qk_scale=float(scale), input_pos=int(input_pos), num_heads=Hq,
                               group_size=Hq // Hkv), constants)
     steps = lambda: B * Hq * attention_steps(Nq, Nk, config.TILE_M, config.TILE_N,  # noqa: E731
@@ -392,7 +398,6 @@ def decode_fp8(q, k_cache, v_cache, cache_seqlens, *, k_descale=None, v_descale=
                       device=q.device)
     if counter is None:
         counter = torch.empty((1, 1), dtype=torch.int32, device=q.device)
-    descale = torch.stack((kd, vd)).contiguous()                     # (2, B, Hkv)
     split_kernel = hinted(DECODE_SPLIT_FP8.kernel(), DECODE_SPLIT_HINTS.get(arch, {}))
     with on_device(q.device), expect(q.device,
                                      lambda: _decode_mod.decode_steps(plan, seqlens, dims),
@@ -400,7 +405,8 @@ def decode_fp8(q, k_cache, v_cache, cache_seqlens, *, k_descale=None, v_descale=
         launch_kernel(q.device, plan["split_grid"], split_kernel,
                       DECODE_SPLIT_FP8.args(dict(Q=q_rows, K=k_cache, V=v_cache,
                                                  BlockTable=table, SeqLens=seqlens,
-                                                 Descale=descale, Opart=opart, Lse=lse,
+                                                 KDescale=kd, VDescale=vd, Opart=opart,
+                                                 Lse=lse,
                                                  Out=out_rows, Counter=counter),
                                             dict(qk_scale=scale, num_q=Nq),
                                             plan["split_constants"]))

@@ -5,7 +5,7 @@ The forward (``fmha_fp8_kernel``), FlashAttention-3's recipe in cuTile::
 
     Q: (B, Hq, Nq, D) fp8       K: (B, Hkv, Nk, D) fp8       Out: (B, Hq, Nq, D) bf16/fp16
     V: (B, Hkv, Nk, D) fp8, or with V_T (V transposed in memory): (B, Hkv, D, Nk) fp8
-    Descale: (3, B, Hkv) fp32: the q, k and v descale factors of each (batch, kv head)
+    QDescale, KDescale, VDescale: (B, Hkv) fp32: the descale factors of each (batch, kv head)
 
 * S = Q K^T on FP8 tensor cores with fp32 accumulation; the descales of Q and K fold into the
   softmax scale (one multiply per row, as in fmha.py).
@@ -27,7 +27,7 @@ query head h reading key/value head ``h // group_size``.
 The decode kernel (``decode_split_fp8_kernel``) is ``decode.decode_split_kernel`` with K and V
 read as fp8 (half the bytes of an fp16 cache: decoding is memory-bound) and widened to the
 query's dtype on chip; the k descale folds into the softmax scale and the v descale into the
-output (both per (batch, kv head), ``Descale: (2, B, Hkv) fp32``). Splits, paging, the fused
+output (both per (batch, kv head), ``KDescale, VDescale: (B, Hkv) fp32``). Splits, paging, the fused
 merge and the NaN poisoning of invalid lengths or pages are those of the fp16 kernel, and the
 partials it writes are merged by the same combine kernels.
 """
@@ -44,7 +44,7 @@ INV_LOG_2 = 1.0 / math.log(2)  # exp(x) = exp2(x * log2(e))
 
 
 @ct.kernel
-def fmha_fp8_kernel(Q, K, V, Out, Descale,
+def fmha_fp8_kernel(Q, K, V, Out, QDescale, KDescale, VDescale,
                     qk_scale: float, input_pos: int, num_heads: int, group_size: int,
                     TILE_M: ConstInt, TILE_N: ConstInt, TILE_D: ConstInt,
                     CAUSAL: ConstBool, EVEN_K: ConstBool, V_T: ConstBool,
@@ -64,9 +64,9 @@ def fmha_fp8_kernel(Q, K, V, Out, Descale,
     kv_head = head_idx // group_size
 
     # --- Descales of this (batch, kv head): q and k fold into the scale, v into the output ---
-    q_ds = ct.gather(Descale, (0, batch_idx, kv_head), padding_value=1.0).item()
-    k_ds = ct.gather(Descale, (1, batch_idx, kv_head), padding_value=1.0).item()
-    v_ds = ct.gather(Descale, (2, batch_idx, kv_head), padding_value=1.0).item()
+    q_ds = ct.gather(QDescale, (batch_idx, kv_head), padding_value=1.0).item()
+    k_ds = ct.gather(KDescale, (batch_idx, kv_head), padding_value=1.0).item()
+    v_ds = ct.gather(VDescale, (batch_idx, kv_head), padding_value=1.0).item()
     scale = qk_scale * INV_LOG_2 * q_ds * k_ds                       # log2 units, dequantised
 
     # --- Query tile and running state (fp32 softmax statistics and output) ---
@@ -133,7 +133,8 @@ def fmha_fp8_kernel(Q, K, V, Out, Descale,
 
 
 @ct.kernel
-def decode_split_fp8_kernel(Q, K, V, BlockTable, SeqLens, Descale, Opart, Lse, Out, Counter,
+def decode_split_fp8_kernel(Q, K, V, BlockTable, SeqLens, KDescale, VDescale, Opart, Lse, Out,
+                            Counter,
                             qk_scale: float, num_q: int,
                             TILE_M: ConstInt, TILE_N: ConstInt, TILE_D: ConstInt,
                             PAGED: ConstBool, FINAL: ConstBool, FUSED: ConstBool,
@@ -142,7 +143,7 @@ def decode_split_fp8_kernel(Q, K, V, BlockTable, SeqLens, Descale, Opart, Lse, O
     one run of the cache.
 
     Q, Out: (B, Hkv, G * Nq, D) fp16/bf16; K, V: fp8 (B, Hkv, S, D), or paged
-    (num_pages, Hkv, page_size, D); Descale (2, B, Hkv) fp32 (k, v). Grid, split rule,
+    (num_pages, Hkv, page_size, D); KDescale, VDescale (B, Hkv) fp32. Grid, split rule,
     FINAL, FUSED (with ``Counter``) and PDL as in ``decode_split_kernel``.
     """
     bid_m = ct.bid(0)
@@ -152,8 +153,8 @@ def decode_split_fp8_kernel(Q, K, V, BlockTable, SeqLens, Descale, Opart, Lse, O
     num_kv_heads = K.shape[1]
     batch_idx = bh // num_kv_heads
     kv_head = bh % num_kv_heads
-    k_ds = ct.gather(Descale, (0, batch_idx, kv_head), padding_value=1.0).item()
-    v_ds = ct.gather(Descale, (1, batch_idx, kv_head), padding_value=1.0).item()
+    k_ds = ct.gather(KDescale, (batch_idx, kv_head), padding_value=1.0).item()
+    v_ds = ct.gather(VDescale, (batch_idx, kv_head), padding_value=1.0).item()
     qk_scale = qk_scale * INV_LOG_2 * k_ds                           # base 2, K dequantised
 
     # --- This sequence's length, read on the device ---

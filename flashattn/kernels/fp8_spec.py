@@ -21,23 +21,25 @@ __all__ = ["FMHA_FP8", "DECODE_SPLIT_FP8", "FP8_SPECS", "FP8_CONFIGS", "FP8_P_SH
 
 FP8_DTYPES = ("float8_e4m3fn", "float8_e5m2")
 
-# Q, K, V fp8; Out bf16 or fp16 ("io"); Descale (3, B, Hkv) fp32: q, k, v descales.
+# Q, K, V fp8; Out bf16 or fp16 ("io"); QDescale, KDescale, VDescale (B, Hkv) fp32.
 FMHA_FP8 = KernelSpec(
     "fmha_fp8", "flashattn.kernels.fp8", "fmha_fp8_kernel",
     arrays=(Array("Q", 4, "float8_e4m3fn"), Array("K", 4, "float8_e4m3fn"),
-            Array("V", 4, "float8_e4m3fn"), Array("Out", 4), Array("Descale", 3, "float32")),
+            Array("V", 4, "float8_e4m3fn"), Array("Out", 4), Array("QDescale", 2, "float32"),
+            Array("KDescale", 2, "float32"), Array("VDescale", 2, "float32")),
     scalars=(("qk_scale", float), ("input_pos", int), ("num_heads", int),
              ("group_size", int)),
     constants=("TILE_M", "TILE_N", "TILE_D", "CAUSAL", "EVEN_K", "V_T", "FAST_ACC",
                "P_SHIFT"))
 
-# Q, Out fp16/bf16 ("io"); K, V fp8 caches; Descale (2, B, Hkv) fp32: k, v descales. The rest
+# Q, Out fp16/bf16 ("io"); K, V fp8 caches; KDescale, VDescale (B, Hkv) fp32. The rest
 # as DECODE_SPLIT (kernels/__init__.py), whose constants, grid and scratch it shares.
 DECODE_SPLIT_FP8 = KernelSpec(
     "decode_split_fp8", "flashattn.kernels.fp8", "decode_split_fp8_kernel",
     arrays=(Array("Q", 4), Array("K", 4, "float8_e4m3fn"), Array("V", 4, "float8_e4m3fn"),
             Array("BlockTable", 2, "int32"), Array("SeqLens", 1, "int32"),
-            Array("Descale", 3, "float32"), Array("Opart", 4, "float32"),
+            Array("KDescale", 2, "float32"), Array("VDescale", 2, "float32"),
+            Array("Opart", 4, "float32"),
             Array("Lse", 3, "float32"), Array("Out", 4), Array("Counter", 2, "int32")),
     scalars=(("qk_scale", float), ("num_q", int)),
     constants=("TILE_M", "TILE_N", "TILE_D", "PAGED", "FINAL", "FUSED", "PDL"))
