@@ -30,7 +30,7 @@ from .dispatch import (device_arch, expect, interpreting, launch_kernel, on_devi
                        attention_steps)
 from .kernels import hinted
 from .kernels.fp8_spec import (DECODE_SPLIT_FP8, FMHA_FP8, FP8_DTYPES, fp8_config,
-                               fp8_constants, fp8_grid)
+                               fp8_constants, fp8_decode_constants, fp8_grid)
 
 __all__ = ["quantize_fp8", "dequantize_fp8", "attention_fp8", "decode_fp8", "incoherent",
            "hadamard_rotation", "reference_fp8", "is_fp8", "FP8_MAX", "FP8_ARCHS",
@@ -409,7 +409,7 @@ def decode_fp8(q, k_cache, v_cache, cache_seqlens, *, k_descale=None, v_descale=
                                                  Lse=lse,
                                                  Out=out_rows, Counter=counter),
                                             dict(qk_scale=scale, num_q=Nq),
-                                            plan["split_constants"]))
+                                            fp8_decode_constants(plan["split_constants"])))
         if plan["combine"] in ("row", "block"):
             spec = DECODE_COMBINE_ROW if plan["combine"] == "row" else DECODE_COMBINE
             launch_kernel(q.device, plan["combine_grid"], spec.kernel(),
@@ -484,8 +484,8 @@ def compile_cases(*, archs=("sm_90", "sm_100", "sm_120"), head_dims=(64, 128, 25
                 for final in (False, True):
                     if d != 128 and (final or page is None):
                         continue
-                    c = decode_split_constants(rows=4, head_dim=d, page_size=page, arch=arch,
-                                               final=final)
+                    c = fp8_decode_constants(decode_split_constants(
+                        rows=4, head_dim=d, page_size=page, arch=arch, final=final))
                     cases.append(dict(kernel="decode_split_fp8", arch=arch, D=d, page=page,
                                       final=final, rows=4, fp8="float8_e4m3fn",
                                       constants=c))

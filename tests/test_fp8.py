@@ -296,6 +296,7 @@ DECODE_CASES = [
     (2, 2, 2, 3, 160, 64, (160, 45, None), None, 3, torch.bfloat16),   # Nq=3, three splits
     (2, 8, 2, 2, None, 64, (130, 64, None), (64, 9, 4), 2, torch.float16),  # paged
     (1, 2, 1, 1, 96, 128, (96, None, None), None, 1, torch.float16),   # one split: FINAL
+    (2, 2, 1, 2, 80, 256, (80, 33, None), None, 2, torch.bfloat16),    # D=256: S in 2 slices
 ]
 
 

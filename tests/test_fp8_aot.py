@@ -43,13 +43,7 @@ def test_fp8_kernel_compiles_without_spills(reports, case):
     r = reports[_id(case)]
     assert not r["error"], r["error"]
     assert r["registers"] > 0 and r["sass_lines"] > 50
-    if case["kernel"] == "decode_split_fp8" and case["D"] == 256:
-        # Known: widening the fp8 K/V tiles to bf16 in registers costs the D=256 decode kernel
-        # a small spill (8-96 bytes; the fp16 kernel has none). TILE_N 16/32 and the
-        # occupancy / worker-warp hints were tried and spill more. Bounded here.
-        assert r["stack_bytes"] <= 128, f"spills: {r['label']}"
-    else:
-        assert r["stack_bytes"] == 0 and r["sass"]["STL"] == 0, f"spills: {r['label']}"
+    assert r["stack_bytes"] == 0 and r["sass"]["STL"] == 0, f"spills: {r['label']}"
     s = r["sass"]
     if case["kernel"] == "fmha_fp8":
         fmt = "E4M3" if case["fp8"] == "float8_e4m3fn" else "E5M2"

@@ -138,13 +138,15 @@ def decode_split_fp8_kernel(Q, K, V, BlockTable, SeqLens, KDescale, VDescale, Op
                             qk_scale: float, num_q: int,
                             TILE_M: ConstInt, TILE_N: ConstInt, TILE_D: ConstInt,
                             PAGED: ConstBool, FINAL: ConstBool, FUSED: ConstBool,
-                            PDL: ConstBool):
+                            PDL: ConstBool, HALF_D: ConstInt):
     """``decode.decode_split_kernel`` over an FP8 cache: partial attention of one GQA group over
     one run of the cache.
 
     Q, Out: (B, Hkv, G * Nq, D) fp16/bf16; K, V: fp8 (B, Hkv, S, D), or paged
     (num_pages, Hkv, page_size, D); KDescale, VDescale (B, Hkv) fp32. Grid, split rule,
-    FINAL, FUSED (with ``Counter``) and PDL as in ``decode_split_kernel``.
+    FINAL, FUSED (with ``Counter``) and PDL as in ``decode_split_kernel``. HALF_D: S = Q K^T in
+    slices of HALF_D of the head dim (``TILE_D``: one slice), each K slice widened on its own:
+    at D=256 the whole widened K tile spilled (8-96 bytes); 128-wide slices do not.
     """
     bid_m = ct.bid(0)
     split = ct.bid(1)
@@ -194,27 +196,40 @@ def decode_split_fp8_kernel(Q, K, V, BlockTable, SeqLens, KDescale, VDescale, Op
         else:
             page = batch_idx
             tile_in_page = t
-        # fp8 from memory (half the bytes), widened to q's dtype on chip.
-        k = ct.load(K, index=(page, kv_head, 0, tile_in_page), shape=(1, 1, TILE_D, TILE_N),
-                    order=(0, 1, 3, 2), padding_mode=ct.PaddingMode.ZERO)
-        k = k.reshape((TILE_D, TILE_N)).astype(Q.dtype)              # [TILE_D, TILE_N]
-        v = ct.load(V, index=(page, kv_head, tile_in_page, 0), shape=(1, 1, TILE_N, TILE_D),
-                    padding_mode=ct.PaddingMode.ZERO)
-        v = v.reshape((TILE_N, TILE_D)).astype(Q.dtype)              # [TILE_N, TILE_D]
+        # fp8 from memory (half the bytes), widened to q's dtype on chip, in TILE_D // HALF_D
+        # slices of the head dim (at D=256 one widened tile of the whole head dim spills).
         qk = ct.full((TILE_M, TILE_N), 0.0, dtype=ct.float32)
-        qk = ct.mma(q, k, qk)                                        # S = Q K^T (unscaled K)
-
+        if HALF_D == TILE_D:
+            k = ct.load(K, index=(page, kv_head, 0, tile_in_page), shape=(1, 1, TILE_D, TILE_N),
+                        order=(0, 1, 3, 2), padding_mode=ct.PaddingMode.ZERO)
+            k = k.reshape((TILE_D, TILE_N)).astype(Q.dtype)          # [TILE_D, TILE_N]
+            qk = ct.mma(q, k, qk)                                    # S = Q K^T (unscaled K)
+        else:
+            for c in range(TILE_D // HALF_D):
+                k = ct.load(K, index=(page, kv_head, c, tile_in_page),
+                            shape=(1, 1, HALF_D, TILE_N), order=(0, 1, 3, 2),
+                            padding_mode=ct.PaddingMode.ZERO)
+                k = k.reshape((HALF_D, TILE_N)).astype(Q.dtype)      # [HALF_D, TILE_N]
+                qc = ct.load(Q, index=(batch_idx, kv_head, bid_m, c),
+                             shape=(1, 1, TILE_M, HALF_D),
+                             padding_mode=ct.PaddingMode.ZERO).reshape((TILE_M, HALF_D))
+                qk = ct.mma(qc, k, qk)                               # S += Q_c K_c^T
         if n0 + TILE_N > mask_from:
             # Slots past seqlen may hold anything (fp8 NaN included): select, never add.
-            offs_n = n0 + offs_n_tile
-            qk = ct.where(offs_n[None, :] <= q_pos, qk, -math.inf)
-            v = ct.where(offs_n[:, None] < seqlen, v, 0.0)
+            qk = ct.where((n0 + offs_n_tile)[None, :] <= q_pos, qk, -math.inf)
 
         m_ij = max(m_i, ct.max(qk, axis=-1, keepdims=True) * qk_scale)
         m_use = ct.where(m_ij == -math.inf, 0.0, m_ij)
         p = ct.exp2(qk * qk_scale - m_use)
         alpha = ct.exp2(m_i - m_use)
         l_i = l_i * alpha + ct.sum(p, axis=-1, keepdims=True)
+
+        # V after the softmax: its widened tile is not live beside K's (registers at D=256).
+        v = ct.load(V, index=(page, kv_head, tile_in_page, 0), shape=(1, 1, TILE_N, TILE_D),
+                    padding_mode=ct.PaddingMode.ZERO)
+        v = v.reshape((TILE_N, TILE_D)).astype(Q.dtype)              # [TILE_N, TILE_D]
+        if n0 + TILE_N > mask_from:
+            v = ct.where((n0 + offs_n_tile)[:, None] < seqlen, v, 0.0)
         acc = ct.mma(p.astype(Q.dtype), v, acc * alpha)              # O += P V (unscaled V)
         m_i = m_ij
 

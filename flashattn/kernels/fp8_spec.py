@@ -17,7 +17,7 @@ from .spec import Array, KernelSpec
 
 __all__ = ["FMHA_FP8", "DECODE_SPLIT_FP8", "FP8_SPECS", "FP8_CONFIGS", "FP8_P_SHIFT",
            "FP8_FAST_ACC", "fp8_config", "fp8_constants", "fp8_grid", "with_fp8",
-           "FP8_DTYPES"]
+           "FP8_DTYPES", "FP8_DECODE_SLICE", "fp8_decode_constants"]
 
 FP8_DTYPES = ("float8_e4m3fn", "float8_e5m2")
 
@@ -42,9 +42,20 @@ DECODE_SPLIT_FP8 = KernelSpec(
             Array("Opart", 4, "float32"),
             Array("Lse", 3, "float32"), Array("Out", 4), Array("Counter", 2, "int32")),
     scalars=(("qk_scale", float), ("num_q", int)),
-    constants=("TILE_M", "TILE_N", "TILE_D", "PAGED", "FINAL", "FUSED", "PDL"))
+    constants=("TILE_M", "TILE_N", "TILE_D", "PAGED", "FINAL", "FUSED", "PDL", "HALF_D"))
 
 FP8_SPECS = {"fmha_fp8": FMHA_FP8, "decode_split_fp8": DECODE_SPLIT_FP8}
+
+# The fp8-cache decode kernel computes S in head-dim slices of at most this many columns (its
+# HALF_D): widening a whole 256-wide K tile to bf16 spilled (compile report).
+FP8_DECODE_SLICE = 128
+
+
+def fp8_decode_constants(split_constants: dict) -> dict:
+    """``decode_split_fp8_kernel``'s constants: the fp16 split kernel's (``decode_plan``) plus
+    HALF_D."""
+    td = split_constants["TILE_D"]
+    return dict(split_constants, HALF_D=min(td, FP8_DECODE_SLICE))
 
 
 def with_fp8(spec: KernelSpec, fp8: str) -> KernelSpec:
