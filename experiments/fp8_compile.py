@@ -4,7 +4,7 @@
 
 Compiles every case of ``flashattn.fp8.compile_cases`` (the FP8 forward with V transposed
 (K-major) and not, e5m2 and exact accumulation on sm_90, and the fp8-cache decode split kernel)
-and writes ``report.txt`` (the table) and ``report.json`` (registers, stack, shared memory,
+and writes ``report.txt`` (the table) and ``report.json.xz`` (registers, stack, shared memory,
 SASS counts and the MMA instruction forms of each).
 """
 import argparse
@@ -32,8 +32,10 @@ def main(argv=None) -> int:
     meta = dict(cuda_tile=ct.__version__, archs=archs, quick=a.quick,
                 seconds=round(time.time() - t0, 1))
     (out / "report.txt").write_text(table + "\n")
-    (out / "report.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1) + "\n")
-    print(f"wrote {out}/report.txt, report.json ({meta['seconds']} s)")
+    import lzma                       # records over ~20 KB are kept xz-compressed (CONTRIBUTING)
+    (out / "report.json.xz").write_bytes(lzma.compress(
+        (json.dumps(dict(meta=meta, rows=rows), indent=1) + "\n").encode(), preset=9))
+    print(f"wrote {out}/report.txt, report.json.xz ({meta['seconds']} s)")
     return 1 if any(r["error"] for r in rows) else 0
 
 
