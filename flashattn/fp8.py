@@ -333,7 +333,8 @@ def decode_fp8(q, k_cache, v_cache, cache_seqlens, *, k_descale=None, v_descale=
     _decode_mod = importlib.import_module("flashattn.decode")   # flashattn.decode is the function
     from .contract import check_decode, check_optional_int, check_out
     from .dispatch import device_sm_count
-    from .kernels import (DECODE_COMBINE, DECODE_COMBINE_ROW, DECODE_SPLIT_HINTS)
+    from .kernels import (DECODE_COMBINE, DECODE_COMBINE_ROW, DECODE_SPLIT_HINTS,
+                          decode_partial_shapes, decode_split_grid)
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache),
                     ("cache_seqlens", cache_seqlens)):
         if not isinstance(t, torch.Tensor):
@@ -384,6 +385,14 @@ def decode_fp8(q, k_cache, v_cache, cache_seqlens, *, k_descale=None, v_descale=
     if plan["combine"] == "fused":
         counter = _decode_mod._counters(q.device, plan["counter_shape"])
     rows = plan["rows"]
+    # The fp16 plan's splits, TILE_N and combine; the fp8 kernel's own row tile (64 rows on
+    # sm_90/sm_100: kernels/fp8_spec.py FP8_DECODE_WIDE_TILE_M), its grid and scratch.
+    split_consts = fp8_decode_constants(plan["split_constants"], arch)
+    split_grid = decode_split_grid(B=B, Hkv=Hkv, rows=rows, tile_m=split_consts["TILE_M"],
+                                   num_splits=plan["num_splits"])
+    opart_shape, lse_shape = decode_partial_shapes(
+        num_splits=plan["num_splits"], B=B, Hkv=Hkv, rows=rows,
+        tile_m=split_consts["TILE_M"], head_dim=D)
     q_rows = q.contiguous().view(B, Hkv, rows, D)
     out_rows = out.view(B, Hkv, rows, D)
     if block_table is None:
@@ -392,9 +401,9 @@ def decode_fp8(q, k_cache, v_cache, cache_seqlens, *, k_descale=None, v_descale=
         table = block_table if block_table.stride(-1) == 1 else block_table.contiguous()
     seqlens = cache_seqlens if cache_seqlens.stride(-1) == 1 else cache_seqlens.contiguous()
     final = plan["combine"] is None
-    opart = torch.empty((1, 1, 1, 1) if final else plan["opart_shape"], dtype=torch.float32,
+    opart = torch.empty((1, 1, 1, 1) if final else opart_shape, dtype=torch.float32,
                         device=q.device)
-    lse = torch.empty((1, 1, 1) if final else plan["lse_shape"], dtype=torch.float32,
+    lse = torch.empty((1, 1, 1) if final else lse_shape, dtype=torch.float32,
                       device=q.device)
     if counter is None:
         counter = torch.empty((1, 1), dtype=torch.int32, device=q.device)
@@ -402,14 +411,14 @@ def decode_fp8(q, k_cache, v_cache, cache_seqlens, *, k_descale=None, v_descale=
     with on_device(q.device), expect(q.device,
                                      lambda: _decode_mod.decode_steps(plan, seqlens, dims),
                                      "flashattn.decode (fp8 cache)"):
-        launch_kernel(q.device, plan["split_grid"], split_kernel,
+        launch_kernel(q.device, split_grid, split_kernel,
                       DECODE_SPLIT_FP8.args(dict(Q=q_rows, K=k_cache, V=v_cache,
                                                  BlockTable=table, SeqLens=seqlens,
                                                  KDescale=kd, VDescale=vd, Opart=opart,
                                                  Lse=lse,
                                                  Out=out_rows, Counter=counter),
                                             dict(qk_scale=scale, num_q=Nq),
-                                            fp8_decode_constants(plan["split_constants"])))
+                                            split_consts))
         if plan["combine"] in ("row", "block"):
             spec = DECODE_COMBINE_ROW if plan["combine"] == "row" else DECODE_COMBINE
             launch_kernel(q.device, plan["combine_grid"], spec.kernel(),
@@ -485,7 +494,7 @@ def compile_cases(*, archs=("sm_90", "sm_100", "sm_120"), head_dims=(64, 128, 25
                     if d != 128 and (final or page is None):
                         continue
                     c = fp8_decode_constants(decode_split_constants(
-                        rows=4, head_dim=d, page_size=page, arch=arch, final=final))
+                        rows=4, head_dim=d, page_size=page, arch=arch, final=final), arch)
                     cases.append(dict(kernel="decode_split_fp8", arch=arch, D=d, page=page,
                                       final=final, rows=4, fp8="float8_e4m3fn",
                                       constants=c))

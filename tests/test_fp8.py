@@ -300,8 +300,10 @@ DECODE_CASES = [
 ]
 
 
+@pytest.mark.parametrize("arch", ["sm_90", "sm_120"])   # 64-row tile / the fp16 plan's 16 rows
 @pytest.mark.parametrize("B,Hq,Hkv,Nq,S,D,lens,paged,splits,qdtype", DECODE_CASES)
-def test_fp8_cache_decode_matches_reference(B, Hq, Hkv, Nq, S, D, lens, paged, splits, qdtype):
+def test_fp8_cache_decode_matches_reference(B, Hq, Hkv, Nq, S, D, lens, paged, splits, qdtype,
+                                            arch):
     q, k8, v8, kd, vd, bt = _cache(B, Hq, Hkv, Nq, S, D, seed=B * 31 + D, qdtype=qdtype,
                                    paged=paged)
     seqlens = torch.tensor([n for n in lens[:B]], dtype=torch.int32)
@@ -311,7 +313,7 @@ def test_fp8_cache_decode_matches_reference(B, Hq, Hkv, Nq, S, D, lens, paged, s
         for b, n in enumerate(seqlens.tolist()):
             k8[b, :, n:] = nan8
             v8[b, :, n:] = nan8
-    with interpret.enabled():
+    with interpret.enabled(arch):
         out = flashattn.decode(q, k8, v8, seqlens, block_table=bt, k_descale=kd, v_descale=vd,
                                num_splits=splits)
     assert out.dtype == qdtype
@@ -320,6 +322,25 @@ def test_fp8_cache_decode_matches_reference(B, Hq, Hkv, Nq, S, D, lens, paged, s
     vmax = (torch.nan_to_num(v8.float()).abs().amax() * vd.max()).item()
     err = (out.float() - ref).abs().max().item()
     assert err <= 2 * u * vmax + 1e-6, f"{err:.3g}"
+
+
+def test_fp8_decode_constants_per_arch():
+    """The fp8-cache decode kernel keeps the fp16 plan's TILE_N and splits; on sm_90/sm_100 its
+    row tile is 64 (warpgroup MMA: the fp8 tiles widened through shared memory), elsewhere the
+    fp16 plan's, with HALF_D slices of at most 128."""
+    from flashattn.kernels import decode_split_constants
+    from flashattn.kernels.fp8_spec import FP8_DECODE_WIDE_TILE_M, fp8_decode_constants
+    for arch in ("sm_90", "sm_100", "sm_120", None):
+        for d in (64, 128, 256):
+            for rows in (1, 4, 16, 32, 64, 128):
+                c = decode_split_constants(rows=rows, head_dim=d, page_size=None, arch=arch)
+                f = fp8_decode_constants(c, arch)
+                assert f["TILE_N"] == c["TILE_N"] and f["TILE_D"] == c["TILE_D"]
+                assert -(-rows // f["TILE_M"]) <= -(-rows // c["TILE_M"])
+                if arch in FP8_DECODE_WIDE_TILE_M:
+                    assert f["TILE_M"] == max(c["TILE_M"], 64) and f["HALF_D"] == c["TILE_D"]
+                else:
+                    assert f["TILE_M"] == c["TILE_M"] and f["HALF_D"] == min(c["TILE_D"], 128)
 
 
 def test_e5m2_cache_decode():

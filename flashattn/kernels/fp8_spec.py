@@ -17,7 +17,8 @@ from .spec import Array, KernelSpec
 
 __all__ = ["FMHA_FP8", "DECODE_SPLIT_FP8", "FP8_SPECS", "FP8_CONFIGS", "FP8_P_SHIFT",
            "FP8_FAST_ACC", "fp8_config", "fp8_constants", "fp8_grid", "with_fp8",
-           "FP8_DTYPES", "FP8_DECODE_SLICE", "fp8_decode_constants"]
+           "FP8_DTYPES", "FP8_DECODE_SLICE", "FP8_DECODE_WIDE_TILE_M",
+           "fp8_decode_constants"]
 
 FP8_DTYPES = ("float8_e4m3fn", "float8_e5m2")
 
@@ -47,14 +48,36 @@ DECODE_SPLIT_FP8 = KernelSpec(
 FP8_SPECS = {"fmha_fp8": FMHA_FP8, "decode_split_fp8": DECODE_SPLIT_FP8}
 
 # The fp8-cache decode kernel computes S in head-dim slices of at most this many columns (its
-# HALF_D): widening a whole 256-wide K tile to bf16 spilled (compile report).
+# HALF_D) where it widens K in registers (warp MMA, TILE_M < 64): widening a whole 256-wide K
+# tile to bf16 there spilled (compile report).
 FP8_DECODE_SLICE = 128
+# The fp8-cache decode kernel's row tile on the archs with a shared-memory-operand MMA
+# (Hopper's warpgroup MMA, Blackwell's tcgen05): at least 64 rows, whatever the packed query
+# rows. With the fp16 split kernel's 16-row tile (warp MMA, HMMA.16816: both operands in
+# registers, in the MMA's fragment layout) the compiler loads the fp8 tiles from shared memory
+# one or two bytes at a time (sm_90, D=128, 16x128: 128 LDS.U8 + 64 LDS.U16 per thread per
+# K/V tile, against 40 LDSM for the fp16 kernel's tiles; its loop is 1798 instructions per
+# warp against the fp16 kernel's 891 for half the bytes) and decoding runs at the fp16
+# kernel's elements per second, not its bytes (GPU probe 1: 0.55-0.96x the fp16 cache). With
+# 64 rows the compiler emits a warpgroup MMA (HGMMA / UTCHMMA) whose operands it reads from
+# shared memory, and a converter warp group widens each fp8 tile there with 16-byte loads and
+# stores (LDS.128 -> F2FP.F16.E4M3.UNPACK_B -> STS.128) beside the MMA warp group: 168
+# registers, no byte loads. The split plan (TILE_N, split count, grid) stays the fp16
+# kernel's: the packed rows fit one 64-row block whenever the fp16 tile had fewer rows.
+# Experiments/LOG.md (issue 24, E-fp8-decode) has the SASS tables and the prediction.
+FP8_DECODE_WIDE_TILE_M = {"sm_90": 64, "sm_100": 64}
 
 
-def fp8_decode_constants(split_constants: dict) -> dict:
-    """``decode_split_fp8_kernel``'s constants: the fp16 split kernel's (``decode_plan``) plus
-    HALF_D."""
+def fp8_decode_constants(split_constants: dict, arch: str | None = None) -> dict:
+    """``decode_split_fp8_kernel``'s constants: the fp16 split kernel's (``decode_plan``) with
+    TILE_M raised to ``FP8_DECODE_WIDE_TILE_M[arch]`` (where listed) and HALF_D (the whole
+    head dim on those archs, whose MMA reads the widened K from shared memory; at most
+    ``FP8_DECODE_SLICE`` elsewhere)."""
     td = split_constants["TILE_D"]
+    wide = FP8_DECODE_WIDE_TILE_M.get(arch or "")
+    if wide:
+        return dict(split_constants, TILE_M=max(int(split_constants["TILE_M"]), wide),
+                    HALF_D=td)
     return dict(split_constants, HALF_D=min(td, FP8_DECODE_SLICE))
 
 
