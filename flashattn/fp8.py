@@ -6,6 +6,11 @@
     k8, kd = quantize_fp8(k)
     v8, vd = quantize_fp8(v)
     o = flashattn.attention(q8, k8, v8, causal=True, q_descale=qd, k_descale=kd, v_descale=vd)
+    # V quantised straight into (B, Hkv, D, N), the layout Hopper's FP8 P V reads: the forward
+    # then skips its transpose pass (6-10 % of the forward at 16K, GPU probe 1)
+    v8t, vd = quantize_fp8(v, transpose_v=True)
+    o = flashattn.fp8.attention_fp8(q8, k8, v8t, causal=True, q_descale=qd, k_descale=kd,
+                                    v_descale=vd, v_transposed=True)
 
     k_cache8, kd = quantize_fp8(k_cache); v_cache8, vd = quantize_fp8(v_cache)
     o = flashattn.decode(q, k_cache8, v_cache8, cache_seqlens, k_descale=kd, v_descale=vd)
@@ -53,7 +58,8 @@ def is_fp8(t) -> bool:
 
 
 # --- quantisation ------------------------------------------------------------------------------
-def quantize_fp8(x, *, num_kv_heads: int | None = None, dtype=None, margin: float = 1.0):
+def quantize_fp8(x, *, num_kv_heads: int | None = None, dtype=None, margin: float = 1.0,
+                 transpose_v: bool = False):
     """Quantise ``x`` (B, H, N, D) to fp8 with one scale per (batch, kv head).
 
     Args:
@@ -63,10 +69,18 @@ def quantize_fp8(x, *, num_kv_heads: int | None = None, dtype=None, margin: floa
             kernel's q descale); default H (K and V).
         dtype: ``torch.float8_e4m3fn`` (default) or ``torch.float8_e5m2``.
         margin: the largest |x| of a group maps to ``FP8_MAX / margin`` (>= 1).
+        transpose_v: for V: return x_fp8 transposed, (B, H, D, N), the layout the FP8
+            forward's P V product reads (``attention_fp8(..., v_transposed=True)``), written
+            by this quantising pass itself: a caller who quantises V anyway gets V^T without
+            the forward's separate transpose pass (6-10 % of the forward at 16K on an H200,
+            GPU probe 1). The result is a view of the first N columns of a (B, H, D, N16)
+            buffer, N16 = N rounded up to 16 (16-byte row pitches for the TMA).
 
     Returns:
-        (x_fp8, descale): x_fp8 of ``dtype``, same shape; descale (B, num_kv_heads) float32
-        with ``x ~= x_fp8.float() * descale[b, h // G]``. A group of zeros gets descale 1.
+        (x_fp8, descale): x_fp8 of ``dtype``, x's shape ((B, H, D, N) with ``transpose_v``);
+        descale (B, num_kv_heads) float32 with ``x ~= x_fp8.float() * descale[b, h // G]``
+        (with ``transpose_v``: ``x ~= x_fp8.transpose(-1, -2).float() * descale``). A group
+        of zeros gets descale 1.
     """
     import torch
     if not isinstance(x, torch.Tensor):
@@ -78,6 +92,8 @@ def quantize_fp8(x, *, num_kv_heads: int | None = None, dtype=None, margin: floa
     dtype = torch.float8_e4m3fn if dtype is None else dtype
     if _name(dtype) not in FP8_DTYPES:
         raise ValueError(f"dtype must be torch.float8_e4m3fn or torch.float8_e5m2, got {dtype}")
+    if not isinstance(transpose_v, bool):
+        raise TypeError(f"transpose_v must be a bool, got {type(transpose_v).__name__}")
     if not (isinstance(margin, (int, float)) and math.isfinite(margin) and margin >= 1):
         raise ValueError(f"margin must be a finite number >= 1, got {margin!r}")
     B, H, N, D = x.shape
@@ -91,7 +107,14 @@ def quantize_fp8(x, *, num_kv_heads: int | None = None, dtype=None, margin: floa
     fmax = FP8_MAX[_name(dtype)] / margin
     descale = torch.where(amax > 0, amax / fmax, torch.ones_like(amax)).float()
     per_head = descale.repeat_interleave(H // hkv, dim=1)[:, :, None, None]  # (B, H, 1, 1)
-    x8 = (xf / per_head).clamp(-FP8_MAX[_name(dtype)], FP8_MAX[_name(dtype)]).to(dtype)
+    scaled = (xf / per_head).clamp(-FP8_MAX[_name(dtype)], FP8_MAX[_name(dtype)])
+    if not transpose_v:
+        return scaled.to(dtype), descale
+    # The transpose fused into the cast: one strided copy writes fp8 V^T into rows padded to
+    # 16 bytes (as attention_fp8's own transpose pass does), no fp8 (N, D) copy in between.
+    pitch = -(-N // 16) * 16
+    x8 = torch.empty((B, H, D, pitch), dtype=dtype, device=x.device)[..., :N]
+    x8.copy_(scaled.transpose(-1, -2))
     return x8, descale
 
 
@@ -210,7 +233,7 @@ def _check_arch(device, interp):
 def attention_fp8(q, k, v, *, q_descale=None, k_descale=None, v_descale=None,
                   causal: bool = False, scale: float | None = None, input_pos: int = 0,
                   out_dtype=None, v_transposed: bool = False, v_transpose: str = "host",
-                  fast_acc: bool | None = None):
+                  fast_acc: bool | None = None, config=None):
     """Attention of fp8 Q, K, V with per-(batch, kv head) descales (``flashattn.attention``
     routes fp8 inputs here).
 
@@ -225,10 +248,15 @@ def attention_fp8(q, k, v, *, q_descale=None, k_descale=None, v_descale=None,
         out_dtype: torch.bfloat16 (default) or torch.float16.
         v_transposed: v is already (B, Hkv, D, Nk) (the layout Hopper's FP8 MMA reads); its
             last dimension contiguous, its row pitch best a multiple of 16 bytes (TMA).
+            ``quantize_fp8(v, transpose_v=True)`` quantises V straight into that layout (no
+            transpose pass in this call).
         v_transpose: for a (B, Hkv, Nk, D) v: "host" (one transpose pass, then the kernel
             reads V K-major) or "kernel" (the kernel reads (Nk, D) tiles; the compiler
             transposes them on chip).
         fast_acc: ``ct.mma(use_fast_acc=)`` (default ``kernels.fp8_spec.FP8_FAST_ACC``).
+        config: a ``steps.Config`` or its label ("128x64 occ=1 nww=8") to run instead of the
+            arch's ``kernels.fp8_spec.FP8_CONFIGS`` entry (``FP8_ALT_CONFIGS`` lists the
+            spill-free alternatives the benchmark times); default None: the table's.
 
     Returns:
         (B, Hq, Nq, D) tensor of ``out_dtype``. Not differentiable (an input requiring grad
@@ -253,6 +281,13 @@ def attention_fp8(q, k, v, *, q_descale=None, k_descale=None, v_descale=None,
         fast_acc = FP8_FAST_ACC
     if not isinstance(fast_acc, bool):
         raise TypeError(f"fast_acc must be a bool, got {type(fast_acc).__name__}")
+    if config is not None:
+        from .steps import Config
+        if isinstance(config, str):
+            config = Config.parse(config)
+        if not isinstance(config, Config):
+            raise TypeError(f"config must be a flashattn.steps.Config or its label such as "
+                            f"'128x64 occ=1 nww=8', got {type(config).__name__}")
     out_dtype = torch.bfloat16 if out_dtype is None else out_dtype
     if out_dtype not in (torch.bfloat16, torch.float16):
         raise TypeError(f"out_dtype must be torch.bfloat16 or torch.float16, got {out_dtype}")
@@ -301,7 +336,7 @@ def attention_fp8(q, k, v, *, q_descale=None, k_descale=None, v_descale=None,
         v_t = False
         v = v if v.is_contiguous() else v.contiguous()
     arch = device_arch(q.device)
-    config = fp8_config(arch, D)
+    config = fp8_config(arch, D) if config is None else config
     constants = fp8_constants(config, head_dim=D, causal=causal,
                               even_k=Nk % config.TILE_N == 0, v_transposed=v_t,
                               fast_acc=fast_acc)

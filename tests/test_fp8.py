@@ -165,6 +165,59 @@ def test_p_shift_matters():
     assert (out.float() - emu.float()).abs().max().item() <= 2.0 ** -7
 
 
+def test_quantize_fp8_transpose_v_fused():
+    """quantize_fp8(v, transpose_v=True): the same fp8 values and descales as quantising and
+    then transposing, in rows padded to 16 bytes, and the forward reads it as v_transposed
+    with the emulation's answer (N = 200: a row pitch of 208)."""
+    B, Hq, Hkv, Nq, Nk, D = 1, 2, 1, 24, 200, 64
+    g = torch.Generator().manual_seed(11)
+    v = torch.randn(B, Hkv, Nk, D, generator=g).half()
+    v8, vd = quantize_fp8(v)
+    v8t, vdt = quantize_fp8(v, transpose_v=True)
+    assert v8t.shape == (B, Hkv, D, Nk) and v8t.stride(-1) == 1 and v8t.stride(-2) == 208
+    assert torch.equal(vdt, vd)
+    assert torch.equal(v8t.float(), v8.transpose(-1, -2).float())
+    (q8, k8, _), (qd, kd, _) = _inputs(B, Hq, Hkv, Nq, Nk, D, seed=12)
+    with interpret.enabled():
+        out = flashattn.fp8.attention_fp8(q8, k8, v8t, q_descale=qd, k_descale=kd,
+                                          v_descale=vdt, causal=True, input_pos=Nk - Nq,
+                                          v_transposed=True)
+    emu = _emulate(q8, k8, v8, qd, kd, vd, causal=True, input_pos=Nk - Nq,
+                   tile_n=fp8_config("sm_90", D).TILE_N, out_dtype=torch.bfloat16,
+                   fp8=torch.float8_e4m3fn)
+    assert (out.float() - emu.float()).abs().max().item() <= 2.0 ** -7 * v.abs().max().item()
+    with pytest.raises(TypeError, match="transpose_v"):
+        quantize_fp8(v, transpose_v=1)
+
+
+@pytest.mark.parametrize("config", ["64x64", "128x64 occ=1 nww=8", "64x128 occ=2"])
+def test_fp8_forward_config_override(config):
+    """attention_fp8(config=...) runs the given tiles (the benchmark's --configs) with the
+    same arithmetic: the emulation at that TILE_N."""
+    from flashattn.steps import Config
+    B, Hq, Hkv, Nq, Nk, D = 1, 2, 2, 70, 150, 64
+    (q8, k8, v8), (qd, kd, vd) = _inputs(B, Hq, Hkv, Nq, Nk, D, seed=13,
+                                         dtype=torch.float8_e4m3fn)
+    with interpret.enabled():
+        out = flashattn.fp8.attention_fp8(q8, k8, v8, q_descale=qd, k_descale=kd,
+                                          v_descale=vd, causal=False, config=config)
+    emu = _emulate(q8, k8, v8, qd, kd, vd, causal=False, input_pos=0,
+                   tile_n=Config.parse(config).TILE_N, out_dtype=torch.bfloat16,
+                   fp8=torch.float8_e4m3fn)
+    vmax = dequantize_fp8(v8, vd).abs().max().item()
+    assert (out.float() - emu.float()).abs().max().item() <= 2.0 ** -7 * vmax
+
+
+def test_fp8_forward_bad_config():
+    (q8, k8, v8), (qd, kd, vd) = _inputs(1, 1, 1, 16, 16, 64, seed=1)
+    with pytest.raises(TypeError, match="config"):
+        flashattn.fp8.attention_fp8(q8, k8, v8, q_descale=qd, k_descale=kd, v_descale=vd,
+                                    config=(64, 64))
+    with pytest.raises(ValueError, match="configuration"):
+        flashattn.fp8.attention_fp8(q8, k8, v8, q_descale=qd, k_descale=kd, v_descale=vd,
+                                    config="64by64")
+
+
 def test_quantize_fp8_round_trip_and_groups():
     g = torch.Generator().manual_seed(0)
     x = torch.randn(2, 4, 33, 64, generator=g).half()

@@ -15,8 +15,8 @@ from ..contract import tile_d_for
 from ..steps import Config
 from .spec import Array, KernelSpec
 
-__all__ = ["FMHA_FP8", "DECODE_SPLIT_FP8", "FP8_SPECS", "FP8_CONFIGS", "FP8_P_SHIFT",
-           "FP8_FAST_ACC", "fp8_config", "fp8_constants", "fp8_grid", "with_fp8",
+__all__ = ["FMHA_FP8", "DECODE_SPLIT_FP8", "FP8_SPECS", "FP8_CONFIGS", "FP8_ALT_CONFIGS",
+           "FP8_P_SHIFT", "FP8_FAST_ACC", "fp8_config", "fp8_constants", "fp8_grid", "with_fp8",
            "FP8_DTYPES", "FP8_DECODE_SLICE", "FP8_DECODE_WIDE_TILE_M",
            "fp8_decode_constants"]
 
@@ -116,6 +116,20 @@ FP8_CONFIGS: dict[str, dict[int, Config]] = {
     "sm_120": {128: Config(64, 64), 256: Config(64, 32)},
 }
 FP8_CONFIGS["sm_80"] = FP8_CONFIGS["sm_120"]
+
+# Alternatives to FP8_CONFIGS at D=128 that compile without spills (tileiras 13.4, sm_90,
+# causal and not, V^T), for experiments/fp8_bench.py --configs to time against the default
+# (GPU probe 1: the default reached 1.34x our fp16 kernel at 16K, not the 1.5x targeted).
+# Registers / shared memory (full, causal), from the compile report:
+#   128x128 occ=1 nww=8  168 regs, 165 / 165 KB   (the default: one CTA per SM)
+#   128x64 occ=1 nww=8   168 regs, 116 / 182 KB
+#   64x128 occ=2         128 regs, 116 /  67 KB   (two CTAs per SM causal)
+#   64x128 occ=1         255 regs, 173 / 132 KB
+# Not listed: 128x128 without nww=8 (occ=1, or nww=4) spills 256-264 bytes; 128x256 nww=8
+# spills 248 bytes causal; 256x128 nww=16 fails to compile (UnsupportedFeatureError).
+FP8_ALT_CONFIGS: dict[str, list[str]] = {
+    "sm_90": ["128x64 occ=1 nww=8", "64x128 occ=2", "64x128 occ=1"],
+}
 
 
 def fp8_config(arch: str | None, head_dim: int) -> Config:
