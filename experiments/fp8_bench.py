@@ -14,7 +14,14 @@ to 16K, causal and not, D=128 (``--d`` repeatable). Rows:
 * ``fp16``       ``flashattn.attention`` (step "best") on fp16 inputs; ``fp16#2`` the same
                  again: the control (two readings of one kernel; differences smaller than
                  their gap are noise);
-* ``cudnn``      torch SDPA on fp16 inputs with the cuDNN backend only.
+* ``cudnn``      torch SDPA on fp16 inputs with the cuDNN backend only;
+* ``fp8-vt@CFG`` at the longest N only: ``fp8-vt`` with the tile configuration CFG instead of
+                 the arch's default (``--configs``; default ``kernels.fp8_spec.FP8_ALT_CONFIGS``
+                 for the GPU's arch, ``--configs none`` for none): which tiles the lead should
+                 make the default;
+* ``quant-v`` / ``quant-vt`` at the longest N only: ``quantize_fp8(v)`` and
+                 ``quantize_fp8(v, transpose_v=True)`` (V quantised straight into the layout
+                 ``fp8-vt`` reads): what V^T costs a caller who quantises anyway.
 
 Decode: B in 1, 8, 64; caches 4K to 128K (every sequence full), GQA 32:8, Nq=1, D=128;
 ``decode-fp16`` (``flashattn.decode``, fp16 cache), ``decode-fp16#2`` (control),
@@ -93,7 +100,7 @@ def attention_flops(B, H, N, D, causal):
 
 
 # --- the forward -------------------------------------------------------------------------------
-def forward_rows(B, H, N, D, causal, device, *, cudnn=True):
+def forward_rows(B, H, N, D, causal, device, *, cudnn=True, configs=(), quant=False):
     import torch
     import flashattn
     from flashattn.fp8 import attention_fp8, quantize_fp8
@@ -112,6 +119,12 @@ def forward_rows(B, H, N, D, causal, device, *, cudnn=True):
         "fp16": lambda: flashattn.attention(q, k, v, causal=causal),
         "fp16#2": lambda: flashattn.attention(q, k, v, causal=causal),
     }
+    for cfg in configs:
+        fns[f"fp8-vt@{cfg}"] = (lambda c=cfg: attention_fp8(q8, k8, v8t, v_transposed=True,
+                                                           config=c, **kw))
+    if quant:
+        fns["quant-v"] = lambda: quantize_fp8(v)
+        fns["quant-vt"] = lambda: quantize_fp8(v, transpose_v=True)
     if cudnn and device.type == "cuda":
         from torch.nn.attention import SDPBackend, sdpa_kernel
         import torch.nn.functional as F
@@ -131,6 +144,15 @@ def forward_rows(B, H, N, D, causal, device, *, cudnn=True):
     errs = {}
     for name, fn in fns.items():
         o = fn()
+        if name.startswith("quant"):
+            # The quantised V (either layout) against V: e4m3's rounding, |v| <= 2^-4 |v|.
+            v8q, vdq = o
+            if name == "quant-vt":
+                v8q = v8q.transpose(-1, -2)
+            back = v8q[:1, hs].float() * vdq[:1, hs, None, None]
+            errs[name] = ((back - v[:1, hs].float()).abs()
+                          / v[:1, hs].float().abs().clamp_min(1e-3)).max().item()
+            continue
         ref = ref8 if name.startswith("fp8") else ref16
         errs[name] = (o[:1, hs].float() - ref).abs().max().item()
     return fns, errs
@@ -181,6 +203,10 @@ def main(argv=None) -> int:
     ap.add_argument("--part", choices=("forward", "decode", "both"), default="both")
     ap.add_argument("--d", type=int, action="append", help="head dims (default 128)")
     ap.add_argument("--n", type=int, action="append", help="forward lengths (1K..16K)")
+    ap.add_argument("--configs", action="append",
+                    help="FP8 forward tile configurations timed at the longest N as "
+                         "'fp8-vt@CFG' rows, e.g. '128x64 occ=1 nww=8' (repeatable; default "
+                         "kernels.fp8_spec.FP8_ALT_CONFIGS of the GPU's arch; 'none': none)")
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--budget-s", type=float, default=270.0)
     ap.add_argument("--autotune", action="store_true",
@@ -201,6 +227,7 @@ def main(argv=None) -> int:
         lengths, dims, rounds = [128], [64], 1
         dec_shapes = [(1, 256), (2, 512)]
         tokens, head_total = 256, 128
+        configs = ["64x64"] if a.configs is None else a.configs
     else:
         import contextlib
         ctx = contextlib.nullcontext()
@@ -209,6 +236,16 @@ def main(argv=None) -> int:
         dims, rounds = a.d or [128], a.rounds
         dec_shapes = [(b, L) for b in (1, 8, 64) for L in (4096, 16384, 32768, 65536, 131072)]
         tokens, head_total = 16384, 2048
+        if a.configs is None:
+            from flashattn.dispatch import device_arch
+            from flashattn.kernels.fp8_spec import FP8_ALT_CONFIGS
+            configs = list(FP8_ALT_CONFIGS.get(device_arch(device), []))
+        else:
+            configs = a.configs
+    configs = [c for c in configs if c.strip().lower() != "none"]
+    from flashattn.steps import Config
+    for c in configs:
+        Config.parse(c)                               # a bad label fails before any timing
     timer = Timer(device)
     rows, skipped = [], []
 
@@ -225,11 +262,19 @@ def main(argv=None) -> int:
                         if over_budget():
                             skipped.append(shape)
                             continue
-                        fns, errs = forward_rows(B, H, N, D, causal, device)
+                        longest = N == max(lengths)
+                        fns, errs = forward_rows(B, H, N, D, causal, device,
+                                                 configs=configs if longest else (),
+                                                 quant=longest and not causal)
                         res = timer.rounds(fns, rounds)
                         fl = attention_flops(B, H, N, D, causal)
                         base = res.get("cudnn", res["fp16"])["median_ms"]
                         for name, r in res.items():
+                            if name.startswith("quant"):
+                                rows.append(dict(shape, impl=name, max_err=errs[name],
+                                                 vs_quant_v=res["quant-v"]["median_ms"]
+                                                 / r["median_ms"], **r))
+                                continue
                             rows.append(dict(shape, impl=name, max_err=errs[name],
                                              tflops=fl / r["median_ms"] / 1e9,
                                              vs_cudnn=base / r["median_ms"],
@@ -259,7 +304,11 @@ def main(argv=None) -> int:
     # --- the table ---
     lines = []
     for r in rows:
-        if r["part"] == "forward":
+        if r["impl"].startswith("quant"):
+            lines.append(f"fwd  D={r['D']:<3} N={r['N']:<6} B={r['B']:<3} H={r['H']:<3} "
+                         f"{r['impl']:8} {r['median_ms']:9.4f} ms x{r['vs_quant_v']:.3f} "
+                         f"quant-v  rel err {r['max_err']:.2e}")
+        elif r["part"] == "forward":
             lines.append(f"fwd  D={r['D']:<3} N={r['N']:<6} B={r['B']:<3} H={r['H']:<3} "
                          f"{'causal' if r['causal'] else 'full  '} {r['impl']:8} "
                          f"{r['median_ms']:9.4f} ms {r['tflops']:7.1f} TFLOPS "
@@ -273,9 +322,13 @@ def main(argv=None) -> int:
     print("\n".join(lines))
     if skipped:
         print(f"skipped (budget {a.budget_s} s spent): {skipped}")
-    meta = dict(device=(torch.cuda.get_device_name(device) if device.type == "cuda"
+    from flashattn.env import metadata
+    meta = dict(metadata("python experiments/fp8_bench.py " + " ".join(
+                    sys.argv[1:] if argv is None else argv),
+                         device=device if device.type == "cuda" else None),
+                device=(torch.cuda.get_device_name(device) if device.type == "cuda"
                         else "cpu (interpreter dry run)"),
-                torch=torch.__version__, rounds=rounds, dry_run=a.dry_run,
+                rounds=rounds, dry_run=a.dry_run, budget_s=a.budget_s, configs=configs,
                 autotune=a.autotune, seconds=round(time.time() - t_start, 1),
                 method="CUDA events, L2 flush + 10 ms idle per sample, rounds in random order")
     out = Path(a.out)

@@ -23,6 +23,12 @@ def test_fp8_bench_dry_run(tmp_path, capsys):
     impls = {(r["part"], r["impl"]) for r in data["rows"]}
     assert {("forward", n) for n in ("fp8", "fp8-vt", "fp8-vk", "fp16", "fp16#2")} <= impls
     assert {("decode", n) for n in ("decode-fp16", "decode-fp16#2", "decode-fp8")} <= impls
+    # The alternative tiles (--configs; the dry run's 64x64) and the fused V^T quantisation.
+    assert {("forward", n) for n in ("fp8-vt@64x64", "quant-v", "quant-vt")} <= impls
+    assert {r["causal"] for r in data["rows"] if r["impl"] == "fp8-vt@64x64"} == {False, True}
+    meta = data["meta"]
+    assert meta["configs"] == ["64x64"] and meta["dry_run"] is True
+    assert {"torch", "cuda_tile", "python", "date", "command"} <= set(meta)
     for r in data["rows"]:
         assert r["median_ms"] > 0 and r["max_err"] < 0.1, r
     dec = [r for r in data["rows"] if r["impl"] == "decode-fp8"]
@@ -36,3 +42,9 @@ def test_kv_bytes_arithmetic():
     assert bench.kv_bytes(8, 32768) == 1_073_741_824
     assert bench.kv_bytes(8, 32768, elem=1) == 536_870_912
     assert bench.attention_flops(1, 1, 4, 2, True) == pytest.approx(64.0)
+
+
+def test_fp8_bench_rejects_bad_config(tmp_path):
+    bench = _load()
+    with pytest.raises(ValueError, match="configuration"):
+        bench.main(["--dry-run", "--configs", "64by64", "--out", str(tmp_path / "x.json")])
