@@ -495,7 +495,8 @@ FP8_SASS = {"QGMMA": r"\bQGMMA\b", "UTCQMMA": r"\bUTC\w*QMMA\b", "QMMA": r"\bQMM
             "F2FP.E4M3": r"\bF2FP\.\w*\.?E4M3", "F2FP.E5M2": r"\bF2FP\.\w*\.?E5M2",
             "PRMT": r"\bPRMT\b", "STSM": r"\bSTSM\b", "LDSM": r"\bLDSM\b",
             "MUFU.EX2": r"\bMUFU\.EX2\b", "LDL": r"\bLDL\b", "STL": r"\bSTL\b",
-            "UTMALDG": r"\bUTMALDG\b"}
+            "UTMALDG": r"\bUTMALDG\b", "LDS.U8": r"\bLDS\.U8\b", "LDS.U16": r"\bLDS\.U16\b",
+            "LDS.128": r"\bLDS\.128\b", "STS.128": r"\bSTS\.128\b"}
 
 
 def compile_cases(*, archs=("sm_90", "sm_100", "sm_120"), head_dims=(64, 128, 256),
@@ -587,7 +588,7 @@ def format_compile_report(rows) -> str:
     """A plain-text table of ``compile_report``'s rows."""
     head = (f"{'arch':7}{'kernel':50}{'regs':>5}{'stack':>6}{'smem':>8}{'sass':>6}"
             f"{'QGMMA':>6}{'UTCQ':>5}{'QMMA':>5}{'HGMMA':>6}{'HMMA':>5}{'F2FP8':>6}{'PRMT':>5}"
-            f"{'STSM':>5}{'EX2':>5}")
+            f"{'STSM':>5}{'EX2':>5}{'LDS8':>5}{'LDS16':>6}{'LDS128':>7}")
     lines = [head, "-" * len(head)]
     for r in rows:
         if r["error"]:
@@ -598,5 +599,5 @@ def format_compile_report(rows) -> str:
                      f"{r['shared_bytes']:>8}{r['sass_lines']:>6}{s['QGMMA']:>6}"
                      f"{s['UTCQMMA']:>5}{s['QMMA']:>5}{s['HGMMA']:>6}{s['HMMA']:>5}"
                      f"{s['F2FP.E4M3'] + s['F2FP.E5M2']:>6}{s['PRMT']:>5}{s['STSM']:>5}"
-                     f"{s['MUFU.EX2']:>5}")
+                     f"{s['MUFU.EX2']:>5}{s['LDS.U8']:>5}{s['LDS.U16']:>6}{s['LDS.128']:>7}")
     return "\n".join(lines)

@@ -57,3 +57,8 @@ def test_fp8_kernel_compiles_without_spills(reports, case):
         assert s[f"F2FP.{fmt}"] > 0                 # P cast to fp8 on chip
     else:
         assert s["HMMA"] + s["HGMMA"] + s["UTCHMMA"] > 0, r["mma_forms"]
+        if case["arch"] in ("sm_90", "sm_100"):
+            # The 64-row tile: a warpgroup MMA from shared memory, the fp8 tiles widened there
+            # with 16-byte loads; no byte loads (the 16-row tile had 128 LDS.U8 per thread).
+            assert s["HGMMA"] + s["UTCHMMA"] > 0 and s["HMMA"] == 0, r["mma_forms"]
+            assert s["LDS.U8"] == 0 and s["LDS.128"] > 0, s
