@@ -95,7 +95,9 @@ def with_fp8(spec: KernelSpec, fp8: str) -> KernelSpec:
 
 
 # P = 2^(s - m + FP8_P_SHIFT) lies in [0, 256]: inside e4m3's range (448), and its small values
-# sit 8 binades above e4m3's subnormals (FlashAttention-3 shifts the max by 8 the same way).
+# sit 8 binades above e4m3's subnormals. FlashAttention-3/4 scale P by 2^8 the same way
+# (arXiv 2606.06521, "P-Cast Precision in FP8 Attention", abstract: S = 256 "already deployed
+# in FlashAttention-3/4"; it derives 2^8 as the best power-of-two scale for e4m3).
 FP8_P_SHIFT = 8
 # ct.mma(use_fast_acc=True) on Hopper: FP8 accumulation without the periodic promotion to
 # fp32; the sums here are D (<= 256) or TILE_N long. The compile report shows both.
