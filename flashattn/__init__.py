@@ -26,16 +26,17 @@ from .api import attention, sdpa
 from .decode import decode  # the function; the module is sys.modules["flashattn.decode"]
 from .varlen import attention_varlen, attention_varlen_backward
 from .flex import flex_attention  # FlexAttention on the cuTile kernel (flashattn.mods)
+from .fp8 import quantize_fp8  # fp8 inputs and caches with their descales
 
 __version__ = "0.1.0"
 __all__ = ["attention", "sdpa", "decode", "attention_varlen", "attention_varlen_backward",
-           "flex_attention", "__version__"]
+           "flex_attention", "quantize_fp8", "__version__"]
 
 # Submodules load on first use (flashattn.reference, flashattn.kernels, ...): importing
 # flashattn stays cheap, and `import flashattn; flashattn.reference.attention(...)` works.
 _SUBMODULES = ("aot", "api", "autograd", "autotune", "contract", "dispatch", "env", "flex",
-               "interpret", "kernels", "launch", "launch_bwd", "mods", "reference", "stats",
-               "steps", "timing")
+               "fp8", "interpret", "kernels", "launch", "launch_bwd", "mods", "reference",
+               "stats", "steps", "timing")
 
 
 def __getattr__(name):

@@ -17,7 +17,8 @@ from .steps import get_step
 
 
 def attention(q, k, v, *, causal: bool = False, scale: float | None = None,
-              input_pos: int = 0, step: str = "best", window_size=None, softcap=None):
+              input_pos: int = 0, step: str = "best", window_size=None, softcap=None,
+              q_descale=None, k_descale=None, v_descale=None, out_dtype=None):
     """Scaled dot-product attention with a cuTile FlashAttention kernel.
 
     Args:
@@ -48,6 +49,12 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None,
             score; 0 or None: off. With either, the call runs on the flex kernels
             (``flashattn.flex.attention_masked``), never the dense or decode path.
 
+        q_descale, k_descale, v_descale, out_dtype: FP8 (issue 24). With float8_e4m3fn (or
+            float8_e5m2) q, k, v the call runs the FP8 forward (``flashattn.fp8.attention_fp8``):
+            the descales, (B, Hkv) float32 as FlashAttention-3's, are required
+            (``flashattn.fp8.quantize_fp8`` makes them); the output is bf16, or ``out_dtype``
+            (torch.float16). Not differentiable. Descales with fp16/bf16 inputs: ValueError.
+
     Returns:
         (B, Hq, Nq, D) tensor, dtype of q. Differentiable: when q, k or v requires grad (or
         under torch.compile) the call goes through ``flashattn.autograd`` (the torch.library
@@ -62,6 +69,18 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None,
     if not isinstance(step, str):
         raise TypeError(f"step must be a str (a name from flashattn.STEPS, or 'best'), got "
                         f"{type(step).__name__}")
+    if _fp8_call(q, k, v, q_descale, k_descale, v_descale, out_dtype):
+        # Issue 24: the FP8 forward (its own kernel, no backward).
+        if step != "best":
+            raise ValueError(f"step={step!r} names an fp16/bf16 step; fp8 inputs run the FP8 "
+                             "kernel (leave step='best')")
+        if window_size is not None or softcap is not None:
+            raise ValueError("window_size and softcap are not supported with fp8 inputs (the FP8 "
+                             "kernel has no mask or score function); pass fp16/bf16 tensors")
+        from .fp8 import attention_fp8
+        return attention_fp8(q, k, v, q_descale=q_descale, k_descale=k_descale,
+                             v_descale=v_descale, causal=causal, scale=scale,
+                             input_pos=input_pos, out_dtype=out_dtype)
     if window_size is not None or softcap is not None:
         from .flex import attention_masked          # issue 23: never a path that drops them
         out = attention_masked(q, k, v, causal=check_causal(causal), scale=scale,
@@ -92,6 +111,23 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None,
     with on_device(q.device):
         launch(q, k, v, out, s, config, causal=causal, scale=float(scale), input_pos=input_pos)
     return out
+
+
+def _fp8_call(q, k, v, q_descale, k_descale, v_descale, out_dtype) -> bool:
+    """An FP8 call: any of q, k, v in an fp8 dtype. Descales or out_dtype with no fp8 input
+    raise ValueError (they would be silently ignored)."""
+    fp8 = any(str(getattr(t, "dtype", "")).replace("torch.", "") in
+              ("float8_e4m3fn", "float8_e5m2") for t in (q, k, v))
+    if not fp8:
+        given = [n for n, x in (("q_descale", q_descale), ("k_descale", k_descale),
+                                ("v_descale", v_descale), ("out_dtype", out_dtype))
+                 if x is not None]
+        if given:
+            raise ValueError(f"{', '.join(given)} apply to fp8 inputs only; q, k, v are "
+                             f"{getattr(q, 'dtype', None)}, {getattr(k, 'dtype', None)}, "
+                             f"{getattr(v, 'dtype', None)} (quantise with "
+                             "flashattn.fp8.quantize_fp8)")
+    return fp8
 
 
 def _differentiable(q, k, v) -> bool:

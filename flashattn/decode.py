@@ -114,7 +114,8 @@ def decode_plan(dims, *, num_splits=None, max_seqlen=None, sm_count: int, arch=N
 
 
 def decode(q, k_cache, v_cache, cache_seqlens, *, block_table=None, scale=None,
-           num_splits=None, max_seqlen=None, check_values=None, out=None):
+           num_splits=None, max_seqlen=None, check_values=None, out=None, k_descale=None,
+           v_descale=None):
     """Attention of a few new tokens per sequence over a KV cache, split across the cache.
 
     Args:
@@ -139,6 +140,9 @@ def decode(q, k_cache, v_cache, cache_seqlens, *, block_table=None, scale=None,
             CUDA-graph capture). Default: off for CUDA tensors, where the kernel clamps bad
             values for addressing and writes NaN for the affected sequences.
         out: optional (B, Hq, Nq, D) contiguous output tensor of q's dtype.
+        k_descale, v_descale: for fp8 caches (float8_e4m3fn or float8_e5m2, issue 24): (B, Hkv)
+            float32 descales (``flashattn.fp8.quantize_fp8``), required; the caches are read as
+            fp8 (``flashattn.fp8.decode_fp8``). Given with fp16/bf16 caches: ValueError.
 
     Returns:
         (B, Hq, Nq, D) in q's dtype. Query row i sits at position ``cache_seqlens[b] - Nq + i``
@@ -149,6 +153,17 @@ def decode(q, k_cache, v_cache, cache_seqlens, *, block_table=None, scale=None,
         TypeError, ValueError: as ``flashattn.contract.check_decode_tensors``.
     """
     import torch
+    if any(str(getattr(t, "dtype", "")).replace("torch.", "") in ("float8_e4m3fn", "float8_e5m2")
+           for t in (k_cache, v_cache)):
+        from .fp8 import decode_fp8          # issue 24: an fp8 KV cache
+        return decode_fp8(q, k_cache, v_cache, cache_seqlens, k_descale=k_descale,
+                          v_descale=v_descale, block_table=block_table, scale=scale,
+                          num_splits=num_splits, max_seqlen=max_seqlen,
+                          check_values=check_values, out=out)
+    if k_descale is not None or v_descale is not None:
+        raise ValueError("k_descale and v_descale apply to fp8 caches only; the caches are "
+                         f"{getattr(k_cache, 'dtype', None)} (quantise with "
+                         "flashattn.fp8.quantize_fp8)")
     interp = interpreting(getattr(q, "device", None))
     dims = check_decode_tensors(q, k_cache, v_cache, cache_seqlens, block_table, scale=scale,
                                 check_values=check_values, interpret=interp)

@@ -866,8 +866,17 @@ MMA_DTYPES = {"float8_e4m3fn": ("float16", "float32"), "float8_e5m2": ("float16"
               "int8": ("int32",), "uint8": ("int32",)}
 
 
-def mma(x, y, acc, /) -> Tile:
+def mma(x, y, acc, /, *, use_fast_acc: bool = False) -> Tile:
     x, y, acc = _tile(x), _tile(y), _tile(acc)
+    if not isinstance(use_fast_acc, (bool, np.bool_)):
+        raise InterpreterError(f"mma: use_fast_acc must be a constant bool, got "
+                               f"{type(use_fast_acc).__name__}")
+    if use_fast_acc and x.dtype.name not in ("float8_e4m3fn", "float8_e5m2"):
+        # cuTile's rule (cuda.tile mma): fast accumulation is for fp8 operands only. Its
+        # numerics (Hopper's FP8 MMA without periodic promotion) are not modelled: the sum
+        # below is fp32 either way.
+        raise InterpreterError(f"mma: use_fast_acc is only supported for fp8 input dtypes, "
+                               f"got {x.dtype.name}")
     if x.dtype != y.dtype and not ({x.dtype.name, y.dtype.name} <= {"int8", "uint8"}):
         raise InterpreterError(f"mma: x and y must have the same dtype, got {x.dtype.name} and "
                                f"{y.dtype.name}")

@@ -547,3 +547,10 @@ SPECS.update(VARLEN)
 __all__ += ["VARLEN", "VARLEN_FWD", "VARLEN_CONFIGS", "VARLEN_Q_TILES", "VARLEN_Q_TILES_BELOW",
             "varlen_config", "varlen_constants", "varlen_grid", "varlen_q_tiles"]
 # === end of packed variable-length prefill ======================================================
+
+
+# === FP8 (issue 24): kernels/fp8.py, their specs and configurations in kernels/fp8_spec.py =====
+from .fp8_spec import FP8_SPECS  # noqa: E402  (appended section)
+
+SPECS.update(FP8_SPECS)
+# === end of FP8 =================================================================================

@@ -27,7 +27,8 @@ class Array:
     """An array parameter: its rank, and its element type ("io": the dtype of q, k, v)."""
     name: str
     ndim: int
-    dtype: str = "io"        # "io", "float32", or "int32" (tables: block table, lengths)
+    dtype: str = "io"        # "io", "float32", "int32" (tables: block table, lengths), or a
+                             # cuda.tile dtype name ("float8_e4m3fn": the FP8 kernels' inputs)
 
 
 @dataclass(frozen=True)
@@ -119,7 +120,7 @@ class KernelSpec:
                                        may_alias_internally=False,
                                        stride_constant=(None,) * (a.ndim - 1) + (1,),
                                        stride_divisible_by=1, base_addr_divisible_by=4)
-            return ArrayConstraint(io if a.dtype == "io" else ct.float32, a.ndim,
+            return ArrayConstraint(io if a.dtype == "io" else getattr(ct, a.dtype), a.ndim,
                                    index_dtype=ct.int32, stride_lower_bound_incl=0,
                                    alias_groups=(), may_alias_internally=False,
                                    stride_constant=(None,) * (a.ndim - 1) + (1,),

@@ -1,0 +1,343 @@
+"""FP8 on the GPU (issue 24): the FP8 forward against our fp16 kernel and cuDNN, and decoding
+over an FP8 KV cache against the fp16 cache. For the lead to run on the H200 (~4-5 min).
+
+    python experiments/fp8_bench.py --out results/h200/fp8.json          # both parts
+    python experiments/fp8_bench.py --part forward --d 128 --d 64        # forward only
+    python experiments/fp8_bench.py --dry-run --out /tmp/fp8-dry.json    # CPU, interpreter
+
+Forward: FlashAttention-3's benchmark shapes (B = 16K / N sequences, H = 2048 / D heads), N 1K
+to 16K, causal and not, D=128 (``--d`` repeatable). Rows:
+
+* ``fp8``        the FP8 forward, V transposed on the host each call (the transpose timed);
+* ``fp8-vt``     the FP8 forward given V already transposed (B, H, D, N): the kernel alone;
+* ``fp8-vk``     the FP8 forward reading V as (N, D), the transpose done by the compiler on chip;
+* ``fp16``       ``flashattn.attention`` (step "best") on fp16 inputs; ``fp16#2`` the same
+                 again: the control (two readings of one kernel; differences smaller than
+                 their gap are noise);
+* ``cudnn``      torch SDPA on fp16 inputs with the cuDNN backend only;
+* ``fp8-vt@CFG`` at the longest N only: ``fp8-vt`` with the tile configuration CFG instead of
+                 the arch's default (``--configs``; default ``kernels.fp8_spec.FP8_ALT_CONFIGS``
+                 for the GPU's arch, ``--configs none`` for none): which tiles the lead should
+                 make the default;
+* ``quant-v`` / ``quant-vt`` at the longest N only: ``quantize_fp8(v)`` and
+                 ``quantize_fp8(v, transpose_v=True)`` (V quantised straight into the layout
+                 ``fp8-vt`` reads): what V^T costs a caller who quantises anyway.
+
+Decode: B in 1, 8, 64; caches 4K to 128K (every sequence full), GQA 32:8, Nq=1, D=128;
+``decode-fp16`` (``flashattn.decode``, fp16 cache), ``decode-fp16#2`` (control),
+``decode-fp8`` (e4m3 cache with descales). Reported with the bytes of K and V read per step
+and the bandwidth that makes.
+
+Timing is self-contained (CUDA events): each round runs every row once in a fresh random order,
+each sample a batch of back-to-back launches after an L2 flush and a short idle; the median over
+rounds. A budget (``--budget-s``, default 270) stops adding shapes when spent and says which
+were skipped. Every row is checked once against a reference first (max |error| in the JSON).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+
+# --- timing (self-contained: CUDA events, rounds in random order) -------------------------------
+class Timer:
+    def __init__(self, device, *, idle_ms=10.0, flush_mb=256):
+        import torch
+        self.torch = torch
+        self.device = device
+        self.idle_s = idle_ms / 1e3
+        self.cuda = device.type == "cuda"
+        self.flush_buf = (torch.empty(flush_mb << 20, dtype=torch.uint8, device=device)
+                          if self.cuda else None)
+
+    def sample_ms(self, fn, inner: int) -> float:
+        torch = self.torch
+        if not self.cuda:                            # the dry run: wall time on the CPU
+            t = time.perf_counter()
+            for _ in range(inner):
+                fn()
+            return (time.perf_counter() - t) * 1e3 / inner
+        self.flush_buf.zero_()                       # evict L2
+        torch.cuda.synchronize(self.device)
+        time.sleep(self.idle_s)                      # let the clock settle after the flush
+        a = torch.cuda.Event(enable_timing=True)
+        b = torch.cuda.Event(enable_timing=True)
+        a.record()
+        for _ in range(inner):
+            fn()
+        b.record()
+        b.synchronize()
+        return a.elapsed_time(b) / inner
+
+    def inner_for(self, fn, target_ms=3.0) -> int:
+        """Launches per sample: about target_ms of work (1 to 50)."""
+        fn()
+        one = self.sample_ms(fn, 1)
+        return max(1, min(50, int(target_ms / max(one, 1e-3))))
+
+    def rounds(self, fns: dict, rounds: int) -> dict:
+        inner = {k: self.inner_for(f) for k, f in fns.items()}
+        samples = {k: [] for k in fns}
+        for _ in range(rounds):
+            order = list(fns)
+            random.shuffle(order)
+            for k in order:
+                samples[k].append(self.sample_ms(fns[k], inner[k]))
+        return {k: dict(median_ms=statistics.median(v), min_ms=min(v), max_ms=max(v),
+                        samples=v, inner=inner[k]) for k, v in samples.items()}
+
+
+def attention_flops(B, H, N, D, causal):
+    f = 4.0 * B * H * N * N * D
+    return f / 2 if causal else f
+
+
+# --- the forward -------------------------------------------------------------------------------
+def forward_rows(B, H, N, D, causal, device, *, cudnn=True, configs=(), quant=False):
+    import torch
+    import flashattn
+    from flashattn.fp8 import attention_fp8, quantize_fp8
+    g = torch.Generator(device=device).manual_seed(0)
+    q, k, v = (torch.randn(B, H, N, D, generator=g, device=device, dtype=torch.float16)
+               for _ in range(3))
+    q8, qd = quantize_fp8(q)
+    k8, kd = quantize_fp8(k)
+    v8, vd = quantize_fp8(v)
+    v8t = v8.transpose(-1, -2).contiguous()
+    kw = dict(q_descale=qd, k_descale=kd, v_descale=vd, causal=causal)
+    fns = {
+        "fp8": lambda: attention_fp8(q8, k8, v8, v_transpose="host", **kw),
+        "fp8-vt": lambda: attention_fp8(q8, k8, v8t, v_transposed=True, **kw),
+        "fp8-vk": lambda: attention_fp8(q8, k8, v8, v_transpose="kernel", **kw),
+        "fp16": lambda: flashattn.attention(q, k, v, causal=causal),
+        "fp16#2": lambda: flashattn.attention(q, k, v, causal=causal),
+    }
+    for cfg in configs:
+        fns[f"fp8-vt@{cfg}"] = (lambda c=cfg: attention_fp8(q8, k8, v8t, v_transposed=True,
+                                                           config=c, **kw))
+    if quant:
+        fns["quant-v"] = lambda: quantize_fp8(v)
+        fns["quant-vt"] = lambda: quantize_fp8(v, transpose_v=True)
+    if cudnn and device.type == "cuda":
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        import torch.nn.functional as F
+
+        def cudnn_fn():
+            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        fns["cudnn"] = cudnn_fn
+    # One check each: the fp8 rows against fp32 attention of the dequantised inputs, the fp16
+    # rows against fp32 attention of the fp16 inputs (on a slice of heads: memory).
+    from flashattn.fp8 import reference_fp8
+    hs = slice(0, 1)
+    ref8 = reference_fp8(q8[:1, hs], k8[:1, hs], v8[:1, hs], qd[:1, hs], kd[:1, hs],
+                         vd[:1, hs], causal=causal)
+    ref16 = flashattn.reference.attention(q[:1, hs].float(), k[:1, hs].float(),
+                                          v[:1, hs].float(), causal=causal)
+    errs = {}
+    for name, fn in fns.items():
+        o = fn()
+        if name.startswith("quant"):
+            # The quantised V (either layout) against V: e4m3's rounding, |v| <= 2^-4 |v|.
+            v8q, vdq = o
+            if name == "quant-vt":
+                v8q = v8q.transpose(-1, -2)
+            back = v8q[:1, hs].float() * vdq[:1, hs, None, None]
+            errs[name] = ((back - v[:1, hs].float()).abs()
+                          / v[:1, hs].float().abs().clamp_min(1e-3)).max().item()
+            continue
+        ref = ref8 if name.startswith("fp8") else ref16
+        errs[name] = (o[:1, hs].float() - ref).abs().max().item()
+    return fns, errs
+
+
+# --- decode ------------------------------------------------------------------------------------
+def decode_rows(B, L, device, *, Hq=32, Hkv=8, D=128):
+    import torch
+    import flashattn
+    from flashattn.fp8 import decode_reference_fp8
+    g = torch.Generator(device=device).manual_seed(0)
+    q = torch.randn(B, Hq, 1, D, generator=g, device=device, dtype=torch.float16)
+    kc = torch.randn(B, Hkv, L, D, generator=g, device=device, dtype=torch.float16)
+    vc = torch.randn(B, Hkv, L, D, generator=g, device=device, dtype=torch.float16)
+    # N(0, 1) values fit e4m3 as they are: descale 1 (quantize_fp8's fp32 temporaries would
+    # need ~3x the cache in memory at B=64, 128K).
+    k8, v8 = kc.to(torch.float8_e4m3fn), vc.to(torch.float8_e4m3fn)
+    kd = torch.ones(B, Hkv, dtype=torch.float32, device=device)
+    vd = torch.ones(B, Hkv, dtype=torch.float32, device=device)
+    lens = torch.full((B,), L, dtype=torch.int32, device=device)
+    out16 = torch.empty_like(q)
+    out8 = torch.empty_like(q)
+    fns = {
+        "decode-fp16": lambda: flashattn.decode(q, kc, vc, lens, out=out16),
+        "decode-fp16#2": lambda: flashattn.decode(q, kc, vc, lens, out=out16),
+        "decode-fp8": lambda: flashattn.decode(q, k8, v8, lens, k_descale=kd, v_descale=vd,
+                                               out=out8),
+    }
+    b1 = slice(0, 1)
+    ref8 = decode_reference_fp8(q[b1], k8[b1], v8[b1], lens[b1], kd[b1], vd[b1])
+    ref16 = flashattn.reference.decode_attention(q[b1].float(), kc[b1].float(),
+                                                 vc[b1].float(), lens[b1])
+    errs = {}
+    for name, fn in fns.items():
+        o = fn()
+        ref = ref8 if name.endswith("fp8") else ref16
+        errs[name] = (o[b1].float().cpu() - ref.float().cpu()).abs().max().item()
+    return fns, errs
+
+
+def kv_bytes(B, L, Hkv=8, D=128, elem=2):
+    return 2 * B * Hkv * L * D * elem
+
+
+# --- main --------------------------------------------------------------------------------------
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--part", choices=("forward", "decode", "both"), default="both")
+    ap.add_argument("--d", type=int, action="append", help="head dims (default 128)")
+    ap.add_argument("--n", type=int, action="append", help="forward lengths (1K..16K)")
+    ap.add_argument("--configs", action="append",
+                    help="FP8 forward tile configurations timed at the longest N as "
+                         "'fp8-vt@CFG' rows, e.g. '128x64 occ=1 nww=8' (repeatable; default "
+                         "kernels.fp8_spec.FP8_ALT_CONFIGS of the GPU's arch; 'none': none)")
+    ap.add_argument("--rounds", type=int, default=10)
+    ap.add_argument("--budget-s", type=float, default=270.0)
+    ap.add_argument("--autotune", action="store_true",
+                    help="let step='best' autotune (default: FLASHATTN_AUTOTUNE=0, the "
+                         "first configuration, cached winners still used)")
+    ap.add_argument("--dry-run", action="store_true",
+                    help="CPU: tiny shapes in the interpreter, to check the script")
+    ap.add_argument("--out", default="fp8-bench.json")
+    a = ap.parse_args(argv)
+    if not a.autotune:
+        os.environ.setdefault("FLASHATTN_AUTOTUNE", "0")
+    import torch
+    t_start = time.time()
+    if a.dry_run:
+        from flashattn import interpret
+        ctx = interpret.enabled()
+        device = torch.device("cpu")
+        lengths, dims, rounds = [128], [64], 1
+        dec_shapes = [(1, 256), (2, 512)]
+        tokens, head_total = 256, 128
+        configs = ["64x64"] if a.configs is None else a.configs
+    else:
+        import contextlib
+        ctx = contextlib.nullcontext()
+        device = torch.device("cuda")
+        lengths = a.n or [1024, 2048, 4096, 8192, 16384]
+        dims, rounds = a.d or [128], a.rounds
+        dec_shapes = [(b, L) for b in (1, 8, 64) for L in (4096, 16384, 32768, 65536, 131072)]
+        tokens, head_total = 16384, 2048
+        if a.configs is None:
+            from flashattn.dispatch import device_arch
+            from flashattn.kernels.fp8_spec import FP8_ALT_CONFIGS
+            configs = list(FP8_ALT_CONFIGS.get(device_arch(device), []))
+        else:
+            configs = a.configs
+    configs = [c for c in configs if c.strip().lower() != "none"]
+    from flashattn.steps import Config
+    for c in configs:
+        Config.parse(c)                               # a bad label fails before any timing
+    timer = Timer(device)
+    rows, skipped = [], []
+
+    def over_budget():
+        return time.time() - t_start > a.budget_s
+
+    with ctx, torch.no_grad():
+        if a.part in ("forward", "both"):
+            for D in dims:
+                for N in lengths:
+                    for causal in (False, True):
+                        B, H = max(1, tokens // N), max(1, head_total // D)
+                        shape = dict(part="forward", B=B, H=H, N=N, D=D, causal=causal)
+                        if over_budget():
+                            skipped.append(shape)
+                            continue
+                        longest = N == max(lengths)
+                        fns, errs = forward_rows(B, H, N, D, causal, device,
+                                                 configs=configs if longest else (),
+                                                 quant=longest and not causal)
+                        res = timer.rounds(fns, rounds)
+                        fl = attention_flops(B, H, N, D, causal)
+                        base = res.get("cudnn", res["fp16"])["median_ms"]
+                        for name, r in res.items():
+                            if name.startswith("quant"):
+                                rows.append(dict(shape, impl=name, max_err=errs[name],
+                                                 vs_quant_v=res["quant-v"]["median_ms"]
+                                                 / r["median_ms"], **r))
+                                continue
+                            rows.append(dict(shape, impl=name, max_err=errs[name],
+                                             tflops=fl / r["median_ms"] / 1e9,
+                                             vs_cudnn=base / r["median_ms"],
+                                             vs_fp16=res["fp16"]["median_ms"] / r["median_ms"],
+                                             **r))
+                        del fns
+                        if device.type == "cuda":
+                            torch.cuda.empty_cache()
+        if a.part in ("decode", "both"):
+            for B, L in dec_shapes:
+                shape = dict(part="decode", B=B, L=L, Hq=32, Hkv=8, D=128)
+                if over_budget():
+                    skipped.append(shape)
+                    continue
+                fns, errs = decode_rows(B, L, device)
+                res = timer.rounds(fns, rounds)
+                for name, r in res.items():
+                    nbytes = kv_bytes(B, L, elem=1 if name.endswith("fp8") else 2)
+                    rows.append(dict(shape, impl=name, max_err=errs[name], kv_bytes=nbytes,
+                                     gbps=nbytes / r["median_ms"] / 1e6,
+                                     vs_fp16=res["decode-fp16"]["median_ms"] / r["median_ms"],
+                                     **r))
+                del fns
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
+
+    # --- the table ---
+    lines = []
+    for r in rows:
+        if r["impl"].startswith("quant"):
+            lines.append(f"fwd  D={r['D']:<3} N={r['N']:<6} B={r['B']:<3} H={r['H']:<3} "
+                         f"{r['impl']:8} {r['median_ms']:9.4f} ms x{r['vs_quant_v']:.3f} "
+                         f"quant-v  rel err {r['max_err']:.2e}")
+        elif r["part"] == "forward":
+            lines.append(f"fwd  D={r['D']:<3} N={r['N']:<6} B={r['B']:<3} H={r['H']:<3} "
+                         f"{'causal' if r['causal'] else 'full  '} {r['impl']:8} "
+                         f"{r['median_ms']:9.4f} ms {r['tflops']:7.1f} TFLOPS "
+                         f"x{r['vs_fp16']:.3f} fp16 x{r['vs_cudnn']:.3f} cudnn "
+                         f"err {r['max_err']:.2e}")
+        else:
+            lines.append(f"dec  B={r['B']:<3} L={r['L']:<7} {r['impl']:14} "
+                         f"{r['median_ms']:9.4f} ms {r['gbps']:8.1f} GB/s (K+V "
+                         f"{r['kv_bytes'] / 1e9:.3f} GB) x{r['vs_fp16']:.3f} fp16 "
+                         f"err {r['max_err']:.2e}")
+    print("\n".join(lines))
+    if skipped:
+        print(f"skipped (budget {a.budget_s} s spent): {skipped}")
+    from flashattn.env import metadata
+    meta = dict(metadata("python experiments/fp8_bench.py " + " ".join(
+                    sys.argv[1:] if argv is None else argv),
+                         device=device if device.type == "cuda" else None),
+                device=(torch.cuda.get_device_name(device) if device.type == "cuda"
+                        else "cpu (interpreter dry run)"),
+                rounds=rounds, dry_run=a.dry_run, budget_s=a.budget_s, configs=configs,
+                autotune=a.autotune, seconds=round(time.time() - t_start, 1),
+                method="CUDA events, L2 flush + 10 ms idle per sample, rounds in random order")
+    out = Path(a.out)
+    if out.parent != Path(""):
+        out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(dict(meta=meta, rows=rows, skipped=skipped), indent=1) + "\n")
+    print(f"wrote {out} ({meta['seconds']} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,155 @@
+"""The FP8 kernels' contracts (issue 24): specs, configurations per architecture, constants.
+
+    FMHA_FP8          kernels/fp8.py fmha_fp8_kernel: the FP8 forward
+    DECODE_SPLIT_FP8  kernels/fp8.py decode_split_fp8_kernel: split-KV decoding, FP8 cache
+
+Imports nothing from cuda.tile. ``kernels/__init__.py`` adds both to ``SPECS``. The specs name
+e4m3 for the fp8 arrays (what ``aot.compile_spec`` compiles by default); ``with_fp8`` gives the
+same spec with e5m2 arrays for the compiler.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from ..contract import tile_d_for
+from ..steps import Config
+from .spec import Array, KernelSpec
+
+__all__ = ["FMHA_FP8", "DECODE_SPLIT_FP8", "FP8_SPECS", "FP8_CONFIGS", "FP8_ALT_CONFIGS",
+           "FP8_P_SHIFT", "FP8_FAST_ACC", "fp8_config", "fp8_constants", "fp8_grid", "with_fp8",
+           "FP8_DTYPES", "FP8_DECODE_SLICE", "FP8_DECODE_WIDE_TILE_M",
+           "fp8_decode_constants"]
+
+FP8_DTYPES = ("float8_e4m3fn", "float8_e5m2")
+
+# Q, K, V fp8; Out bf16 or fp16 ("io"); QDescale, KDescale, VDescale (B, Hkv) fp32.
+FMHA_FP8 = KernelSpec(
+    "fmha_fp8", "flashattn.kernels.fp8", "fmha_fp8_kernel",
+    arrays=(Array("Q", 4, "float8_e4m3fn"), Array("K", 4, "float8_e4m3fn"),
+            Array("V", 4, "float8_e4m3fn"), Array("Out", 4), Array("QDescale", 2, "float32"),
+            Array("KDescale", 2, "float32"), Array("VDescale", 2, "float32")),
+    scalars=(("qk_scale", float), ("input_pos", int), ("num_heads", int),
+             ("group_size", int)),
+    constants=("TILE_M", "TILE_N", "TILE_D", "CAUSAL", "EVEN_K", "V_T", "FAST_ACC",
+               "P_SHIFT"))
+
+# Q, Out fp16/bf16 ("io"); K, V fp8 caches; KDescale, VDescale (B, Hkv) fp32. The rest
+# as DECODE_SPLIT (kernels/__init__.py), whose constants, grid and scratch it shares.
+DECODE_SPLIT_FP8 = KernelSpec(
+    "decode_split_fp8", "flashattn.kernels.fp8", "decode_split_fp8_kernel",
+    arrays=(Array("Q", 4), Array("K", 4, "float8_e4m3fn"), Array("V", 4, "float8_e4m3fn"),
+            Array("BlockTable", 2, "int32"), Array("SeqLens", 1, "int32"),
+            Array("KDescale", 2, "float32"), Array("VDescale", 2, "float32"),
+            Array("Opart", 4, "float32"),
+            Array("Lse", 3, "float32"), Array("Out", 4), Array("Counter", 2, "int32")),
+    scalars=(("qk_scale", float), ("num_q", int)),
+    constants=("TILE_M", "TILE_N", "TILE_D", "PAGED", "FINAL", "FUSED", "PDL", "HALF_D"))
+
+FP8_SPECS = {"fmha_fp8": FMHA_FP8, "decode_split_fp8": DECODE_SPLIT_FP8}
+
+# The fp8-cache decode kernel computes S in head-dim slices of at most this many columns (its
+# HALF_D) where it widens K in registers (warp MMA, TILE_M < 64): widening a whole 256-wide K
+# tile to bf16 there spilled (compile report).
+FP8_DECODE_SLICE = 128
+# The fp8-cache decode kernel's row tile on the archs with a shared-memory-operand MMA
+# (Hopper's warpgroup MMA, Blackwell's tcgen05): at least 64 rows, whatever the packed query
+# rows. With the fp16 split kernel's 16-row tile (warp MMA, HMMA.16816: both operands in
+# registers, in the MMA's fragment layout) the compiler loads the fp8 tiles from shared memory
+# one or two bytes at a time (sm_90, D=128, 16x128: 128 LDS.U8 + 64 LDS.U16 per thread per
+# K/V tile, against 40 LDSM for the fp16 kernel's tiles; its loop is 1798 instructions per
+# warp against the fp16 kernel's 891 for half the bytes) and decoding runs at the fp16
+# kernel's elements per second, not its bytes (GPU probe 1: 0.55-0.96x the fp16 cache). With
+# 64 rows the compiler emits a warpgroup MMA (HGMMA / UTCHMMA) whose operands it reads from
+# shared memory, and a converter warp group widens each fp8 tile there with 16-byte loads and
+# stores (LDS.128 -> F2FP.F16.E4M3.UNPACK_B -> STS.128) beside the MMA warp group: 168
+# registers, no byte loads. The split plan (TILE_N, split count, grid) stays the fp16
+# kernel's: the packed rows fit one 64-row block whenever the fp16 tile had fewer rows.
+# Experiments/LOG.md (issue 24, E-fp8-decode) has the SASS tables and the prediction.
+FP8_DECODE_WIDE_TILE_M = {"sm_90": 64, "sm_100": 64}
+
+
+def fp8_decode_constants(split_constants: dict, arch: str | None = None) -> dict:
+    """``decode_split_fp8_kernel``'s constants: the fp16 split kernel's (``decode_plan``) with
+    TILE_M raised to ``FP8_DECODE_WIDE_TILE_M[arch]`` (where listed) and HALF_D (the whole
+    head dim on those archs, whose MMA reads the widened K from shared memory; at most
+    ``FP8_DECODE_SLICE`` elsewhere)."""
+    td = split_constants["TILE_D"]
+    wide = FP8_DECODE_WIDE_TILE_M.get(arch or "")
+    if wide:
+        return dict(split_constants, TILE_M=max(int(split_constants["TILE_M"]), wide),
+                    HALF_D=td)
+    return dict(split_constants, HALF_D=min(td, FP8_DECODE_SLICE))
+
+
+def with_fp8(spec: KernelSpec, fp8: str) -> KernelSpec:
+    """``spec`` with its e4m3 arrays declared as ``fp8`` (for the compiler's signature)."""
+    if fp8 not in FP8_DTYPES:
+        raise ValueError(f"fp8 must be one of {', '.join(FP8_DTYPES)}, got {fp8!r}")
+    arrays = tuple(dataclasses.replace(a, dtype=fp8) if a.dtype in FP8_DTYPES else a
+                   for a in spec.arrays)
+    if arrays == spec.arrays:
+        return spec
+    # A name of its own: aot.compile_spec's cubin cache is keyed by the spec's name, not its
+    # arrays' dtypes.
+    return dataclasses.replace(spec, name=f"{spec.name}_{fp8.split('_')[1]}", arrays=arrays)
+
+
+# P = 2^(s - m + FP8_P_SHIFT) lies in [0, 256]: inside e4m3's range (448), and its small values
+# sit 8 binades above e4m3's subnormals. FlashAttention-3/4 scale P by 2^8 the same way
+# (arXiv 2606.06521, "P-Cast Precision in FP8 Attention", abstract: S = 256 "already deployed
+# in FlashAttention-3/4"; it derives 2^8 as the best power-of-two scale for e4m3).
+FP8_P_SHIFT = 8
+# ct.mma(use_fast_acc=True) on Hopper: FP8 accumulation without the periodic promotion to
+# fp32; the sums here are D (<= 256) or TILE_N long. The compile report shows both.
+FP8_FAST_ACC = True
+
+# Tiles and hints per architecture and padded head dim (the smallest listed TILE_D >= it),
+# chosen from the compiler's report (tests/test_fp8_aot.py prints it; experiments/data/
+# 42-fp8-aot/report.txt): no spills. Not timed on a GPU yet (experiments/fp8_bench.py).
+FP8_CONFIGS: dict[str, dict[int, Config]] = {
+    # Hopper: two consumer warp groups (nww=8) of 64 rows each, FP8 HGMMA; 128-key tiles (an
+    # fp8 K/V tile is half the bytes of fp16's: the same shared memory holds twice the keys).
+    "sm_90": {128: Config(128, 128, occupancy=1, num_worker_warps=8),
+              256: Config(128, 64, occupancy=1, num_worker_warps=8)},
+    # Datacenter Blackwell (tcgen05 on fp8: UTCQMMA); at D=256, 128x64 spilled 8 bytes and
+    # 64x64 8 bytes causal; 128x32 does not (255 registers).
+    "sm_100": {128: Config(128, 128, occupancy=1), 256: Config(128, 32, occupancy=1)},
+    # Consumer Blackwell (and Ampere-style mma.sync): operands in registers, small tiles.
+    "sm_120": {128: Config(64, 64), 256: Config(64, 32)},
+}
+FP8_CONFIGS["sm_80"] = FP8_CONFIGS["sm_120"]
+
+# Alternatives to FP8_CONFIGS at D=128 that compile without spills (tileiras 13.4, sm_90,
+# causal and not, V^T), for experiments/fp8_bench.py --configs to time against the default
+# (GPU probe 1: the default reached 1.34x our fp16 kernel at 16K, not the 1.5x targeted).
+# Registers / shared memory (full, causal), from the compile report:
+#   128x128 occ=1 nww=8  168 regs, 165 / 165 KB   (the default: one CTA per SM)
+#   128x64 occ=1 nww=8   168 regs, 116 / 182 KB
+#   64x128 occ=2         128 regs, 116 /  67 KB   (two CTAs per SM causal)
+#   64x128 occ=1         255 regs, 173 / 132 KB
+# Not listed: 128x128 without nww=8 (occ=1, or nww=4) spills 256-264 bytes; 128x256 nww=8
+# spills 248 bytes causal; 256x128 nww=16 fails to compile (UnsupportedFeatureError).
+FP8_ALT_CONFIGS: dict[str, list[str]] = {
+    "sm_90": ["128x64 occ=1 nww=8", "64x128 occ=2", "64x128 occ=1"],
+}
+
+
+def fp8_config(arch: str | None, head_dim: int) -> Config:
+    """The FP8 forward's configuration for ``arch`` (unknown: sm_120's) and ``head_dim``."""
+    td = tile_d_for(head_dim)
+    table = FP8_CONFIGS.get(arch or "sm_120", FP8_CONFIGS["sm_120"])
+    return table[min(d for d in table if d >= td)]
+
+
+def fp8_constants(config: Config, *, head_dim: int, causal: bool, even_k: bool,
+                  v_transposed: bool, fast_acc: bool = FP8_FAST_ACC,
+                  p_shift: int = FP8_P_SHIFT) -> dict:
+    """The ``ct.Constant`` values of ``fmha_fp8_kernel`` by name."""
+    return dict(TILE_M=config.TILE_M, TILE_N=config.TILE_N, TILE_D=tile_d_for(head_dim),
+                CAUSAL=bool(causal), EVEN_K=bool(even_k), V_T=bool(v_transposed),
+                FAST_ACC=bool(fast_acc), P_SHIFT=int(p_shift))
+
+
+def fp8_grid(config: Config, *, B: int, Hq: int, Nq: int) -> tuple[int, int, int]:
+    """One program per query tile per (batch, query head)."""
+    return (-(-int(Nq) // config.TILE_M), int(B) * int(Hq), 1)

@@ -1,0 +1,64 @@
+"""The FP8 kernels compile ahead of time for Hopper and Blackwell, on a machine with no GPU.
+
+Every case of ``flashattn.fp8.compile_cases`` (the forward at D 64/128/256, causal or not,
+V transposed or not at D=128, e5m2 and exact accumulation on sm_90; the fp8-cache decode split
+kernel, contiguous and paged, FINAL or not) through ``aot.compile_spec``:
+
+* no compile error, no register spills (stack 0, no STL);
+* the forward's matrix products on FP8 tensor cores: on sm_90 QGMMA, Hopper's warpgroup MMA
+  on fp8 operands (SASS spells FP8 HGMMA "QGMMA.64xNx32.F32.E4M3.E4M3"), with E4M3 (or E5M2)
+  operands and no fp16 HGMMA; on sm_100 UTCQMMA (tcgen05 on fp8); on sm_120 QMMA (mma.sync
+  on fp8); P's cast to fp8 (F2FP ... E4M3) present;
+* the decode kernel on tensor cores (fp16/bf16 MMAs after widening the fp8 tiles).
+
+    python -m pytest -o addopts="" -m slow tests/test_fp8_aot.py -s   # prints the table
+"""
+import pytest
+
+from flashattn.fp8 import compile_cases, compile_report, format_compile_report
+
+pytestmark = pytest.mark.slow
+
+CASES = compile_cases()
+
+
+def _id(c):
+    if c["kernel"] == "fmha_fp8":
+        return (f"{c['arch']}-fwd-{c['fp8'].split('_')[1]}-d{c['D']}-"
+                f"{'causal' if c['causal'] else 'full'}-{'vt' if c['v_t'] else 'v'}"
+                + ("" if c["fast_acc"] else "-exactacc"))
+    return (f"{c['arch']}-decode-d{c['D']}-{'page' + str(c['page']) if c['page'] else 'contig'}"
+            + ("-final" if c["final"] else ""))
+
+
+@pytest.fixture(scope="module")
+def reports():
+    rows = compile_report(CASES)
+    print("\n" + format_compile_report(rows))
+    return {_id(c): r for c, r in zip(CASES, rows)}
+
+
+@pytest.mark.parametrize("case", CASES, ids=[_id(c) for c in CASES])
+def test_fp8_kernel_compiles_without_spills(reports, case):
+    r = reports[_id(case)]
+    assert not r["error"], r["error"]
+    assert r["registers"] > 0 and r["sass_lines"] > 50
+    assert r["stack_bytes"] == 0 and r["sass"]["STL"] == 0, f"spills: {r['label']}"
+    s = r["sass"]
+    if case["kernel"] == "fmha_fp8":
+        fmt = "E4M3" if case["fp8"] == "float8_e4m3fn" else "E5M2"
+        if case["arch"] == "sm_90":
+            assert s["QGMMA"] > 0 and s["HGMMA"] == 0, r["mma_forms"]
+            assert any(f"{fmt}.{fmt}" in m for m in r["mma_forms"]), r["mma_forms"]
+        elif case["arch"] == "sm_100":
+            assert s["UTCQMMA"] > 0 and s["UTCHMMA"] == 0, r["mma_forms"]
+        else:
+            assert s["QMMA"] > 0 and s["HMMA"] == 0, r["mma_forms"]
+        assert s[f"F2FP.{fmt}"] > 0                 # P cast to fp8 on chip
+    else:
+        assert s["HMMA"] + s["HGMMA"] + s["UTCHMMA"] > 0, r["mma_forms"]
+        if case["arch"] in ("sm_90", "sm_100"):
+            # The 64-row tile: a warpgroup MMA from shared memory, the fp8 tiles widened there
+            # with 16-byte loads; no byte loads (the 16-row tile had 128 LDS.U8 per thread).
+            assert s["HGMMA"] + s["UTCHMMA"] > 0 and s["HMMA"] == 0, r["mma_forms"]
+            assert s["LDS.U8"] == 0 and s["LDS.128"] > 0, s
