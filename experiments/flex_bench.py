@@ -2,7 +2,7 @@
 BlockMask (issue 23), forward, B=4 H=32 D=128 fp16, N = 4K/8K/16K.
 
 Rows per workload (one CUDA-graph batch per round, implementations in a fresh random order each
-round, L2 flushed and the GPU idle before each sample: flashattn.measure.timing.time_rounds, or
+round, L2 flushed and the GPU idle before each sample: flashattn.timing.time_rounds, or
 plain CUDA events if that module is not there):
 
     flashattn.flex      ours, the BlockMask's partial/full blocks, the mod compiled in
@@ -78,7 +78,7 @@ def _timer(dry: bool):
             return res
         return fake
     try:
-        from flashattn.measure.timing import time_rounds
+        from flashattn.timing import time_rounds
 
         def project(fns, rounds=10, **_):
             return {n: dict(median_ms=t.median_ms, ci_lo_ms=t.ci_lo_ms, ci_hi_ms=t.ci_hi_ms,
