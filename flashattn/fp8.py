@@ -35,7 +35,8 @@ from .dispatch import (device_arch, expect, interpreting, launch_kernel, on_devi
                        attention_steps)
 from .kernels import hinted
 from .kernels.fp8_spec import (DECODE_SPLIT_FP8, FMHA_FP8, FP8_DTYPES, fp8_config,
-                               fp8_constants, fp8_decode_constants, fp8_grid)
+                               fp8_constants, fp8_decode_constants, fp8_decode_hints,
+                               fp8_grid)
 
 __all__ = ["quantize_fp8", "dequantize_fp8", "attention_fp8", "decode_fp8", "incoherent",
            "hadamard_rotation", "reference_fp8", "is_fp8", "FP8_MAX", "FP8_ARCHS",
@@ -442,7 +443,8 @@ def decode_fp8(q, k_cache, v_cache, cache_seqlens, *, k_descale=None, v_descale=
                       device=q.device)
     if counter is None:
         counter = torch.empty((1, 1), dtype=torch.int32, device=q.device)
-    split_kernel = hinted(DECODE_SPLIT_FP8.kernel(), DECODE_SPLIT_HINTS.get(arch, {}))
+    split_kernel = hinted(DECODE_SPLIT_FP8.kernel(),
+                          fp8_decode_hints(split_consts, arch, DECODE_SPLIT_HINTS.get(arch, {})))
     with on_device(q.device), expect(q.device,
                                      lambda: _decode_mod.decode_steps(plan, seqlens, dims),
                                      "flashattn.decode (fp8 cache)"):
@@ -563,7 +565,7 @@ def compile_report(cases=None, **kw) -> list[dict]:
         else:
             spec = with_fp8(DECODE_SPLIT_FP8, case["fp8"])
             consts = case["constants"]
-            hints = DECODE_SPLIT_HINTS.get(arch, {})
+            hints = fp8_decode_hints(consts, arch, DECODE_SPLIT_HINTS.get(arch, {}))
             label = (f"decode {case['fp8'].split('_')[1]} D={case['D']} "
                      f"{'page=' + str(case['page']) if case['page'] else 'contiguous'}"
                      f"{' final' if case['final'] else ''} "

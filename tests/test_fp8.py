@@ -380,7 +380,7 @@ def test_fp8_cache_decode_matches_reference(B, Hq, Hkv, Nq, S, D, lens, paged, s
 def test_fp8_decode_constants_per_arch():
     """The fp8-cache decode kernel keeps the fp16 plan's TILE_N and splits; on sm_90/sm_100 its
     row tile is 64 (warpgroup MMA: the fp8 tiles widened through shared memory), elsewhere the
-    fp16 plan's, with HALF_D slices of at most 128."""
+    fp16 plan's; HALF_D slices of at most 128 everywhere."""
     from flashattn.kernels import decode_split_constants
     from flashattn.kernels.fp8_spec import FP8_DECODE_WIDE_TILE_M, fp8_decode_constants
     for arch in ("sm_90", "sm_100", "sm_120", None):
@@ -390,10 +390,22 @@ def test_fp8_decode_constants_per_arch():
                 f = fp8_decode_constants(c, arch)
                 assert f["TILE_N"] == c["TILE_N"] and f["TILE_D"] == c["TILE_D"]
                 assert -(-rows // f["TILE_M"]) <= -(-rows // c["TILE_M"])
+                assert f["HALF_D"] == min(c["TILE_D"], 128)
                 if arch in FP8_DECODE_WIDE_TILE_M:
-                    assert f["TILE_M"] == max(c["TILE_M"], 64) and f["HALF_D"] == c["TILE_D"]
+                    assert f["TILE_M"] == max(c["TILE_M"], 64)
                 else:
-                    assert f["TILE_M"] == c["TILE_M"] and f["HALF_D"] == min(c["TILE_D"], 128)
+                    assert f["TILE_M"] == c["TILE_M"]
+
+
+def test_fp8_decode_hints():
+    """nww=8 only where the 64-row tile spilled without it (sm_90, paged, one split); the fp16
+    kernel's hints are kept."""
+    from flashattn.kernels.fp8_spec import fp8_decode_hints
+    assert fp8_decode_hints(dict(PAGED=True, FINAL=True), "sm_90") == {"num_worker_warps": 8}
+    assert fp8_decode_hints(dict(PAGED=True, FINAL=False), "sm_90") == {}
+    assert fp8_decode_hints(dict(PAGED=False, FINAL=True), "sm_90", {"occupancy": 1}) == {
+        "occupancy": 1}
+    assert fp8_decode_hints(dict(PAGED=True, FINAL=True), "sm_100") == {}
 
 
 def test_e5m2_cache_decode():

@@ -18,7 +18,7 @@ from .spec import Array, KernelSpec
 __all__ = ["FMHA_FP8", "DECODE_SPLIT_FP8", "FP8_SPECS", "FP8_CONFIGS", "FP8_ALT_CONFIGS",
            "FP8_P_SHIFT", "FP8_FAST_ACC", "fp8_config", "fp8_constants", "fp8_grid", "with_fp8",
            "FP8_DTYPES", "FP8_DECODE_SLICE", "FP8_DECODE_WIDE_TILE_M",
-           "fp8_decode_constants"]
+           "fp8_decode_constants", "fp8_decode_hints"]
 
 FP8_DTYPES = ("float8_e4m3fn", "float8_e5m2")
 
@@ -70,15 +70,26 @@ FP8_DECODE_WIDE_TILE_M = {"sm_90": 64, "sm_100": 64}
 
 def fp8_decode_constants(split_constants: dict, arch: str | None = None) -> dict:
     """``decode_split_fp8_kernel``'s constants: the fp16 split kernel's (``decode_plan``) with
-    TILE_M raised to ``FP8_DECODE_WIDE_TILE_M[arch]`` (where listed) and HALF_D (the whole
-    head dim on those archs, whose MMA reads the widened K from shared memory; at most
-    ``FP8_DECODE_SLICE`` elsewhere)."""
+    TILE_M raised to ``FP8_DECODE_WIDE_TILE_M[arch]`` (where listed), and HALF_D (head-dim
+    slices of at most ``FP8_DECODE_SLICE``: with the 64-row tile too, D=256 in one slice spilled
+    592 bytes paged on sm_90 with bf16 queries; two slices do not)."""
     td = split_constants["TILE_D"]
+    out = dict(split_constants, HALF_D=min(td, FP8_DECODE_SLICE))
     wide = FP8_DECODE_WIDE_TILE_M.get(arch or "")
     if wide:
-        return dict(split_constants, TILE_M=max(int(split_constants["TILE_M"]), wide),
-                    HALF_D=td)
-    return dict(split_constants, HALF_D=min(td, FP8_DECODE_SLICE))
+        out["TILE_M"] = max(int(split_constants["TILE_M"]), wide)
+    return out
+
+
+def fp8_decode_hints(constants: dict, arch: str | None, base: dict | None = None) -> dict:
+    """The split kernel's hints for ``constants`` on ``arch``: ``base`` (the fp16 kernel's
+    ``DECODE_SPLIT_HINTS``), plus ``num_worker_warps=8`` for the paged one-split (FINAL) kernel
+    on sm_90, the one variant of the 64-row tile that spilled without it (8 bytes, bf16
+    queries, D=128; with it 168 registers, no spill: compile report)."""
+    hints = dict(base or {})
+    if arch == "sm_90" and constants.get("PAGED") and constants.get("FINAL"):
+        hints.setdefault("num_worker_warps", 8)
+    return hints
 
 
 def with_fp8(spec: KernelSpec, fp8: str) -> KernelSpec:
