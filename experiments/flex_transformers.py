@@ -73,14 +73,19 @@ def inputs(batch: int = 2, seq: int = SEQ, padded: bool = False, seed: int = 1):
     return ids, am
 
 
-def compare(kind: str, dtype=torch.float16, *, padded: bool = False, name: str = "cutile"):
+def compare(kind: str, dtype=torch.float16, *, padded: bool = False, name: str = "cutile",
+            device: str = "cpu"):
     """Max |logit - fp64 eager| for flashattn and for eager in ``dtype``, over the unpadded
-    positions; and how many times flashattn's flex_attention ran."""
+    positions; and how many times flashattn's flex_attention ran. ``device="cuda"``: the
+    kernels on the GPU (the references too), else the interpreter on CPU."""
+    import contextlib
     from flashattn import flex, interpret
     from flashattn.integrations import transformers as fa_hf
     fa_hf.register(name)
-    base = tiny_model(kind)
+    base = tiny_model(kind).to(device)
     ids, am = inputs(padded=padded)
+    ids = ids.to(device)
+    am = am.to(device) if am is not None else None
     with torch.no_grad():
         # Eager in float64 turns a fully padded row into NaN (and spreads it through the next
         # layer's keys): with padding the float64 reference is SDPA.
@@ -99,11 +104,12 @@ def compare(kind: str, dtype=torch.float16, *, padded: bool = False, name: str =
             return real(*a, **k)
         flex.flex_attention = counted
         try:
-            with interpret.enabled():
+            with (interpret.enabled() if device == "cpu" else contextlib.nullcontext()):
                 ours = ours_model(ids, attention_mask=am).logits
         finally:
             flex.flex_attention = real
-    keep = (am.bool() if am is not None else torch.ones(ids.shape, dtype=torch.bool))
+    keep = (am.bool() if am is not None else torch.ones(ids.shape, dtype=torch.bool,
+                                                         device=device))
     err = (ours.double() - ref)[keep].abs().max().item()
     err_pt = (pt.double() - ref)[keep].abs().max().item()
     return dict(model=kind, dtype=str(dtype).removeprefix("torch."), padded=padded,
