@@ -159,18 +159,26 @@ def causal() -> MaskMod:
 
 @functools.lru_cache(maxsize=None)
 def _window_tile(left: int, right: int, offset: int):
+    # One distance d = p - kv_idx per score (p = q_idx + offset: a [TILE_M, 1] column, hoisted
+    # out of the per-score work) and the window as a range test on it: the compiler folds the
+    # two comparisons of a range into one (an unsigned compare of d + right against
+    # left + right), so a window costs what causal does. Writing the two sides as two
+    # differences (p - kv_idx <= left, kv_idx - p <= right) doubled the mask's SASS (two
+    # subtractions, two compares, two selects per score; experiments/data/40-flex/sass.md).
+    neg_right = -right
     if left < 0 and right < 0:
         def window(b, h, q_idx, kv_idx):
             return kv_idx >= 0
     elif left < 0:
         def window(b, h, q_idx, kv_idx):
-            return kv_idx - (q_idx + offset) <= right
+            return (q_idx + offset) - kv_idx >= neg_right
     elif right < 0:
         def window(b, h, q_idx, kv_idx):
             return (q_idx + offset) - kv_idx <= left
     else:
         def window(b, h, q_idx, kv_idx):
-            return ((q_idx + offset) - kv_idx <= left) & (kv_idx - (q_idx + offset) <= right)
+            d = (q_idx + offset) - kv_idx
+            return (d <= left) & (d >= neg_right)
     return window
 
 
