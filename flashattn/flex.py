@@ -488,7 +488,19 @@ def compile_flex(arch: str, *, score=None, mask=None, block_size=(128, 128), hea
     names = "+".join(m.name for m in (score, mask) if m) or "identity"
     rep = KernelReport(step=f"flex[{names}]", arch=arch, kernel="flex",
                        config=cfg.label())
-    key = hashlib.sha256(json.dumps([aot._source_hash(), names, sorted(consts.items()),
+    import inspect
+
+    def mod_key(m):                # the mod's own code and parameters (mods.py is not hashed)
+        if m is None:
+            return None
+        try:
+            src = inspect.getsource(m.tile)
+        except (OSError, TypeError):
+            src = repr(m.tile)
+        cells = [repr(c.cell_contents) for c in (m.tile.__closure__ or ())]
+        return [src, cells, sorted(m.params.items())]
+    key = hashlib.sha256(json.dumps([aot._source_hash(), names, mod_key(score), mod_key(mask),
+                                     sorted(consts.items()),
                                      sorted(hints.items()), arch, dtype,
                                      [(a.name, a.ndim, a.dtype) for a in spec.arrays]],
                                     default=str).encode()).hexdigest()[:20]

@@ -18,7 +18,8 @@ they read:
 
 Shipped: ``causal``, ``sliding_window`` (causal or two-sided), ``prefix_lm``, ``document``
 (per-token document ids, optionally causal), ``softcap``, ``alibi`` (with ``alibi_slopes``),
-``relative_bias`` (a per-head table of biases by key - query distance). The learnable attention
+``relative_bias`` (a per-head table of biases by key - query distance), ``dense_mask`` (any mask
+given as a (B, Nq, Nk) tensor, e.g. padding). The learnable attention
 sink (gpt-oss) is not a score function (it joins the softmax's denominator): it is
 ``flex_attention(..., sinks=logits)``, and ``sink_reference`` its PyTorch reference.
 
@@ -36,7 +37,7 @@ from .interpret import install_shim
 install_shim()                     # where cuda-tile is not installed, the interpreter's stand-in
 import cuda.tile as ct             # noqa: E402  (the tile functions below are cuTile code)
 
-__all__ = ["ScoreMod", "MaskMod", "causal", "sliding_window", "prefix_lm", "document",
+__all__ = ["ScoreMod", "MaskMod", "causal", "sliding_window", "prefix_lm", "document", "dense_mask",
            "softcap", "alibi", "alibi_slopes", "relative_bias", "sink_reference", "as_mod"]
 
 
@@ -158,18 +159,26 @@ def causal() -> MaskMod:
 
 @functools.lru_cache(maxsize=None)
 def _window_tile(left: int, right: int, offset: int):
+    # One distance d = p - kv_idx per score (p = q_idx + offset: a [TILE_M, 1] column, hoisted
+    # out of the per-score work) and the window as a range test on it: the compiler folds the
+    # two comparisons of a range into one (an unsigned compare of d + right against
+    # left + right), so a window costs what causal does. Writing the two sides as two
+    # differences (p - kv_idx <= left, kv_idx - p <= right) doubled the mask's SASS (two
+    # subtractions, two compares, two selects per score; experiments/data/40-flex/sass.md).
+    neg_right = -right
     if left < 0 and right < 0:
         def window(b, h, q_idx, kv_idx):
             return kv_idx >= 0
     elif left < 0:
         def window(b, h, q_idx, kv_idx):
-            return kv_idx - (q_idx + offset) <= right
+            return (q_idx + offset) - kv_idx >= neg_right
     elif right < 0:
         def window(b, h, q_idx, kv_idx):
             return (q_idx + offset) - kv_idx <= left
     else:
         def window(b, h, q_idx, kv_idx):
-            return ((q_idx + offset) - kv_idx <= left) & (kv_idx - (q_idx + offset) <= right)
+            d = (q_idx + offset) - kv_idx
+            return (d <= left) & (d >= neg_right)
     return window
 
 
@@ -271,6 +280,31 @@ def document(doc_ids, *, causal: bool = False) -> MaskMod:
         tile, fn = (_doc2_causal_tile, _doc2_causal_torch) if c else (_doc2_tile, _doc2_torch)
     return MaskMod("document" + ("_causal" if c else ""), tile, fn, ids,
                    params=dict(causal=c))
+
+
+def _dense_tile(b, h, q_idx, kv_idx, allowed):
+    return ct.gather(allowed, (b, q_idx, kv_idx)) != 0
+
+
+def _dense_torch(b, h, q_idx, kv_idx, allowed):
+    return allowed[b, q_idx, kv_idx] != 0
+
+
+def dense_mask(allowed) -> MaskMod:
+    """Any mask given as a tensor: ``allowed`` (B, Nq, Nk) bool or integer (nonzero: attend),
+    e.g. a padding mask combined with causality. The kernel reads it where a block is partial;
+    ``create_block_mask(dense_mask(m), B, None, Nq, Nk)`` skips the blocks it wholly masks.
+    Costs B x Nq x Nk int32 of memory: prefer a structured mask where one exists."""
+    import torch
+    if not isinstance(allowed, torch.Tensor):
+        raise TypeError(f"dense_mask: allowed must be a tensor, got {type(allowed).__name__}")
+    if allowed.dtype.is_floating_point or allowed.is_complex():
+        raise TypeError(f"dense_mask: allowed must be bool or integer, got {allowed.dtype}")
+    if allowed.dim() != 3:
+        raise ValueError(f"dense_mask: allowed must be (B, Nq, Nk), got shape "
+                         f"{tuple(allowed.shape)}")
+    return MaskMod("dense_mask", _dense_tile, _dense_torch,
+                   (("allowed", (allowed != 0).to(torch.int32).contiguous()),))
 
 
 # === score functions ==========================================================================

@@ -63,3 +63,20 @@ def test_backward_compiles(arch):
         for r in compile_flex_bwd(arch, **kw):
             assert not r.error, (r.kernel, r.error)
             assert r.mma_ops > 0
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_a_window_costs_what_causal_costs(arch):
+    """The sliding window's mask is one distance and one range test per score (the compiler
+    folds the range into one compare): the lines it adds are at most 1.3 x the causal mask's
+    (sm_90 576 vs 448, sm_100 1104 vs 1128, sm_120 320 vs 328 with cuda-tile 1.7), one select
+    per score; the two-difference form it replaced added 2.1 x (960, 2232, 608)."""
+    blocks = compile_flex(arch, block_size=(128, 128), keep_sass=True)
+    causal = compile_flex(arch, block_size=(128, 128), mask=mods.causal(), keep_sass=True)
+    for m in (mods.sliding_window(1024), mods.sliding_window(512, 512)):
+        win = compile_flex(arch, block_size=(128, 128), mask=m, keep_sass=True)
+        assert not win.error, win.error
+        added, added_causal = (r.sass_lines - blocks.sass_lines for r in (win, causal))
+        assert added <= 1.3 * added_causal, (m, added, added_causal)
+        fsel = opcodes(win.sass_text)["FSEL"] - opcodes(blocks.sass_text)["FSEL"]
+        assert fsel <= opcodes(causal.sass_text)["FSEL"] - opcodes(blocks.sass_text)["FSEL"]

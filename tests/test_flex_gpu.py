@@ -8,7 +8,8 @@ BlockMasks from ``create_block_mask`` on cuda at 128 x 128 and at 64-multiples (
 with no key; sinks; BLASST on. Backward (dq, dk, dv, dsinks) for softcap, alibi, relative_bias,
 window, document and the sink against the dense fp64 reference with autograd
 (tests/flex_reference.py, on CPU). torch.compile(fullgraph=True) forward and backward;
-``attention(window_size=, softcap=)``; a mod the GPU compiler rejects gives ModError.
+``attention(window_size=, softcap=)``; a mod the GPU compiler rejects gives ModError; tiny
+transformers models through flashattn.integrations.transformers (skipped without transformers).
 
 Each (mod, constants, dtype) is a cuTile compile, so the matrix is sampled: every mod runs causal
 and not, fp16 and bf16 (the two pairings rotate over the mods), and the backward and
@@ -304,3 +305,19 @@ def test_a_mod_the_gpu_compiler_rejects_is_a_mod_error():
     with pytest.raises(ModError, match="with_try"):
         flex_attention(q, k, v, score_mod=m)
         torch.cuda.synchronize()
+
+
+@pytest.mark.parametrize("kind,dtype,padded", [("gemma2", "float16", False),
+                                               ("llama", "bfloat16", True)])
+def test_transformers_models_on_the_gpu(kind, dtype, padded):
+    """flashattn.integrations.transformers on the GPU: a tiny Gemma 2 (softcap + window) and a
+    left-padded Llama (the dense mask) against eager in float64 (experiments/flex_transformers)."""
+    pytest.importorskip("transformers")
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
+    import flex_transformers as ft
+    dt = getattr(torch, dtype)
+    r = ft.compare(kind, dt, padded=padded, device="cuda")
+    assert r["flex_calls"] == 2, r
+    assert r["err"] <= 2 * r["err_pt"] + ft.FLOOR[dt], r
