@@ -30,6 +30,7 @@ import argparse
 import json
 import math
 import platform
+import sys
 import time
 import warnings
 from pathlib import Path
@@ -208,6 +209,10 @@ def main(argv=None) -> int:
     meta = dict(device=("CPU (dry run, fake timing)" if dry else torch.cuda.get_device_name()),
                 torch=torch.__version__, python=platform.python_version(),
                 rounds=a.rounds, skipped=skipped, wall_s=round(time.perf_counter() - t_start, 1))
+    if not dry:                        # driver, CUDA, cuda-tile, tileiras, GPU: as every dataset
+        from flashattn.env import metadata
+        meta = dict(metadata("python experiments/flex_bench.py " + " ".join(
+            sys.argv[1:] if argv is None else argv)), **meta)
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "flex_bench.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1,
                                                       default=str) + "\n")
