@@ -1,4 +1,4 @@
-"""flashbook.chapter.summary (chapter 13) on the recorded dataset, and README's quoted numbers
+"""flashbook.chapter.summary (chapter 15) on the recorded dataset, and README's quoted numbers
 against the data they quote (experiments/readme_figure.py prints them)."""
 import math
 import re

@@ -1,4 +1,4 @@
-"""Chapter 13 (the summary): the journey in one table, the Hopper ladder beside the seed's B200 steps, the
+"""Chapter 15 (the summary): the journey in one table, the Hopper ladder beside the seed's B200 steps, the
 other workloads, and the two power regimes of the H200.
 
     from flashbook.chapter import summary
