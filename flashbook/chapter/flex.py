@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import re
 import lzma
 from pathlib import Path
 
@@ -116,7 +117,9 @@ def factory_listing(part: str = "mods") -> str:
     src = inspect.getsource(kf.make_flex_kernel)
     if part == "mods":
         head = _between(src, "def make_flex_kernel", "def flex_tile(")
+        head = re.sub(r'\n    """.*?"""', "", head, count=1, flags=re.S)   # the docstring
         body = _between(src, "        if HAS_SCORE:", "if not EVEN_K:")
+        body = re.sub(r"\s{2,}# \[TILE_M, TILE_N\]$", "", body, flags=re.M)
         return (head.rstrip() + "\n\n    def flex_tile(...):     # one key tile j, after S = Q K^T\n"
                 + "\n".join("        " + ln for ln in body.splitlines()) + "\n        ...")
     if part == "blocks":
