@@ -90,8 +90,8 @@ def _coords(r) -> dict[str, set]:
                 if (x := re.fullmatch(r"equal_(\d+)x(\d+)", str(m))):
                     c["mix"].add((int(x[1]), int(x[2])))
     c["rows"] = {int(s.split("×")[0]) for s in _tile_shapes(r)}
-    metas = [r.meta] + [json.loads(p.read_text()).get("meta", {}) for p in
-                        (ROOT / "experiments" / "data").glob("*/*.json")]
+    runs = [json.loads(p.read_text()) for p in (ROOT / "experiments" / "data").glob("*/*.json")]
+    metas = [r.meta] + [d.get("meta", {}) for d in runs if isinstance(d, dict)]
     c["tileiras"] = {str(m.get("tileiras")) for m in metas if m.get("tileiras")}
     _COORDS[id(r)] = c
     return c

@@ -1,0 +1,268 @@
+"""Helpers of the chapter "Beyond causal: masks, scores and sparsity" (FlexAttention in cuTile).
+
+Readers of the recorded CPU evidence (``experiments/data/40-flex``, ``experiments/data/40-blasst``:
+interpreter error tables, tile counts, per-mod SASS deltas, BLASST's curve), the tile-visit count
+and figure of a BlockMask from an interpreter trace, the listing of the kernel factory, and the
+live GPU timing against ``torch.compile(flex_attention)``.
+"""
+from __future__ import annotations
+
+import inspect
+import json
+import re
+import lzma
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parents[2]
+FLEX_DATA = ROOT / "experiments" / "data" / "40-flex"
+BLASST_DATA = ROOT / "experiments" / "data" / "40-blasst"
+
+__all__ = ["visit_row", "visit_frame", "visits_figure", "factory_listing", "sass", "sass_frame",
+           "errors", "errors_frame", "blasst", "blasst_figure", "recorded_tiles", "live_timing"]
+
+
+# --- what a program visits --------------------------------------------------------------------
+def _lists(bm):
+    """Per query block: (partial kv blocks, full kv blocks) of head 0 of batch 0."""
+    kn, ki = bm.kv_num_blocks[0, 0], bm.kv_indices[0, 0]
+    if bm.full_kv_num_blocks is not None:
+        fn, fi = bm.full_kv_num_blocks[0, 0], bm.full_kv_indices[0, 0]
+    else:
+        fn, fi = None, None
+    out = []
+    for qb in range(kn.shape[0]):
+        part = ki[qb, :int(kn[qb])].tolist()
+        full = fi[qb, :int(fn[qb])].tolist() if fn is not None else []
+        out.append((part, full))
+    return out
+
+
+def visit_row(bm, tr) -> dict:
+    """Tiles one head's programs loaded (``tr``: an interpreter trace of one flex call with
+    block mask ``bm``, kernel tiles equal to its blocks) against the BlockMask's lists.
+    Raises AssertionError if a program loaded a tile its row does not list."""
+    lists = _lists(bm)
+    for qb, (part, full) in enumerate(lists):
+        got = sorted(int(i[3]) for i in tr.tiles("load", "K", program=(qb, 0, 0)))
+        if got != sorted(part + full):
+            raise AssertionError(f"program {qb} loaded K tiles {got}, its row lists "
+                                 f"{sorted(part + full)}")
+    n = len(lists)
+    k = sum(tr.loads("K").values())
+    return {"K tiles loaded": k, "V tiles loaded": sum(tr.loads("V").values()),
+            "partial (mask evaluated)": sum(len(p) for p, _ in lists),
+            "full (no mask)": sum(len(f) for _, f in lists), "dense": n * n,
+            "% of dense": 100 * k / (n * n)}
+
+
+def visit_frame(rows: dict) -> pd.DataFrame:
+    return pd.DataFrame(rows).T.rename_axis("mask")
+
+
+def visits_figure(block_masks: dict):
+    """Which key block each query block's program visits, one panel per BlockMask
+    (``{title: bm}``): full (no mask function), partial (mask evaluated) or not at all (no
+    load, no MMA)."""
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import ListedColormap
+    from matplotlib.patches import Patch
+    colors = ["#eeeeee", "#f4a259", "#3b7dd8"]
+    fig, axes = plt.subplots(1, len(block_masks), figsize=(4.2 * len(block_masks), 4.6),
+                             squeeze=False)
+    for ax, (title, bm) in zip(axes[0], block_masks.items()):
+        lists = _lists(bm)
+        n = len(lists)
+        grid = np.zeros((n, n), int)
+        for qb, (part, full) in enumerate(lists):
+            grid[qb, part] = 1
+            grid[qb, full] = 2
+        ax.imshow(grid, cmap=ListedColormap(colors), vmin=0, vmax=2)
+        ax.set_xticks(range(n))
+        ax.set_yticks(range(n))
+        ax.set_xticks(np.arange(-0.5, n), minor=True)
+        ax.set_yticks(np.arange(-0.5, n), minor=True)
+        ax.grid(which="minor", color="white", linewidth=1.5)
+        ax.grid(which="major", visible=False)
+        ax.tick_params(which="minor", length=0)
+        ax.set_xlabel("key block")
+        ax.set_title(title, fontsize=10)
+    axes[0][0].set_ylabel("program (query block)")
+    fig.legend(handles=[Patch(color=colors[2], label="full: loaded, no mask function"),
+                        Patch(color=colors[1], label="partial: loaded, mask evaluated"),
+                        Patch(color=colors[0], label="not visited: no load, no MMA")],
+               loc="lower center", ncol=3, frameon=False, fontsize=9)
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
+    plt.close(fig)
+    return fig
+
+
+# --- the kernel factory ----------------------------------------------------------------------
+def _between(src: str, start: str, end: str, *, include_end: bool = False) -> str:
+    lines = src.splitlines()
+    i = next(n for n, ln in enumerate(lines) if start in ln)
+    j = next(n for n, ln in enumerate(lines[i + 1:], i + 1) if end in ln)
+    block = lines[i:j + (1 if include_end else 0)]
+    indent = min(len(ln) - len(ln.lstrip()) for ln in block if ln.strip())
+    return "\n".join(ln[indent:] for ln in block)
+
+
+def factory_listing(part: str = "mods") -> str:
+    """Excerpts of ``flashattn/kernels/flex.py``: ``"mods"`` the factory's head and the lines
+    of the tile body where the score function and the mask run; ``"blocks"`` the kernel's loop
+    over the key blocks its BlockMask row lists."""
+    from flashattn.kernels import flex as kf
+    src = inspect.getsource(kf.make_flex_kernel)
+    if part == "mods":
+        head = _between(src, "def make_flex_kernel", "def flex_tile(")
+        head = re.sub(r'\n    """.*?"""', "", head, count=1, flags=re.S)   # the docstring
+        body = _between(src, "        if HAS_SCORE:", "if not EVEN_K:")
+        body = re.sub(r"\s{2,}# \[TILE_M, TILE_N\]$", "", body, flags=re.M)
+        return (head.rstrip() + "\n\n    def flex_tile(...):     # one key tile j, after S = Q K^T\n"
+                + "\n".join("        " + ln for ln in body.splitlines()) + "\n        ...")
+    if part == "blocks":
+        body = _between(src, "n_part = ct.gather(KvNum", "if TAIL:")
+        return (body.rstrip() + "\n        m_i, l_i, acc = flex_tile(..., j, ..., partial, ...)"
+                "   # the tile body")
+    raise ValueError(f"part is 'mods' or 'blocks', not {part!r}")
+
+
+# --- recorded evidence -----------------------------------------------------------------------
+def sass() -> dict:
+    return json.loads(lzma.open(FLEX_DATA / "sass.json.xz").read())
+
+
+def _sink_blasst(name):
+    return name.startswith(("sink", "blasst"))
+
+
+def sass_frame(archs=("sm_90", "sm_100", "sm_120")) -> pd.DataFrame:
+    """Per mod and architecture: SASS instructions the mod adds per tile (the kernel's growth
+    over its baseline, divided by the copies of the tile loop in it), registers, and spill
+    instructions (STL) added."""
+    s = sass()
+    rows = {}
+    for arch in archs:
+        a = s[arch]
+        for name, m in a["mods"].items():
+            base = a[m["base"]]
+            copies = int(m["copies"])
+            d = eval_dict(m["delta_per_copy"])
+            r = rows.setdefault(name, {"kind": "mask" if m["base"] == "blocks" else "score"})
+            r[f"{arch} +instr/tile"] = (int(m["sass_lines"]) - base["sass_lines"]) / copies
+            r[f"{arch} REG"] = int(m["registers"])
+            r[f"{arch} STL"] = d.get("STL", 0.0) * copies
+    return pd.DataFrame(rows).T.rename_axis("mod")
+
+
+def eval_dict(text):
+    """The recorded opcode deltas (a dict, or its repr)."""
+    if isinstance(text, dict):
+        return text
+    import ast
+    return ast.literal_eval(text)
+
+
+def errors() -> dict:
+    return json.loads((FLEX_DATA / "errors.json").read_text())
+
+
+def errors_frame(dtype: str = "float16") -> pd.DataFrame:
+    """Worst forward error per mod over both masks (causal, full) in ``dtype``: ours and
+    torch's flex_attention against fp64, and the worst backward error (dq, dk, dv) of ours
+    and of the same-precision PyTorch reference."""
+    e = errors()
+    rows = {}
+    for key, v in e["forward"].items():
+        mod, mask, dt = key.split("|")
+        if dt != dtype:
+            continue
+        r = rows.setdefault(mod, {"ours vs fp64": 0.0, "torch flex vs fp64": 0.0,
+                                  "ours vs torch flex": 0.0, "bwd ours": 0.0, "bwd torch": 0.0})
+        r["ours vs fp64"] = max(r["ours vs fp64"], v["vs_fp64"])
+        r["torch flex vs fp64"] = max(r["torch flex vs fp64"], v["torch_vs_fp64"])
+        r["ours vs torch flex"] = max(r["ours vs torch flex"], v["vs_flex"])
+    for key, v in e["backward"].items():
+        mod, mask, dt = key.split("|")
+        if dt != dtype or mod not in rows:
+            continue
+        r = rows[mod]
+        r["bwd ours"] = max(r["bwd ours"], *(v[g] for g in ("dq", "dk", "dv")))
+        r["bwd torch"] = max(r["bwd torch"], *(v[g + "_torch"] for g in ("dq", "dk", "dv")))
+    return pd.DataFrame(rows).T.rename_axis("score mod / mask")
+
+
+def recorded_tiles() -> dict:
+    return json.loads((FLEX_DATA / "tiles.json").read_text())
+
+
+def blasst() -> list:
+    return json.loads((BLASST_DATA / "blasst.json").read_text())
+
+
+def blasst_figure():
+    """Skipped key tiles and max error against BLASST's threshold T, per input kind."""
+    import matplotlib.pyplot as plt
+    runs = blasst()
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(9.5, 3.8))
+    colors = {"random": "#777777", "local": "#d1495b", "sink": "#3b7dd8"}
+    for run in runs:
+        rows = [r for r in run["rows"] if r["T"] is not None]
+        T = [r["T"] for r in rows]
+        ls = "--" if run["causal"] else "-"
+        lab = f"{run['kind']}{', causal' if run['causal'] else ''}"
+        c = colors.get(run["kind"], None)
+        a1.plot(T, [100 * r["skipped"] for r in rows], ls, marker="o", ms=3, color=c, label=lab)
+        a2.plot(T, [r["max_err"] for r in rows], ls, marker="o", ms=3, color=c, label=lab)
+        off = next(r for r in run["rows"] if r["T"] is None)
+        a2.axhline(off["max_err"], color=c, lw=0.6, ls=":")
+    for a in (a1, a2):
+        a.set_xlabel("threshold T (log2 units; larger keeps more)")
+        a.invert_xaxis()
+        a.set_xscale("log", base=2)
+        a.set_xticks([1, 2, 4, 8, 16, 20])
+        a.set_xticklabels(["1", "2", "4", "8", "16", "20"])
+        a.minorticks_off()
+    a1.set_ylabel("key tiles skipped (%)")
+    a2.set_ylabel("max |out - exact fp64|")
+    a2.set_yscale("log")
+    h, lab = a1.get_legend_handles_labels()
+    fig.legend(h, lab, loc="lower center", ncol=6, frameon=False, fontsize=8)
+    a2.set_title("dotted: BLASST off", fontsize=9)
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
+    plt.close(fig)
+    return fig
+
+
+# --- live GPU timing -------------------------------------------------------------------------
+def live_timing(N: int = 8192, B: int = 4, H: int = 32, D: int = 128, window: int = 1024):
+    """GPU only: ``flashattn.flex_attention`` against ``torch.compile(flex_attention)`` on the
+    same BlockMask (causal sliding window), fp16 forward; median ms per call and the ratio."""
+    import torch
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    import flashattn
+    from flashattn import mods
+    from flashattn.timing import time_rounds
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(B, H, N, D, device="cuda", dtype=torch.float16, generator=g)
+               for _ in range(3))
+    rows = {}
+    for name, mask in (("causal", mods.causal()),
+                       (f"sliding_window({window})", mods.sliding_window(window))):
+        bm = create_block_mask(mask, None, None, N, N, device="cuda", BLOCK_SIZE=128)
+        compiled = torch.compile(flex_attention)
+        fns = {"flashattn.flex_attention": lambda: flashattn.flex_attention(q, k, v, block_mask=bm),
+               "torch.compile(flex_attention)": lambda: compiled(q, k, v, block_mask=bm)}
+        for f in fns.values():
+            f()
+        err = (fns["flashattn.flex_attention"]().float()
+               - fns["torch.compile(flex_attention)"]().float()).abs().max().item()
+        t = time_rounds(fns, rounds=10, inner=5)
+        ours = t["flashattn.flex_attention"].median_ms
+        theirs = t["torch.compile(flex_attention)"].median_ms
+        rows[name] = {"flashattn (ms)": ours, "torch flex (ms)": theirs,
+                      "torch / ours": theirs / ours, "max |diff|": err}
+    return pd.DataFrame(rows).T.rename_axis(f"B={B} H={H} N={N} D={D} fp16")
