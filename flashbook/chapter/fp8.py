@@ -160,7 +160,8 @@ def transpose_table(rep: pd.DataFrame, *, D: int = 128, causal: bool = True,
         t = pd.DataFrame({"arch": arch, "V layout": f.index, "FP8 MMA": mma[arch],
                           "MMAs": f[mma[arch]].values, "PRMT": f["PRMT"].values,
                           "registers": f["registers"].values,
-                          "shared memory (KB)": (f["shared_bytes"] / 1024).round().astype(int).values,
+                          "shared memory (KB)":
+                              (f["shared_bytes"] / 1024).round().astype(int).values,
                           "spills (B)": f["stack_bytes"].values})
         parts.append(t)
     return pd.concat(parts).set_index(["arch", "V layout"])
