@@ -1,0 +1,342 @@
+"""Readers and small computations for the FP8 chapter (notebooks/14_fp8.ipynb).
+
+    from flashbook.chapter import fp8
+    fp8.formats()                 # e4m3 / e5m2 beside fp16 and bf16, from torch.finfo
+    fp8.accuracy()                # experiments/data/41-fp8-accuracy, one row per case (seed mean)
+    fp8.compile_report()          # experiments/data/42-fp8-aot, one row per compiled kernel
+    fp8.transpose_cost(rep)       # V stored (N, D) against V^T (D, N): the SASS difference
+    fp8.decode_bytes(B, Hkv, Nk, D)   # K+V bytes of one decode step, fp16 against fp8
+    fp8.kernel_error_case()       # one small FP8 forward in the interpreter, its error and bound
+
+The library's FP8 code is ``flashattn.fp8`` and ``flashattn.kernels.fp8``; nothing here is
+needed to use it.
+"""
+from __future__ import annotations
+
+import json
+import lzma
+import math
+from pathlib import Path
+
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parents[2]
+ACCURACY_RUN = ROOT / "experiments" / "data" / "41-fp8-accuracy"
+AOT_RUN = ROOT / "experiments" / "data" / "42-fp8-aot"
+
+# torch's names of the four 16- and 8-bit formats the chapter compares, with the book's names.
+FORMATS = {"float16": "fp16", "bfloat16": "bf16", "float8_e4m3fn": "e4m3", "float8_e5m2": "e5m2"}
+
+
+def formats(names=tuple(FORMATS)) -> pd.DataFrame:
+    """Bits, range and precision of each format, computed from ``torch.finfo``.
+
+    Columns: bits, exponent bits, mantissa bits (stored), max, smallest normal, smallest
+    subnormal, eps (the spacing just above 1, 2^-mantissa), unit roundoff (eps / 2: the
+    largest relative error of one rounding in the normal range), and binades (log2 of max over
+    the smallest subnormal: the dynamic range in powers of two).
+    """
+    import torch
+    rows = {}
+    for name in names:
+        if name not in FORMATS:
+            raise ValueError(f"unknown format {name!r}; one of {sorted(FORMATS)}")
+        fi = torch.finfo(getattr(torch, name))
+        mant = round(-math.log2(fi.eps))
+        expo = fi.bits - 1 - mant
+        sub = fi.smallest_normal * fi.eps
+        rows[FORMATS[name]] = {
+            "bits": fi.bits, "exponent bits": expo, "mantissa bits": mant,
+            "max": float(fi.max), "smallest normal": float(fi.smallest_normal),
+            "smallest subnormal": float(sub), "eps": float(fi.eps),
+            "unit roundoff": float(fi.eps) / 2,
+            "binades": round(math.log2(float(fi.max) / sub)),
+        }
+    return pd.DataFrame(rows).T
+
+
+def formats_table(f: pd.DataFrame | None = None) -> pd.DataFrame:
+    """``formats()`` for people: powers of two written as such, counts as integers."""
+    f = formats() if f is None else f
+
+    def p2(x: float) -> str:
+        e = math.log2(x)
+        return f"2^{round(e)}" if abs(e - round(e)) < 1e-9 else f"{x:g}"
+
+    out = pd.DataFrame(index=f.index)
+    for c in ("bits", "exponent bits", "mantissa bits"):
+        out[c] = f[c].astype(int)
+    out["max"] = [f"{x:,.0f}" if x < 1e6 else f"{x:.2e}" for x in f["max"]]
+    for c in ("smallest normal", "smallest subnormal", "unit roundoff"):
+        out[c] = [p2(x) for x in f[c]]
+    out["binades"] = f["binades"].astype(int)
+    return out
+
+
+# --- the accuracy study (experiments/data/41-fp8-accuracy) -------------------------------------
+def accuracy(path: Path | None = None) -> pd.DataFrame:
+    """The recorded accuracy rows, averaged over seeds: index (inputs, mask, method), columns
+    user_rmse, user_max (against fp64 attention of the original inputs: what a user loses),
+    kernel_rmse, kernel_max (against fp32 attention of the kernel's own, dequantised inputs).
+    ``.attrs["meta"]`` holds the run's metadata (shape, seeds, runner)."""
+    doc = json.loads(((path or ACCURACY_RUN) / "accuracy.json").read_text())
+    rows = [{"inputs": r["dist"], "mask": "causal" if r["causal"] else "full",
+             "method": r["method"], "seed": r["seed"],
+             "user_rmse": r["user"]["rmse"], "user_max": r["user"]["max"],
+             "kernel_rmse": r["kernel"]["rmse"], "kernel_max": r["kernel"]["max"]}
+            for r in doc["rows"]]
+    df = pd.DataFrame(rows)
+    out = (df.drop(columns="seed").groupby(["inputs", "mask", "method"], sort=False).mean())
+    out.attrs["meta"] = doc["meta"]
+    return out
+
+
+def accuracy_table(acc: pd.DataFrame | None = None, mask: str = "full") -> pd.DataFrame:
+    """RMSE (x 1e-3) of each method against the originals and against its own inputs, random
+    and outlier inputs side by side, for one mask."""
+    acc = accuracy() if acc is None else acc
+    a = acc.xs(mask, level="mask")
+    out = pd.DataFrame({
+        ("random", "vs originals"): a.loc["random", "user_rmse"] * 1e3,
+        ("random", "vs own inputs"): a.loc["random", "kernel_rmse"] * 1e3,
+        ("outliers", "vs originals"): a.loc["outliers", "user_rmse"] * 1e3,
+        ("outliers", "vs own inputs"): a.loc["outliers", "kernel_rmse"] * 1e3,
+    })
+    out.columns = [f"{d}, {w} (RMSE ×1e-3)" for d, w in out.columns]
+    out.index.name = "method"
+    return out
+
+
+def incoherent_gain(acc: pd.DataFrame | None = None, fmt: str = "e4m3", inputs: str = "outliers",
+                    mask: str = "full", column: str = "user_rmse") -> float:
+    """How many times lower ``column`` is with incoherent processing than without."""
+    acc = accuracy() if acc is None else acc
+    return float(acc.loc[(inputs, mask, fmt), column] / acc.loc[(inputs, mask, f"{fmt}+inc"),
+                                                                  column])
+
+
+# --- the compile report (experiments/data/42-fp8-aot) ------------------------------------------
+def compile_report(path: Path | None = None) -> pd.DataFrame:
+    """One row per compiled kernel: arch, kernel (fwd / decode), D, causal, v_t, fp8, label,
+    registers, stack_bytes, shared_bytes and the SASS counts (QGMMA, UTCQMMA, QMMA, HMMA, PRMT,
+    STSM, F2FP.E4M3, ...). ``.attrs["meta"]``: cuda-tile version, archs."""
+    p = (path or AOT_RUN) / "report.json.xz"
+    doc = json.loads(lzma.decompress(p.read_bytes()))
+    rows = []
+    for r in doc["rows"]:
+        if r.get("error"):
+            continue
+        row = {k: r.get(k) for k in ("arch", "D", "causal", "fp8", "label", "registers",
+                                     "stack_bytes", "shared_bytes")}
+        row["kernel"] = "fwd" if r["kernel"].startswith("fmha") else "decode"
+        row["v_t"] = bool(r.get("v_t", False))
+        row["fast_acc"] = bool(r.get("fast_acc", True))
+        row["mma_forms"] = ", ".join(r.get("mma_forms", []))
+        row.update(r["sass"])
+        rows.append(row)
+    df = pd.DataFrame(rows)
+    df.attrs["meta"] = doc["meta"]
+    return df
+
+
+def forward_rows(rep: pd.DataFrame, arch: str, *, D: int = 128, causal: bool = True,
+                 fp8: str = "float8_e4m3fn", fast_acc: bool = True) -> pd.DataFrame:
+    """The forward kernels of one arch and shape, indexed by V's layout ("V^T" or "V")."""
+    f = rep[(rep.kernel == "fwd") & (rep.arch == arch) & (rep.D == D) & (rep.causal == causal)
+            & (rep.fp8 == fp8) & (rep.fast_acc == fast_acc)]
+    if f.empty:
+        raise KeyError(f"no forward kernel for {arch}, D={D}, causal={causal}, {fp8}")
+    return f.set_index(f.v_t.map({True: "V^T (D, N)", False: "V (N, D)"}))
+
+
+def transpose_table(rep: pd.DataFrame, *, D: int = 128, causal: bool = True,
+                    archs=("sm_90", "sm_100", "sm_120")) -> pd.DataFrame:
+    """The forward with V stored transposed against V stored as is, per arch: the MMA count,
+    the byte permutes (PRMT), registers, shared memory."""
+    mma = {"sm_90": "QGMMA", "sm_100": "UTCQMMA", "sm_120": "QMMA"}
+    parts = []
+    for arch in archs:
+        f = forward_rows(rep, arch, D=D, causal=causal)
+        t = pd.DataFrame({"arch": arch, "V layout": f.index, "FP8 MMA": mma[arch],
+                          "MMAs": f[mma[arch]].values, "PRMT": f["PRMT"].values,
+                          "registers": f["registers"].values,
+                          "shared memory (KB)":
+                              (f["shared_bytes"] / 1024).round().astype(int).values,
+                          "spills (B)": f["stack_bytes"].values})
+        parts.append(t)
+    return pd.concat(parts).set_index(["arch", "V layout"])
+
+
+def forward_table(rep: pd.DataFrame, arch: str = "sm_90") -> pd.DataFrame:
+    """Every forward kernel of one arch with V^T: head dim, mask, format, tile, MMAs, registers,
+    spills, shared memory, the fp8 casts (F2FP) and exp2s."""
+    f = rep[(rep.kernel == "fwd") & (rep.arch == arch) & rep.v_t]
+    mma = {"sm_90": "QGMMA", "sm_100": "UTCQMMA", "sm_120": "QMMA"}[arch]
+    out = pd.DataFrame({
+        "D": f.D, "mask": f.causal.map({True: "causal", False: "full"}),
+        "format": f.fp8.map(lambda x: FORMATS.get(x, x)),
+        "accumulation": f.fast_acc.map({True: "fast", False: "exact"}),
+        "tile": f.label.str.extract(r"(\d+x\d+)")[0],
+        "FP8 MMAs": f[mma], "registers": f.registers, "spills (B)": f.stack_bytes,
+        "shared memory (KB)": (f.shared_bytes / 1024).round().astype(int),
+        "fp8 casts (F2FP)": f["F2FP.E4M3"] + f["F2FP.E5M2"], "exp2 (MUFU.EX2)": f["MUFU.EX2"]})
+    return out.reset_index(drop=True)
+
+
+# --- decoding: the bytes of one step -----------------------------------------------------------
+def decode_bytes(B: int, Hkv: int, Nk: int, D: int) -> dict:
+    """K+V bytes one decode step reads, fp16 against fp8 (one descale per (batch, kv head) for
+    K and for V adds 2 x B x Hkv x 4 bytes), and their ratio."""
+    from ..data.schema import kv_bytes
+    fp16 = kv_bytes(B, Hkv, Nk, D, 2)
+    fp8 = kv_bytes(B, Hkv, Nk, D, 1) + 2 * B * Hkv * 4
+    return {"fp16": fp16, "fp8": fp8, "ratio": fp16 / fp8}
+
+
+# --- one live case in the interpreter ----------------------------------------------------------
+def kernel_error_case(B: int = 1, Hq: int = 2, Hkv: int = 1, N: int = 200, D: int = 64, *,
+                      causal: bool = True, seed: int = 0, fmt: str = "float8_e4m3fn") -> dict:
+    """Run the FP8 forward once through the CPU interpreter on random inputs and compare it
+    with fp32 attention of its own dequantised inputs (``flashattn.fp8.reference_fp8``).
+
+    Returns err (max |O - O_ref|), bound (the worst case derived from the formats, as in
+    tests/test_fp8.py: (u + Nk 2^-18 + u_bf16) max|V|, u = e4m3's unit roundoff 2^-4, 2^-18 for
+    P's subnormals against a row sum >= 2^8) and user_err (max error against fp64 attention of
+    the original fp32 inputs).
+    """
+    import torch
+
+    import flashattn
+    from flashattn import fp8 as lib, interpret
+    from flashattn.reference import attention as ref_attention
+    dtype = getattr(torch, fmt)
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, Hq, N, D, generator=g)
+    k = torch.randn(B, Hkv, N, D, generator=g)
+    v = torch.randn(B, Hkv, N, D, generator=g)
+    q8, qd = lib.quantize_fp8(q, num_kv_heads=Hkv, dtype=dtype)
+    k8, kd = lib.quantize_fp8(k, dtype=dtype)
+    v8, vd = lib.quantize_fp8(v, dtype=dtype)
+    with interpret.enabled():
+        o = flashattn.attention(q8, k8, v8, q_descale=qd, k_descale=kd, v_descale=vd,
+                                causal=causal)
+    ref = lib.reference_fp8(q8, k8, v8, qd, kd, vd, causal=causal)
+    err = (o.float() - ref.float()).abs().max().item()
+    u = torch.finfo(dtype).eps / 2
+    sub = N * 2.0 ** -18 if fmt == "float8_e4m3fn" else 0.0
+    u_out = torch.finfo(torch.bfloat16).eps / 2
+    vmax = lib.dequantize_fp8(v8, vd).abs().max().item()
+    bound = (u + sub + u_out) * vmax
+    G = Hq // Hkv
+    exact = ref_attention(q.double(), k.double().repeat_interleave(G, 1),
+                          v.double().repeat_interleave(G, 1), causal=causal)
+    user = (o.double() - exact).abs().max().item()
+    return {"err": err, "bound": bound, "user_err": user, "vmax": vmax, "u": u, "sub": sub,
+            "u_out": u_out, "shape": (B, Hq, Hkv, N, D), "dtype": str(o.dtype)}
+
+
+# --- a live timing, on a GPU only --------------------------------------------------------------
+def time_fp8_vs_fp16(N: int = 8192, *, B: int = 4, H: int = 16, D: int = 128,
+                     causal: bool = False, rounds: int = 20) -> pd.DataFrame:
+    """Median ms of the fp16 forward and the FP8 forward (V^T from the quantising pass) at one
+    shape on this machine's GPU (``flashattn.timing.time_rounds``). RuntimeError without a
+    GPU."""
+    import torch
+
+    import flashattn
+    from flashattn import fp8 as lib
+    if not torch.cuda.is_available():
+        raise RuntimeError("time_fp8_vs_fp16 needs a CUDA GPU")
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(B, H, N, D, device="cuda", dtype=torch.float16, generator=g)
+               for _ in range(3))
+    q8, qd = lib.quantize_fp8(q)
+    k8, kd = lib.quantize_fp8(k)
+    v8, vd = lib.quantize_fp8(v, transpose_v=True)
+    runs = {
+        "fp16": lambda: flashattn.attention(q, k, v, causal=causal),
+        "fp8 (e4m3, V^T)": lambda: lib.attention_fp8(
+            q8, k8, v8, q_descale=qd, k_descale=kd, v_descale=vd, causal=causal,
+            v_transposed=True),
+    }
+    from flashattn.timing import time_rounds
+    t = time_rounds(runs, rounds=rounds, inner=5)
+    rows = {name: {"median (ms)": tm.median_ms} for name, tm in t.items()}
+    out = pd.DataFrame(rows).T
+    out["speed-up over fp16"] = out.loc["fp16", "median (ms)"] / out["median (ms)"]
+    return out
+
+
+# --- P's cast: why 2^8 -------------------------------------------------------------------------
+def p_cast_table(shifts=(0, 4, 8, 9), *, binades: int = 16, points: int = 4097,
+                 fmt: str = "float8_e4m3fn") -> pd.DataFrame:
+    """What casting P = 2^(s - m) to fp8 does, P first scaled by 2^shift (the kernel's
+    ``P_SHIFT``): P runs over ``points`` values 2^-x, x evenly spaced in [0, binades] (score
+    gaps up to ``binades`` powers of two below the row max).
+
+    Columns: largest scaled P (2^shift), fits (below the format's max), rounded to zero (%),
+    subnormal (% of the values that land among the subnormals, where the relative error grows),
+    and above u (% of the values whose cast errs by more than the format's unit roundoff,
+    the zeros included: the values that lost precision to the range).
+    """
+    import torch
+    dtype = getattr(torch, fmt)
+    fi = torch.finfo(dtype)
+    x = torch.linspace(0, binades, points, dtype=torch.float64)
+    p = torch.exp2(-x)
+    rows = {}
+    for s in shifts:
+        ps = p * 2.0 ** s
+        fits = bool(ps.max() <= fi.max)
+        c = ps.clamp(max=fi.max).float().to(dtype).double()
+        nz = c > 0
+        rel = (c - ps).abs() / ps
+        rows[s] = {"largest scaled P": float(2.0 ** s), "fits": fits,
+                   "rounded to zero (%)": 100 * float((~nz).double().mean()),
+                   "subnormal (%)": 100 * float(((ps < fi.smallest_normal) & nz).double().mean()),
+                   "above u (%)": 100 * float((rel > fi.eps / 2 * (1 + 1e-9)).double().mean())}
+    out = pd.DataFrame(rows).T
+    out.index.name = "shift"
+    return out
+
+
+def outlier_demo(N: int = 1024, D: int = 128, *, rate: float = 1e-3, std: float = 10.0,
+                 seed: int = 0) -> pd.DataFrame:
+    """Q, K, V with the accuracy study's outliers (N(0, 1) plus, with probability ``rate`` per
+    entry, N(0, std^2)); Q and K quantised to e4m3 with one scale per head, before and after
+    the random Hadamard rotation of incoherent processing (``flashattn.fp8.hadamard_rotation``),
+    V left exact, everything else in fp64: the error that Q's and K's quantisation alone causes.
+
+    Rows: as is, rotated. Columns: K's amax / RMS (how far the largest entry stands above the
+    typical one), the RMS and the largest error of the scaled scores Q K^T / sqrt(D), and the
+    RMS error of the attention output."""
+    import torch
+
+    from flashattn import fp8 as lib
+    g = torch.Generator().manual_seed(seed)
+
+    def make():
+        x = torch.randn(1, 1, N, D, generator=g)
+        big = torch.randn(1, 1, N, D, generator=g) * std
+        return x + big * (torch.rand(1, 1, N, D, generator=g) < rate)
+
+    q, k, v = make(), make(), make()
+    sc = D ** -0.5
+
+    def attend(s):
+        return torch.softmax(s, dim=-1) @ v.double()
+
+    s_ex = q.double() @ k.double().transpose(-1, -2) * sc
+    o_ex = attend(s_ex)
+    rows = {}
+    for name, (qq, kk) in {"as is": (q, k), "rotated": lib.incoherent(q, k, seed=seed)}.items():
+        q8, qd = lib.quantize_fp8(qq)
+        k8, kd = lib.quantize_fp8(kk)
+        s = (lib.dequantize_fp8(q8, qd).double()
+             @ lib.dequantize_fp8(k8, kd).double().transpose(-1, -2) * sc)
+        e = s - s_ex
+        rows[name] = {"K amax / RMS": float(kk.abs().max() / kk.pow(2).mean().sqrt()),
+                      "score error, RMS": float(e.pow(2).mean().sqrt()),
+                      "score error, largest": float(e.abs().max()),
+                      "output error, RMS": float((attend(s) - o_ex).pow(2).mean().sqrt())}
+    return pd.DataFrame(rows).T

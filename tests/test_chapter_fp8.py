@@ -1,0 +1,55 @@
+"""The FP8 chapter's readers (flashbook/chapter/fp8.py): the formats, the recorded accuracy and
+compile data, the bandwidth arithmetic. CPU only, a few seconds."""
+import pytest
+
+from flashbook.chapter import fp8
+
+
+def test_formats_come_from_torch():
+    f = fp8.formats()
+    assert f.loc["e4m3", "max"] == 448 and f.loc["e5m2", "max"] == 57344
+    assert (f.loc["e4m3", "exponent bits"], f.loc["e4m3", "mantissa bits"]) == (4, 3)
+    assert (f.loc["e5m2", "exponent bits"], f.loc["e5m2", "mantissa bits"]) == (5, 2)
+    assert f.loc["e5m2", "exponent bits"] == f.loc["fp16", "exponent bits"]
+    with pytest.raises(ValueError, match="unknown format"):
+        fp8.formats(("float8_e8m0",))
+
+
+def test_accuracy_record_is_read_and_averaged():
+    a = fp8.accuracy()
+    assert a.attrs["meta"]["seeds"] == 2
+    assert set(a.index.get_level_values("method")) == {"fp16", "e4m3", "e4m3+inc", "e5m2",
+                                                       "e5m2+inc"}
+    # fp16 is far more accurate than fp8; the rotation helps on outliers only
+    assert a.loc[("random", "full", "fp16"), "user_rmse"] < a.loc[("random", "full", "e4m3"),
+                                                                  "user_rmse"] / 10
+    assert fp8.incoherent_gain(a, "e4m3", "outliers") > 1.2
+    assert abs(fp8.incoherent_gain(a, "e4m3", "random") - 1) < 0.05
+
+
+def test_compile_report_transpose_table():
+    t = fp8.transpose_table(fp8.compile_report(), D=128, causal=False)
+    vt, vn = t.loc[("sm_90", "V^T (D, N)")], t.loc[("sm_90", "V (N, D)")]
+    assert vt["MMAs"] == vn["MMAs"] > 0 and vn["PRMT"] > vt["PRMT"]
+    assert (t["spills (B)"] == 0).all()
+    with pytest.raises(KeyError):
+        fp8.forward_rows(fp8.compile_report(), "sm_90", D=96)
+
+
+def test_decode_bytes_halve():
+    b = fp8.decode_bytes(8, 8, 32768, 128)
+    assert b["fp16"] == 2 * 8 * 8 * 32768 * 128 * 2
+    assert b["fp8"] == b["fp16"] // 2 + 2 * 8 * 8 * 4
+    assert 1.99 < b["ratio"] < 2
+
+
+def test_p_cast_shift_fits_and_helps():
+    pc = fp8.p_cast_table()
+    assert bool(pc.loc[8, "fits"]) and not bool(pc.loc[9, "fits"])
+    assert pc.loc[8, "rounded to zero (%)"] == 0 < pc.loc[0, "rounded to zero (%)"]
+    assert pc.loc[8, "above u (%)"] < pc.loc[0, "above u (%)"]
+
+
+def test_kernel_error_case_within_bound():
+    c = fp8.kernel_error_case(N=64, D=64)
+    assert 0 < c["err"] <= c["bound"]
