@@ -245,6 +245,12 @@ def test_blasst_on():
     assert_flash_criterion(out, ref.float(), pt, 1e-3, seed=case)
 
 
+# Under torch 2.11 (the H200 host's), dynamo cannot take a ScoreMod object as a constant where
+# flex_op keys its plan on it (AsPythonConstantNotImplementedError; experiments/data/44-gpu-suite);
+# the pinned torch 2.13 traces it (the CPU test in test_flex_backward.py passes).
+@pytest.mark.xfail(tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2]) < (2, 13),
+                   reason="torch < 2.13: dynamo cannot key the flex plan on a ScoreMod object",
+                   strict=False)
 def test_torch_compile_fullgraph_forward_backward():
     """The softcap causal fp16 case (its kernels already compiled) through torch.compile."""
     from flashattn import flex_attention, mods
