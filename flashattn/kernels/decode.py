@@ -44,7 +44,7 @@ import math
 
 import cuda.tile as ct
 
-from .common import INV_LOG_2, mask_scores, merge_lse, online_softmax_update
+from flashattn.kernels.common import INV_LOG_2, mask_scores, merge_lse, online_softmax_update
 
 ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]

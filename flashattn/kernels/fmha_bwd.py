@@ -40,7 +40,7 @@ import math
 
 import cuda.tile as ct
 
-from .common import INV_LOG_2, key_tile_range, mask_scores
+from flashattn.kernels.common import INV_LOG_2, key_tile_range, mask_scores
 
 ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]
