@@ -34,7 +34,6 @@ decode step that this path should take (few query rows, a long cache), and
 """
 from __future__ import annotations
 
-import functools
 import math
 
 from . import kernels as _kernels
@@ -48,14 +47,6 @@ from .kernels import (DECODE_COMBINE, DECODE_COMBINE_ROW, DECODE_SPLIT, DECODE_S
 
 __all__ = ["decode", "decode_plan", "prefer_decode", "attention_via_decode",
            "DECODE_PATH_MAX_NQ", "DECODE_PATH_MIN_NK"]
-
-
-@functools.lru_cache(maxsize=None)
-def _device_info(index: int) -> tuple[str, int]:
-    """("sm_90", SM count) of a CUDA device, looked up once (host time per decode step counts)."""
-    import torch
-    props = torch.cuda.get_device_properties(index)
-    return f"sm_{props.major}{props.minor}", props.multi_processor_count
 
 
 def decode_plan(dims, *, num_splits=None, max_seqlen=None, sm_count: int, arch=None,
@@ -179,11 +170,7 @@ def decode(q, k_cache, v_cache, cache_seqlens, *, block_table=None, scale=None,
           or not out.is_contiguous()):
         raise ValueError(f"out must be a contiguous {(B, Hq, Nq, D)} tensor of {q.dtype} on "
                          f"{q.device}, got {tuple(out.shape)} {out.dtype} on {out.device}")
-    if interp:      # the GPU the interpreter stands in for
-        arch, sm_count = device_arch(q.device), device_sm_count(q.device)
-    else:
-        arch, sm_count = _device_info(q.device.index if q.device.index is not None
-                                      else torch.cuda.current_device())
+    arch, sm_count = device_arch(q.device), device_sm_count(q.device)   # interpreted: its GPU
     plan = decode_plan(dims, num_splits=num_splits, max_seqlen=max_seqlen, sm_count=sm_count,
                        arch=arch)
     counter = None

@@ -26,6 +26,7 @@ key tile) steps of its kernels times ``STEP_COST_S``.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import threading
 import warnings
@@ -93,15 +94,32 @@ def on_device(device):
     return torch.cuda.device(device)
 
 
+@functools.lru_cache(maxsize=None)
+def cuda_properties(index: int) -> tuple[str, int]:
+    """("sm_90", SM count) of CUDA device ``index``, looked up once per process (a decode step's
+    host time counts): the one place the library asks the driver for the architecture."""
+    import torch
+    props = torch.cuda.get_device_properties(index)
+    return f"sm_{props.major}{props.minor}", props.multi_processor_count
+
+
+def _cuda_index(device) -> int:
+    """The CUDA device index of ``device`` (an index, "cuda:1", or a torch.device); the current
+    device when it names none."""
+    import torch
+    if isinstance(device, int):
+        return device
+    index = torch.device(device).index if isinstance(device, str) else getattr(device, "index", None)
+    return index if index is not None else torch.cuda.current_device()
+
+
 def device_arch(device) -> str:
     """"sm_90" for an H100/H200, ...; for an interpreted CPU device the interpreter's
-    ``arch()``."""
+    ``arch()``. Every path of the library detects the architecture here."""
     if interpreting(device):
         from . import interpret
         return interpret.arch()
-    import torch
-    major, minor = torch.cuda.get_device_capability(device)
-    return f"sm_{major}{minor}"
+    return cuda_properties(_cuda_index(device))[0]
 
 
 def device_sm_count(device) -> int:
@@ -109,8 +127,7 @@ def device_sm_count(device) -> int:
     if interpreting(device):
         from . import interpret
         return interpret.sm_count()
-    import torch
-    return torch.cuda.get_device_properties(device).multi_processor_count
+    return cuda_properties(_cuda_index(device))[1]
 
 
 def device_name(device) -> str:

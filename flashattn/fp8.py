@@ -410,11 +410,7 @@ def decode_fp8(q, k_cache, v_cache, cache_seqlens, *, k_descale=None, v_descale=
           or not out.is_contiguous()):
         raise ValueError(f"out must be a contiguous {(B, Hq, Nq, D)} tensor of {q.dtype} on "
                          f"{q.device}, got {tuple(out.shape)} {out.dtype} on {out.device}")
-    if interp:
-        arch, sm_count = device_arch(q.device), device_sm_count(q.device)
-    else:
-        arch, sm_count = _decode_mod._device_info(
-            q.device.index if q.device.index is not None else torch.cuda.current_device())
+    arch, sm_count = device_arch(q.device), device_sm_count(q.device)
     plan = _decode_mod.decode_plan(dims, num_splits=num_splits, max_seqlen=max_seqlen,
                                    sm_count=sm_count, arch=arch)
     counter = None

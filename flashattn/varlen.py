@@ -37,13 +37,6 @@ from .kernels import (VARLEN_FWD, hinted, varlen_config, varlen_constants, varle
 __all__ = ["attention_varlen", "attention_varlen_backward", "varlen_plan"]
 
 
-@functools.lru_cache(maxsize=None)
-def _arch(index: int) -> str:
-    import torch
-    major, minor = torch.cuda.get_device_capability(index)
-    return f"sm_{major}{minor}"
-
-
 def varlen_plan(dims, *, max_seqlen_q: int, causal: bool, arch=None, config=None,
                 q_tiles=None) -> dict:
     """The launch plan (pure: no GPU): configuration, constants, grid. ``dims``: a
@@ -162,11 +155,7 @@ def _forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
     if scale is None:
         scale = 1.0 / math.sqrt(dims.D)
-    if interp:      # the GPU the interpreter stands in for
-        arch = device_arch(q.device)
-    else:
-        index = q.device.index if q.device.index is not None else torch.cuda.current_device()
-        arch = _arch(index)
+    arch = device_arch(q.device)                  # interpreted: the GPU it stands in for
     plan = varlen_plan(dims, max_seqlen_q=max_seqlen_q, causal=causal, arch=arch,
                        config=config)
     cu_q = cu_seqlens_q if cu_seqlens_q.stride(0) == 1 else cu_seqlens_q.contiguous()

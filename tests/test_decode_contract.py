@@ -340,7 +340,8 @@ def emulated_gpu(monkeypatch):
     monkeypatch.setattr(ct, "launch", fake_launch)
     monkeypatch.setattr(host, "check_decode_tensors",   # the CUDA-only rules off
                         lambda *a, interpret=False, **kw: check_decode(*a, **kw))
-    monkeypatch.setattr(host, "_device_info", lambda index: ("sm_90", 132))
+    from flashattn import dispatch
+    monkeypatch.setattr(dispatch, "cuda_properties", lambda index: ("sm_90", 132))
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda *a, **kw: None)
     return SimpleNamespace(decode=host.decode, launched=launched)

@@ -79,7 +79,8 @@ def emulated_gpu(monkeypatch):
     monkeypatch.setattr(contract, "check_tensors", cpu_check_tensors)
     monkeypatch.setattr(host, "check_decode_tensors",
                         lambda *a, interpret=False, **kw: contract.check_decode(*a, **kw))
-    monkeypatch.setattr(host, "_device_info", lambda index: ("sm_90", 132))
+    from flashattn import dispatch
+    monkeypatch.setattr(dispatch, "cuda_properties", lambda index: ("sm_90", 132))
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda *a, **kw: None)
     monkeypatch.setattr(torch.cuda, "device", lambda d: contextlib.nullcontext())

@@ -296,8 +296,9 @@ def captured(monkeypatch, tmp_path):
     monkeypatch.setattr(ct, "launch", fake_launch)
     monkeypatch.setattr(cc, "export_kernel", fake_export)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda *a, **kw: None)
-    monkeypatch.setattr(torch.cuda, "get_device_properties",
-                        lambda *a, **kw: SimpleNamespace(multi_processor_count=132))
+    from flashattn import dispatch                 # the one place the GPU is asked
+    monkeypatch.setattr(dispatch, "cuda_properties", lambda index: ("sm_90", 132))
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setenv("FLASHATTN_CACHE", str(tmp_path))
     return got
 

@@ -194,7 +194,8 @@ def emulated(monkeypatch, square):
         launched.append(grid)
 
     monkeypatch.setattr(ct, "launch", fake_launch)
-    monkeypatch.setattr(host, "_arch", lambda index: "sm_120")
+    from flashattn import dispatch
+    monkeypatch.setattr(dispatch, "cuda_properties", lambda index: ("sm_120", 84))
     monkeypatch.setattr(host, "hinted", lambda kernel, hints: kernel)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda *a, **kw: None)

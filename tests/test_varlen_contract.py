@@ -261,7 +261,7 @@ def test_every_arch_and_head_dim_has_a_config(arch, d):
     assert c.TILE_M >= 16 and c.TILE_N >= 16
     k = varlen_constants(c, head_dim=d, causal=True)
     assert k == dict(TILE_M=c.TILE_M, TILE_N=c.TILE_N, TILE_D=max(16, 1 << (d - 1).bit_length()),
-                     CAUSAL=True, Q_TILES=1)
+                     CAUSAL=True, Q_TILES=1, K_LAT=2, V_LAT=4)   # the forward's latencies
     assert set(VARLEN_CONFIGS) >= {"sm_80", "sm_90", "sm_100", "sm_120"}
 
 
@@ -333,7 +333,8 @@ def emulated_gpu(monkeypatch):
     monkeypatch.setattr(ct, "launch", fake_launch)
     monkeypatch.setattr(host, "check_varlen_tensors",   # the CUDA-only rules off
                         lambda *a, interpret=False, **kw: contract.check_varlen(*a, **kw))
-    monkeypatch.setattr(host, "_arch", lambda index: "sm_120")
+    from flashattn import dispatch
+    monkeypatch.setattr(dispatch, "cuda_properties", lambda index: ("sm_120", 84))
     monkeypatch.setattr(host, "hinted", lambda kernel, hints: kernel)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda *a, **kw: None)
@@ -351,7 +352,7 @@ def test_host_launch_computes_varlen_attention(emulated_gpu, causal):
     (launch,) = emulated_gpu.launched
     c = varlen_config("sm_120", 24)
     assert launch.grid == (-(-70 // c.TILE_M), 4, 4)
-    assert launch.args[-5:] == (c.TILE_M, c.TILE_N, 32, causal, 1)
+    assert launch.args[-7:] == (c.TILE_M, c.TILE_N, 32, causal, 1, 2, 4)   # ..., K_LAT, V_LAT
     assert launch.args[6] == pytest.approx(1 / math.sqrt(24))
     assert launch.args[7:10] == (2, 70, 70)
 
@@ -369,7 +370,7 @@ def test_host_launch_with_several_tiles_per_program(emulated_gpu, monkeypatch, c
     c = varlen_config("sm_120", 24)
     tiles = -(-70 // c.TILE_M)
     assert launch.grid == (-(-tiles // min(3, tiles)), 4, 4)
-    assert launch.args[-1] == min(3, tiles)
+    assert launch.args[-3] == min(3, tiles)                            # Q_TILES
 
 
 def test_host_writes_nan_for_bad_device_offsets(emulated_gpu):

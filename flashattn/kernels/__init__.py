@@ -15,7 +15,7 @@ library: the book registers its spec (``register_ladder``), and a step whose fla
 from __future__ import annotations
 
 from ..contract import tile_d_for
-from ..steps import Config, Step
+from ..steps import FLAG_DEFAULTS, Config, Step
 from .spec import Array, KernelContractError, KernelSpec, hinted
 
 __all__ = ["FMHA", "NAIVE", "SPECS", "KernelSpec", "KernelContractError", "Array", "hinted",
@@ -477,7 +477,7 @@ VARLEN_FWD = KernelSpec(
             Array("CuSeqlensQ", 1, "int32"), Array("CuSeqlensK", 1, "int32")),
     scalars=(("qk_scale", float), ("group_size", int), ("max_seqlen_q", int),
              ("max_seqlen_k", int)),
-    constants=("TILE_M", "TILE_N", "TILE_D", "CAUSAL", "Q_TILES"))
+    constants=("TILE_M", "TILE_N", "TILE_D", "CAUSAL", "Q_TILES", "K_LAT", "V_LAT"))
 
 VARLEN = {"varlen_fwd": VARLEN_FWD}
 
@@ -529,7 +529,8 @@ def varlen_constants(config: Config, *, head_dim: int, causal: bool, q_tiles: in
     if int(q_tiles) < 1:
         raise ValueError(f"q_tiles (query tiles per program) must be >= 1, got {q_tiles}")
     return dict(TILE_M=config.TILE_M, TILE_N=config.TILE_N, TILE_D=tile_d_for(head_dim),
-                CAUSAL=bool(causal), Q_TILES=int(q_tiles))
+                CAUSAL=bool(causal), Q_TILES=int(q_tiles),
+                K_LAT=FLAG_DEFAULTS["K_LAT"], V_LAT=FLAG_DEFAULTS["V_LAT"])   # the forward's
 
 
 def varlen_grid(config: Config, *, B: int, Hq: int, max_seqlen_q: int,

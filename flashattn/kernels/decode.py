@@ -44,10 +44,10 @@ import math
 
 import cuda.tile as ct
 
+from flashattn.kernels.common import INV_LOG_2, mask_scores, merge_lse, online_softmax_update
+
 ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]
-
-INV_LOG_2 = 1.0 / math.log(2)  # exp(x) = exp2(x * log2(e))
 
 
 def merge_splits(Opart, Lse, bh, bid_m, TILE_M: ConstInt, TILE_D: ConstInt):
@@ -64,13 +64,7 @@ def merge_splits(Opart, Lse, bh, bid_m, TILE_M: ConstInt, TILE_D: ConstInt):
         lse = lse.reshape((TILE_M, 1))                               # [TILE_M, 1]
         o = ct.load(Opart, index=(s, bh, bid_m, 0), shape=(1, 1, TILE_M, TILE_D))
         o = o.reshape((TILE_M, TILE_D))                              # [TILE_M, TILE_D]
-        m_new = max(m, lse)                                          # [TILE_M, 1]
-        m_use = ct.where(m_new == -math.inf, 0.0, m_new)             # all -inf so far: weights 0
-        alpha = ct.exp2(m - m_use)                                   # [TILE_M, 1]
-        w = ct.exp2(lse - m_use)                                     # [TILE_M, 1]
-        l = l * alpha + w
-        acc = acc * alpha + w * o                                    # [TILE_M, TILE_D]
-        m = m_new
+        m, l, acc = merge_lse(m, l, acc, lse, o, False)              # one split per row
     return ct.truediv(acc, ct.where(l > 0.0, l, 1.0))               # [TILE_M, TILE_D]
 
 
@@ -160,17 +154,12 @@ def decode_split_kernel(Q, K, V, BlockTable, SeqLens, Opart, Lse, Out, Counter,
             # anything (NaN included): select -inf instead of adding it, and zero those V rows
             # so that 0 * garbage cannot reach P V.
             offs_n = n0 + offs_n_tile                                # [TILE_N]
-            qk = ct.where(offs_n[None, :] <= q_pos, qk, -math.inf)   # [TILE_M, TILE_N]
+            qk = mask_scores(qk, q_pos, offs_n[None, :], seqlen, True, True)  # causal edge
             v = ct.where(offs_n[:, None] < seqlen, v, 0.0)           # [TILE_N, TILE_D]
 
         # --- Online softmax (chapter 2); a row with no visible key yet keeps m_i = -inf ---
-        m_ij = max(m_i, ct.max(qk, axis=-1, keepdims=True) * qk_scale)  # [TILE_M, 1]
-        m_use = ct.where(m_ij == -math.inf, 0.0, m_ij)               # -inf - -inf would be NaN
-        p = ct.exp2(qk * qk_scale - m_use)                           # [TILE_M, TILE_N]
-        alpha = ct.exp2(m_i - m_use)                                 # [TILE_M, 1]
-        l_i = l_i * alpha + ct.sum(p, axis=-1, keepdims=True)        # [TILE_M, 1]
-        acc = ct.mma(p.astype(Q.dtype), v, acc * alpha)              # O += P V
-        m_i = m_ij
+        p, m_i, l_i, acc = online_softmax_update(qk, m_i, l_i, acc, qk_scale, True, False)
+        acc = ct.mma(p.astype(Q.dtype), v, acc)                      # O += P V
 
     # --- Normalise, and the split's log-sum-exp (-inf for a split with no visible key) ---
     has_keys = l_i > 0.0                                             # [TILE_M, 1]
@@ -259,13 +248,7 @@ def decode_combine_row_kernel(Opart, Lse, Out, TILE_D: ConstInt, TILE_S: ConstIn
                       padding_mode=ct.PaddingMode.NEG_INF).reshape((TILE_S, 1))
         o = ct.load(Opart, index=(c, bh, row, 0), shape=(TILE_S, 1, 1, TILE_D),
                     padding_mode=ct.PaddingMode.ZERO).reshape((TILE_S, TILE_D))
-        m_new = max(m, ct.max(lse, axis=0, keepdims=True))           # [1, 1]
-        m_use = ct.where(m_new == -math.inf, 0.0, m_new)             # all -inf so far: weights 0
-        alpha = ct.exp2(m - m_use)                                   # [1, 1]
-        w = ct.exp2(lse - m_use)                                     # [TILE_S, 1]
-        l = l * alpha + ct.sum(w, axis=0, keepdims=True)             # [1, 1]
-        acc = acc * alpha + ct.sum(w * o, axis=0, keepdims=True)    # [1, TILE_D]
-        m = m_new
+        m, l, acc = merge_lse(m, l, acc, lse, o, True)               # TILE_S splits, one row
 
     out = ct.truediv(acc, ct.where(l > 0.0, l, 1.0))                # [1, TILE_D]
     out = out.reshape((1, 1, 1, TILE_D)).astype(Out.dtype)

@@ -40,10 +40,10 @@ import math
 
 import cuda.tile as ct
 
+from flashattn.kernels.common import INV_LOG_2, key_tile_range, mask_scores
+
 ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]
-
-INV_LOG_2 = 1.0 / math.log(2)  # exp(x) = exp2(x * log2(e)): the hardware has exp2 (MUFU.EX2)
 
 
 @ct.kernel
@@ -167,15 +167,10 @@ def dkdv_program(Q, K, V, dO, LSE, Delta, dK, dV, dQacc,
         st = ct.full((TILE_N, TILE_M), 0.0, dtype=ct.float32)
         st = ct.mma(k, ct.transpose(q), st)                          # S^T = K Q^T
         if (CAUSAL and i < mask_end) or (not EVEN_K and ragged):
-            mask = ct.full((TILE_N, TILE_M), True, dtype=ct.bool_)  # [TILE_N, TILE_M]
-            if not EVEN_K:
-                # Keys past Nk only reach rows of dK, dV the store drops; masked anyway, so the
-                # masked tiles are the forward's and no inf is computed.
-                mask = mask & (offs_n < k_seqlen)                    # keys past Nk
-            if CAUSAL:
-                offs_m = input_pos + i * TILE_M + offs_m_tile        # [1, TILE_M]
-                mask = mask & (offs_m >= offs_n)                     # future keys
-            st = st + ct.where(mask, 0.0, -math.inf)
+            # Keys past Nk only reach rows of dK, dV the store drops; masked anyway, so the
+            # masked tiles are the forward's and no inf is computed.
+            offs_m = input_pos + i * TILE_M + offs_m_tile            # [1, TILE_M]
+            st = mask_scores(st, offs_m, offs_n, k_seqlen, CAUSAL, EVEN_K)  # [TILE_N, TILE_M]
         # P^T, recomputed: exp(scale * S - LSE) = exp2(scale * log2(e) * S - LSE * log2(e)).
         pt = ct.exp2(st * qk_scale_log2 - lse * INV_LOG_2, flush_to_zero=True)  # [TILE_N, TILE_M]
         dv = ct.mma(pt.astype(Q.dtype), do, dv)                      # dV += P^T dO
@@ -237,12 +232,8 @@ def bwd_dq_kernel(Q, K, V, dO, LSE, Delta, dQ,
     offs_n_tile = ct.arange(TILE_N, dtype=ct.int32)[None, :]        # [1, TILE_N]
 
     # --- Which key tiles this query tile visits: the forward's rule ---
-    if CAUSAL:
-        Tc = ct.cdiv(min(input_pos + (bid_x + 1) * TILE_M, k_seqlen), TILE_N)
-        mask_start = min((input_pos + bid_x * TILE_M) // TILE_N, k_seqlen // TILE_N)
-    else:
-        Tc = ct.cdiv(k_seqlen, TILE_N)
-        mask_start = k_seqlen // TILE_N
+    Tc, mask_start = key_tile_range(input_pos + bid_x * TILE_M, input_pos + (bid_x + 1) * TILE_M,
+                                    k_seqlen, TILE_N, CAUSAL)
 
     for j in range(0, Tc):
         k = ct.load(K, index=(batch_idx, kv_head, j, 0), shape=(1, 1, TILE_N, TILE_D),
@@ -254,13 +245,7 @@ def bwd_dq_kernel(Q, K, V, dO, LSE, Delta, dQ,
         s = ct.full((TILE_M, TILE_N), 0.0, dtype=ct.float32)
         s = ct.mma(q, ct.transpose(k), s)                            # S = Q K^T
         if (CAUSAL or not EVEN_K) and j >= mask_start:
-            offs_n = j * TILE_N + offs_n_tile                        # [1, TILE_N]
-            mask = ct.full((TILE_M, TILE_N), True, dtype=ct.bool_)
-            if not EVEN_K:
-                mask = mask & (offs_n < k_seqlen)                    # keys past Nk
-            if CAUSAL:
-                mask = mask & (offs_m >= offs_n)                     # future keys
-            s = s + ct.where(mask, 0.0, -math.inf)
+            s = mask_scores(s, offs_m, j * TILE_N + offs_n_tile, k_seqlen, CAUSAL, EVEN_K)
         p = ct.exp2(s * qk_scale_log2 - lse2, flush_to_zero=True)   # [TILE_M, TILE_N]
         dp = ct.full((TILE_M, TILE_N), 0.0, dtype=ct.float32)
         dp = ct.mma(do, vt, dp)                                      # dP = dO V^T

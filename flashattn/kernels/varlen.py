@@ -45,23 +45,24 @@ import math
 import cuda.tile as ct
 from cuda.tile import RoundingMode as RMd
 
+from flashattn.kernels.common import INV_LOG_2, key_tile_range, mask_scores, online_softmax_update
+
 ConstInt = ct.Constant[int]
 ConstBool = ct.Constant[bool]
-
-INV_LOG_2 = 1.0 / math.log(2)  # exp(x) = exp2(x * log2(e))
 
 
 @ct.kernel
 def varlen_fwd_kernel(Q, K, V, Out, CuSeqlensQ, CuSeqlensK,
                       qk_scale: float, group_size: int, max_seqlen_q: int, max_seqlen_k: int,
                       TILE_M: ConstInt, TILE_N: ConstInt, TILE_D: ConstInt,
-                      CAUSAL: ConstBool, Q_TILES: ConstInt):
+                      CAUSAL: ConstBool, Q_TILES: ConstInt, K_LAT: ConstInt, V_LAT: ConstInt):
     """Attention of ``Q_TILES`` query tiles of one sequence and one head, one after the other.
     See the module docstring.
 
     qk_scale: the softmax scale (natural units); group_size: Hq // Hkv; max_seqlen_q,
     max_seqlen_k: the longest lengths the caller declared (the grid is sized by the first; a
-    longer sequence means corrupt offsets).
+    longer sequence means corrupt offsets). K_LAT, V_LAT: the loads' latency hints, the
+    forward's.
     """
     # --- Program id -> (query tile, head, sequence); GQA maps Hq heads onto Hkv ---
     head = ct.bid(1)
@@ -118,44 +119,33 @@ def varlen_fwd_kernel(Q, K, V, Out, CuSeqlensQ, CuSeqlensK,
                             padding_mode=ct.PaddingMode.ZERO).reshape((TILE_M, TILE_D))
 
                 # --- The key tiles this query tile visits; from which one on they need a mask
-                if CAUSAL:
-                    last_row = min(bid_m * TILE_M + TILE_M, len_q) - 1   # its last real row
-                    visible = min(max(shift + last_row + 1, 0), len_k)   # keys that row sees
-                    Tc = ct.cdiv(visible, TILE_N)
-                    # Keys up to the first row's position (and before len_k): seen by every row.
-                    mask_start = min(max(shift + bid_m * TILE_M + 1, 0), len_k) // TILE_N
-                else:
-                    Tc = ct.cdiv(len_k, TILE_N)
-                    mask_start = len_k // TILE_N                     # the ragged end of K
+                # (causal: the keys up to its last real row's position, and up to its first's)
+                last_row = min(bid_m * TILE_M + TILE_M, len_q) - 1
+                Tc, mask_start = key_tile_range(max(shift + bid_m * TILE_M + 1, 0),
+                                                max(shift + last_row + 1, 0), len_k,
+                                                TILE_N, CAUSAL)
 
                 # --- Main loop over key/value tiles ---
                 for j in range(0, Tc):
                     # K is read transposed straight from (len_k, D) memory (as in fmha.py).
                     k = ct.load(k_seq, index=(kv_head, 0, j), shape=(1, TILE_D, TILE_N),
-                                order=(0, 2, 1), latency=2, padding_mode=ct.PaddingMode.ZERO)
+                                order=(0, 2, 1), latency=K_LAT, padding_mode=ct.PaddingMode.ZERO)
                     k = k.reshape((TILE_D, TILE_N))                  # [TILE_D, TILE_N]
                     qk = ct.full((TILE_M, TILE_N), 0.0, dtype=ct.float32)
                     qk = ct.mma(q, k, qk)                            # S = Q K^T
 
                     if j >= mask_start:
                         # The ragged end of K and, if causal, the diagonal: -inf (chapter 7).
-                        offs_n = j * TILE_N + offs_n_tile            # [1, TILE_N]
-                        mask = offs_n < len_k                        # [1, TILE_N]
-                        if CAUSAL:
-                            mask = mask & (offs_n <= offs_m)         # [TILE_M, TILE_N]
-                        qk = ct.where(mask, qk, -math.inf)           # [TILE_M, TILE_N]
+                        qk = mask_scores(qk, offs_m, j * TILE_N + offs_n_tile, len_k, CAUSAL,
+                                         False)
 
                     # --- Online softmax (chapter 2); a row with no visible key keeps -inf ---
-                    m_ij = max(m_i, ct.max(qk, axis=-1, keepdims=True) * qk_scale)
-                    m_use = ct.where(m_ij == -math.inf, 0.0, m_ij)   # -inf - -inf would be NaN
-                    p = ct.exp2(qk * qk_scale - m_use, flush_to_zero=True)
-                    alpha = ct.exp2(m_i - m_use, flush_to_zero=True)  # [TILE_M, 1]
-                    l_i = l_i * alpha + ct.sum(p, axis=-1, keepdims=True)
+                    p, m_i, l_i, acc = online_softmax_update(qk, m_i, l_i, acc, qk_scale, True,
+                                                             True)
                     v = ct.load(v_seq, index=(kv_head, j, 0), shape=(1, TILE_N, TILE_D),
-                                latency=4, padding_mode=ct.PaddingMode.ZERO)
+                                latency=V_LAT, padding_mode=ct.PaddingMode.ZERO)
                     v = v.reshape((TILE_N, TILE_D))                  # [TILE_N, TILE_D]
-                    acc = ct.mma(p.astype(Q.dtype), v, acc * alpha)  # O += P V
-                    m_i = m_ij
+                    acc = ct.mma(p.astype(Q.dtype), v, acc)          # O += P V
 
                 # --- Normalise (0 for a row with no visible key), store; rows past len_q drop
                 acc = ct.truediv(acc, ct.where(l_i > 0.0, l_i, 1.0), flush_to_zero=True,

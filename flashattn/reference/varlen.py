@@ -97,7 +97,7 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None,
 # --- the kernel, program by program ---------------------------------------------------------------
 def emulate_varlen_kernel(grid, Q, K, V, Out, CuSeqlensQ, CuSeqlensK, qk_scale, group_size,
                           max_seqlen_q, max_seqlen_k, TILE_M, TILE_N, TILE_D, CAUSAL,
-                          Q_TILES=1):
+                          Q_TILES=1, K_LAT=2, V_LAT=4):
     """``varlen_fwd_kernel`` on NumPy arrays in the kernel's layout (Q, Out (Hq, total_q, D);
     K, V (Hkv, total_k, D)), program by program, arguments in the kernel's order (``grid``
     first). Writes ``Out`` in place; computes in Out's dtype if it is float64, else float32.
