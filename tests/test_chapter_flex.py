@@ -63,3 +63,40 @@ def test_visit_row_counts_and_catches_a_stray_load():
 def test_blasst_figure_has_both_panels():
     fig = flex.blasst_figure()
     assert len(fig.axes) == 2 and fig.axes[1].get_yscale() == "log"
+
+
+def _fake_bench():
+    """Two workloads at one N; ours 1 ms, torch 1.5 ms, dense causal 0.9 ms."""
+    def impl(ms, tf=None):
+        return {"median_ms": ms, "tflops_visited": tf, "max_diff_vs_ours": 1e-3}
+    rows = []
+    for w, blocks, ours, ctl in (("causal", 10, 1.0, 1.0), ("sliding_window_256", 4, 0.5, 0.55)):
+        flops = blocks * 1e9
+        rows.append({"workload": w, "N": 4096, "blocks": blocks, "dense_blocks": 16,
+                     "visited_flops": flops,
+                     "impls": {"flashattn.flex": impl(ours, flops / (ours * 1e-3) / 1e12),
+                               "flashattn.flex#2": impl(ctl),
+                               "flashattn.causal": impl(0.9),
+                               "torch.flex": impl(1.5 * ours)}})
+    return {"meta": {"gpu": "X"}, "rows": rows}
+
+
+def test_bench_frame_ratios():
+    f = flex.bench_frame(_fake_bench()).set_index("workload")
+    assert f.loc["causal", "speedup"] == pytest.approx(1.5)
+    # causal: our 10 GF in 1 ms against the dense kernel's 10 GF in 0.9 ms
+    assert f.loc["causal", "vs causal"] == pytest.approx(0.9)
+    # the window: 4 GF in 0.5 ms against the same dense 10 GF in 0.9 ms
+    assert f.loc["sliding_window_256", "vs causal"] == pytest.approx(8 / (10 / 0.9))
+    assert f.loc["sliding_window_256", "visited %"] == pytest.approx(25)
+    drift = flex.control_drift(_fake_bench())
+    assert drift[4096] == pytest.approx(1 - 0.5 / 0.55)
+
+
+def test_bench_table_and_figure_on_the_recorded_run():
+    t = flex.bench_table()
+    assert list(t.index[:1]) == ["causal"] and not t.isna().any().any()
+    assert {"4K × torch", "16K × torch", "8K TF / causal"} <= set(t.columns)
+    fig = flex.speedup_figure()
+    ax = fig.axes[0]
+    assert "torch.compile" in ax.get_xlabel() and len(ax.get_yticklabels()) == len(t)

@@ -20,8 +20,11 @@ ROOT = Path(__file__).resolve().parents[2]
 FLEX_DATA = ROOT / "experiments" / "data" / "40-flex"
 BLASST_DATA = ROOT / "experiments" / "data" / "40-blasst"
 
+BENCH = ROOT / "results" / "h200" / "flex" / "flex_bench.json"
+
 __all__ = ["visit_row", "visit_frame", "visits_figure", "factory_listing", "sass", "sass_frame",
-           "errors", "errors_frame", "blasst", "blasst_figure", "recorded_tiles", "live_timing"]
+           "errors", "errors_frame", "blasst", "blasst_figure", "recorded_tiles", "live_timing",
+           "bench", "bench_frame", "bench_table", "control_drift", "speedup_figure"]
 
 
 # --- what a program visits --------------------------------------------------------------------
@@ -232,6 +235,103 @@ def blasst_figure():
     fig.legend(h, lab, loc="lower center", ncol=6, frameon=False, fontsize=8)
     a2.set_title("dotted: BLASST off", fontsize=9)
     fig.tight_layout(rect=(0, 0.07, 1, 1))
+    plt.close(fig)
+    return fig
+
+
+# --- recorded GPU timings --------------------------------------------------------------------
+
+# the benchmark's workload names, as the chapter writes them
+WORKLOADS = {"causal": "causal", "prefix_lm_N/4": "prefix-LM (N/4)",
+             "sliding_window_4K": "window 4K", "sliding_window_1K": "window 1K",
+             "sliding_window_256": "window 256", "document_2": "2 documents",
+             "document_8": "8 documents", "document_64": "64 documents", "alibi": "ALiBi",
+             "softcap_50": "softcap 50"}
+
+
+def bench(path=BENCH) -> dict:
+    """The recorded GPU run: flex against torch.compile(flex_attention) on the same BlockMask."""
+    from flashbook.data.schema import read_json
+    return read_json(str(path))
+
+
+def _k(n: int) -> str:
+    return f"{n // 1024}K"
+
+
+def bench_frame(data: dict | None = None) -> pd.DataFrame:
+    """One row per (workload, N): visited blocks (% of dense), speed-up over torch.compile(flex)
+    (its median time over ours), our TFLOPS on the visited blocks, and that throughput over our
+    dense causal kernel's on the causal mask at the same N (timed in the same rounds), and the
+    control's ratio (the flex kernel timed twice)."""
+    data = bench() if data is None else data
+    causal_flops = {r["N"]: r["visited_flops"] for r in data["rows"] if r["workload"] == "causal"}
+    out = []
+    for r in data["rows"]:
+        im = r["impls"]
+        ours, ctl = im["flashattn.flex"], im["flashattn.flex#2"]
+        dense_tf = causal_flops[r["N"]] / (im["flashattn.causal"]["median_ms"] * 1e-3) / 1e12
+        out.append({"workload": r["workload"], "N": r["N"],
+                    "visited %": 100 * r["blocks"] / r["dense_blocks"],
+                    "speedup": im["torch.flex"]["median_ms"] / ours["median_ms"],
+                    "tflops": ours["tflops_visited"],
+                    "vs causal": ours["tflops_visited"] / dense_tf,
+                    "time vs causal": ours["median_ms"] / im["flashattn.causal"]["median_ms"],
+                    "control": ours["median_ms"] / ctl["median_ms"],
+                    "max diff": im["torch.flex"]["max_diff_vs_ours"]})
+    return pd.DataFrame(out)
+
+
+def control_drift(data: dict | None = None) -> pd.Series:
+    """Per N, how far two timings of the same kernel differ at worst: the largest
+    1 - faster/slower over the workloads (0.05: the slower reads 5 % below the faster's speed)."""
+    f = bench_frame(data)
+    c = f["control"]
+    return (1 - np.minimum(c, 1 / c)).groupby(f["N"]).max()
+
+
+def bench_table(data: dict | None = None) -> pd.DataFrame:
+    """Workloads x N for people: speed-up over torch.compile(flex) and TFLOPS per visited block
+    over our dense causal kernel's, with the share of blocks visited at the largest N."""
+    f = bench_frame(data)
+    ns = sorted(f["N"].unique())
+    t = {}
+    for col, key in (("× torch", "speedup"), ("TF / causal", "vs causal")):
+        for n in ns:
+            sub = f[f["N"] == n].set_index("workload")[key]
+            t[f"{_k(n)} {col}"] = sub
+    big = f[f["N"] == ns[-1]].set_index("workload")["visited %"]
+    t[f"visited % ({_k(ns[-1])})"] = big
+    out = pd.DataFrame(t).loc[[w for w in WORKLOADS if w in set(f["workload"])]]
+    out.index = [WORKLOADS[w] for w in out.index]
+    return out.rename_axis("workload")
+
+
+def speedup_figure(data: dict | None = None):
+    """Speed-up of flashattn.flex_attention over torch.compile(flex_attention), per workload,
+    one bar per sequence length; the line at 1 is parity."""
+    import matplotlib.pyplot as plt
+    f = bench_frame(data)
+    ns = sorted(f["N"].unique())
+    names = [w for w in WORKLOADS if w in set(f["workload"])]
+    fig, ax = plt.subplots(figsize=(7.0, 3.6))
+    width = 0.8 / len(ns)
+    colors = ["#9ecae1", "#4292c6", "#08519c"]
+    y = np.arange(len(names))
+    for i, n in enumerate(ns):
+        sub = f[f["N"] == n].set_index("workload")["speedup"]
+        ax.barh(y + (i - (len(ns) - 1) / 2) * width, [sub[w] for w in names], height=width,
+                color=colors[i % len(colors)], label=f"N = {_k(n)}")
+    ax.set_yticks(y)
+    ax.set_yticklabels([WORKLOADS[w] for w in names])
+    ax.invert_yaxis()
+    ax.axvline(1.0, color="#444444", lw=0.8)
+    ax.set_xlim(0, max(1.8, float(f["speedup"].max()) + 0.1))
+    ax.set_xlabel("speed-up over torch.compile(flex_attention) (×, time ratio)")
+    ax.legend(loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=len(ns), frameon=False,
+              fontsize=8)
+    ax.grid(axis="x", lw=0.4, alpha=0.5)
+    fig.tight_layout()
     plt.close(fig)
     return fig
 
