@@ -105,8 +105,9 @@ def constants(config, *, head_dim: int, causal: bool, even_k: bool, **variant) -
     """The dynamic kernel's constants: arch_tuned's flags at ``config``, plus the variant's."""
     from flashattn.kernels import fmha_constants
     from flashattn.steps import get_step
-    c = fmha_constants(get_step("arch_tuned"), config, head_dim=head_dim, causal=causal,
-                       even_k=even_k)
+    step = get_step("arch_tuned")
+    c = dict(step.flag_values(), **fmha_constants(step, config, head_dim=head_dim,
+                                                  causal=causal, even_k=even_k))
     return {n: c[n] for n in DYNAMIC.constants if n in c} | variant
 
 
