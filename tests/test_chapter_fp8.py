@@ -53,3 +53,39 @@ def test_p_cast_shift_fits_and_helps():
 def test_kernel_error_case_within_bound():
     c = fp8.kernel_error_case(N=64, D=64)
     assert 0 < c["err"] <= c["bound"]
+
+
+def test_bench_forward_speed_table():
+    b = fp8.bench()
+    assert b.attrs["meta"]["gpu"] and b.attrs["meta"]["rounds"] > 0
+    t = fp8.forward_speed_table(b)
+    assert list(t.columns) == list(fp8.FORWARD_IMPLS.values())
+    assert list(t.index.get_level_values("mask").unique()) == ["full", "causal"]
+    # V given transposed pays everywhere; the host pass costs at the shortest length
+    vt, host = t["fp8, Vᵀ given"], t["fp8, host transpose"]
+    assert (vt > 1).all() and (host <= vt + 1e-9).all()
+    assert host.loc["full"].iloc[0] < 1 < host.loc["full"].iloc[-1]
+    assert not t.isna().any().any()
+
+
+def test_bench_decode_speed_table():
+    d = fp8.decode_speed_table()
+    assert set(d.index.get_level_values("B")) == {1, 8, 64}
+    # the speed-up is the fp16 time over the fp8 time, the same rounds
+    ratio = d["fp16 cache (ms)"] / d["fp8 cache (ms)"]
+    assert ((ratio - d["fp8 speed-up (×)"]).abs() < 0.02).all()
+    assert (d["fp8 speed-up (×)"] < 1).all()          # the refuted prediction
+    assert (d["fp8 (TB/s)"] < d["fp16 (TB/s)"]).all()
+
+
+def test_bench_missing_and_empty(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        fp8.bench(tmp_path / "nothing.json")
+    (tmp_path / "empty.json").write_text('{"meta": {}, "rows": []}')
+    with pytest.raises(ValueError, match="no rows"):
+        fp8.bench(tmp_path / "empty.json")
+
+
+def test_forward_speed_figure_has_both_masks():
+    fig = fp8.forward_speed_figure()
+    assert [ax.get_title() for ax in fig.axes] == ["not causal", "causal"]

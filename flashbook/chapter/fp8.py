@@ -7,6 +7,9 @@
     fp8.transpose_cost(rep)       # V stored (N, D) against V^T (D, N): the SASS difference
     fp8.decode_bytes(B, Hkv, Nk, D)   # K+V bytes of one decode step, fp16 against fp8
     fp8.kernel_error_case()       # one small FP8 forward in the interpreter, its error and bound
+    fp8.bench()                   # results/h200/fp8: the recorded GPU timings (forward, decode)
+    fp8.forward_speed_table(b)    # speed-up over our fp16 forward per N, causal and not
+    fp8.decode_speed_table(b)     # the FP8 cache against the fp16 cache per B and cache length
 
 The library's FP8 code is ``flashattn.fp8`` and ``flashattn.kernels.fp8``; nothing here is
 needed to use it.
@@ -23,6 +26,7 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[2]
 ACCURACY_RUN = ROOT / "experiments" / "data" / "41-fp8-accuracy"
 AOT_RUN = ROOT / "experiments" / "data" / "42-fp8-aot"
+BENCH = ROOT / "results" / "h200" / "fp8" / "fp8_bench.json"
 
 # torch's names of the four 16- and 8-bit formats the chapter compares, with the book's names.
 FORMATS = {"float16": "fp16", "bfloat16": "bf16", "float8_e4m3fn": "e4m3", "float8_e5m2": "e5m2"}
@@ -264,6 +268,90 @@ def time_fp8_vs_fp16(N: int = 8192, *, B: int = 4, H: int = 16, D: int = 128,
     rows = {name: {"median (ms)": tm.median_ms} for name, tm in t.items()}
     out = pd.DataFrame(rows).T
     out["speed-up over fp16"] = out.loc["fp16", "median (ms)"] / out["median (ms)"]
+    return out
+
+
+# --- the recorded GPU timings (results/h200/fp8) ----------------------------------------------
+# The forward's implementations, in the order the chapter shows them, with the book's names.
+FORWARD_IMPLS = {"fp8-vt": "fp8, Vᵀ given", "fp8": "fp8, host transpose",
+                 "fp8-vk": "fp8, on-chip transpose", "fp16#2": "fp16 again (control)",
+                 "cudnn": "cuDNN fp16"}
+
+
+def bench(path: Path | None = None) -> pd.DataFrame:
+    """The recorded FP8 timings, one row per (part, shape, impl): part "forward" (N, B, H, D,
+    causal) or "decode" (L = cache length, B, Hq, Hkv, D), impl, median_ms, vs_fp16 (our fp16
+    kernel's time over this one's, same rounds), vs_cudnn, gbps (decode). ``.attrs["meta"]``:
+    the GPU, versions, rounds and method. FileNotFoundError when the file is absent."""
+    from ..data.schema import read_json
+    doc = read_json(path or BENCH)
+    df = pd.DataFrame(doc["rows"])
+    if df.empty or "part" not in df:
+        raise ValueError("the FP8 benchmark file has no rows")
+    df.attrs["meta"] = doc["meta"]
+    return df
+
+
+def forward_speed_table(b: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Speed-up over our fp16 forward (its time over each one's, the same rounds), index
+    (mask, N), one column per ``FORWARD_IMPLS`` entry. The default tile only."""
+    b = bench() if b is None else b
+    f = b[(b.part == "forward") & b.impl.isin(list(FORWARD_IMPLS))].copy()
+    f["mask"] = f.causal.map({False: "full", True: "causal"})
+    f["N"] = f.N.astype(int)
+    t = f.pivot_table(index=["mask", "N"], columns="impl", values="vs_fp16", aggfunc="first")
+    t = t.reindex(columns=list(FORWARD_IMPLS)).rename(columns=FORWARD_IMPLS)
+    t = t.reindex(["full", "causal"], level="mask")
+    t.columns.name = None
+    return t
+
+
+def forward_speed_figure(b: pd.DataFrame | None = None):
+    """The forward's speed-up over fp16 against N, full and causal side by side."""
+    from .plots import _plt
+    b = bench() if b is None else b
+    t = forward_speed_table(b)
+    plt = _plt()
+    fig, axes = plt.subplots(1, 2, figsize=(7.2, 3.6), sharey=True)
+    styles = {"fp8, Vᵀ given": ("#d62728", "o", "-"), "fp8, host transpose": ("#ff7f0e", "s", "-"),
+              "fp8, on-chip transpose": ("#9467bd", "^", "-"),
+              "fp16 again (control)": ("#7f7f7f", ".", ":"), "cuDNN fp16": ("#2ca02c", "d", "--")}
+    for ax, mask in zip(axes, ("full", "causal")):
+        s = t.loc[mask]
+        for col, (c, m, ls) in styles.items():
+            ax.plot(s.index, s[col], color=c, marker=m, ls=ls, ms=4, lw=1.2, label=col)
+        ax.axhline(1.0, color="#444", lw=0.8)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(list(s.index))
+        ax.set_xticklabels([f"{n // 1024}K" for n in s.index], fontsize=8)
+        ax.set_xlabel("sequence length N")
+        ax.set_title("causal" if mask == "causal" else "not causal", fontsize=9)
+    axes[0].set_ylabel("speed-up over our fp16 (×)")
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, frameon=False, fontsize=8, ncol=3, loc="lower center")
+    fig.suptitle(f"FP8 forward, D=128, against our fp16 forward — {b.attrs['meta']['gpu']}",
+                 fontsize=10)
+    fig.tight_layout(rect=(0, 0.14, 1, 1))
+    plt.close(fig)
+    return fig
+
+
+def decode_speed_table(b: pd.DataFrame | None = None) -> pd.DataFrame:
+    """The FP8-cache decode step against the fp16 cache, index (B, cache length): both times
+    (ms), the speed-up (fp16 time over fp8 time: below 1 is slower), the control (the fp16
+    cache timed again), and the bytes per second each one streams (TB/s)."""
+    b = bench() if b is None else b
+    d = b[b.part == "decode"].copy()
+    d["cache"] = d.L.astype(int)
+    idx = ["B", "cache"]
+    ms = d.pivot_table(index=idx, columns="impl", values="median_ms", aggfunc="first")
+    x = d.pivot_table(index=idx, columns="impl", values="vs_fp16", aggfunc="first")
+    bw = d.pivot_table(index=idx, columns="impl", values="gbps", aggfunc="first")
+    out = pd.DataFrame({
+        "fp16 cache (ms)": ms["decode-fp16"], "fp8 cache (ms)": ms["decode-fp8"],
+        "fp8 speed-up (×)": x["decode-fp8"], "control (×)": x["decode-fp16#2"],
+        "fp16 (TB/s)": bw["decode-fp16"] / 1e3, "fp8 (TB/s)": bw["decode-fp8"] / 1e3})
+    out.index = out.index.set_names(["B", "cache length"])
     return out
 
 
