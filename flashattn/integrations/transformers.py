@@ -52,6 +52,10 @@ def register(name: str = NAME) -> str:
         raise ValueError(f"name must be a new implementation name without 'flash' in it (which "
                          f"transformers reserves for flash-attn kernels), got {name!r}")
     try:
+        # transformers reaches torch._dynamo through torch's lazy attributes while importing its
+        # modeling utilities; imported that way, torch 2.13 can meet a partially initialised
+        # torch._dynamo (seen in a pytest-xdist worker). Import it whole first.
+        import torch._dynamo  # noqa: F401
         from transformers import AttentionInterface
         from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
     except ImportError as e:  # pragma: no cover - depends on the environment
