@@ -124,7 +124,6 @@ def compile_spec(spec, arch: str, constants: dict, *, hints: dict | None = None,
     """Compile one kernel (a ``KernelSpec`` with its constants by name) for ``arch`` and read
     the cubin back. Any kernel of the package can be compiled this way, step or not (the
     backward and decoding kernels are not steps). Errors go to ``KernelReport.error``."""
-    from cuda.tile.compilation import export_kernel
     if arch not in ARCHS:
         raise ValueError(f"unknown arch {arch!r}; choose from {', '.join(ARCHS)}")
     hints = dict(hints or {})
@@ -135,11 +134,22 @@ def compile_spec(spec, arch: str, constants: dict, *, hints: dict | None = None,
                                      sorted(hints.items()), arch, dtype, align],
                                     default=str).encode())
     cubin = _cache_dir() / f"{spec.name}-{arch}-{key.hexdigest()[:20]}.cubin"
+    return compile_into(rep, cubin, lambda: hinted(spec.kernel(), hints),
+                        lambda: spec.signature(dtype=dtype, align=align, constants=constants),
+                        arch, use_cache=use_cache, keep_sass=keep_sass)
+
+
+def compile_into(rep: KernelReport, cubin: Path, make_kernel, make_signature, arch: str, *,
+                 use_cache: bool = True, keep_sass: bool = False,
+                 full_error: bool = False) -> KernelReport:
+    """Compile ``make_kernel()`` for ``arch`` into ``cubin`` (unless cached) and fill ``rep``
+    from the cubin. Errors go to ``rep.error``: the message's last line, or with ``full_error``
+    its last 2000 characters (a user's mod: the compiler's whole message)."""
+    from cuda.tile.compilation import export_kernel
     t0 = time.perf_counter()
     try:
         if not (use_cache and cubin.exists()):
-            kernel = hinted(spec.kernel(), hints)
-            sig = spec.signature(dtype=dtype, align=align, constants=constants)
+            kernel, sig = make_kernel(), make_signature()
             cubin.parent.mkdir(parents=True, exist_ok=True)
             tmp = cubin.with_suffix(f".tmp{os.getpid()}")
             export_kernel(kernel, [sig], str(tmp), gpu_code=arch, output_format="cubin")
@@ -155,7 +165,8 @@ def compile_spec(spec, arch: str, constants: dict, *, hints: dict | None = None,
     except Exception as e:  # report, don't crash: the table shows which variant failed
         rep.compile_s = time.perf_counter() - t0
         msg = str(e).strip()
-        rep.error = f"{type(e).__name__}: {msg.splitlines()[-1] if msg else ''}"[:500]
+        rep.error = (f"{type(e).__name__}: {msg[-2000:]}" if full_error else
+                     f"{type(e).__name__}: {msg.splitlines()[-1] if msg else ''}"[:500])
     return rep
 
 

@@ -466,12 +466,10 @@ def compile_flex(arch: str, *, score=None, mask=None, block_size=(128, 128), hea
     (``flashattn.aot.KernelReport``; errors in ``.error``). ``block_size=None``: no block mask
     (the dense path). ``config``: tiles and hints (default ``FLEX_CONFIGS[arch]``)."""
     import hashlib
+    import inspect
     import json
-    import os
-    import time
     from . import aot
-    from .aot import KernelReport, analyze_cubin
-    from cuda.tile.compilation import export_kernel
+    from .aot import KernelReport
     from .interpret import install_shim
     install_shim()
     score = _as_opt(score, "score")
@@ -488,7 +486,6 @@ def compile_flex(arch: str, *, score=None, mask=None, block_size=(128, 128), hea
     names = "+".join(m.name for m in (score, mask) if m) or "identity"
     rep = KernelReport(step=f"flex[{names}]", arch=arch, kernel="flex",
                        config=cfg.label())
-    import inspect
 
     def mod_key(m):                # the mod's own code and parameters (mods.py is not hashed)
         if m is None:
@@ -505,30 +502,13 @@ def compile_flex(arch: str, *, score=None, mask=None, block_size=(128, 128), hea
                                      [(a.name, a.ndim, a.dtype) for a in spec.arrays]],
                                     default=str).encode()).hexdigest()[:20]
     cubin = aot._cache_dir() / f"flex-{arch}-{key}.cubin"
-    t0 = time.perf_counter()
-    try:
-        if not cubin.exists():
-            from .kernels import hinted
-            kernel = hinted(flex_kernel(score, mask if block_size is not None else None), hints)
-            sig = spec.signature(dtype=dtype, constants=consts,
-                                 align=8 if head_dim % 8 == 0 else 1)
-            cubin.parent.mkdir(parents=True, exist_ok=True)
-            tmp = cubin.with_suffix(f".tmp{os.getpid()}")
-            export_kernel(kernel, [sig], str(tmp), gpu_code=arch, output_format="cubin")
-            tmp.replace(cubin)
-        rep.compile_s = time.perf_counter() - t0
-        rep.cubin_bytes = cubin.stat().st_size
-        a = analyze_cubin(cubin)
-        rep.registers, rep.stack_bytes, rep.shared_bytes = (
-            a["registers"], a["stack_bytes"], a["shared_bytes"])
-        rep.sass, rep.sass_lines = a["sass"], a["sass_lines"]
-        if keep_sass:
-            rep.sass_text = a["sass_text"]  # type: ignore[attr-defined]
-    except Exception as e:
-        rep.compile_s = time.perf_counter() - t0
-        msg = str(e).strip()
-        rep.error = f"{type(e).__name__}: {msg[-2000:]}"
-    return rep
+    from .kernels import hinted
+    return aot.compile_into(
+        rep, cubin,
+        lambda: hinted(flex_kernel(score, mask if block_size is not None else None), hints),
+        lambda: spec.signature(dtype=dtype, constants=consts,
+                               align=8 if head_dim % 8 == 0 else 1),
+        arch, keep_sass=keep_sass, full_error=True)
 
 
 def _as_opt(m, kind):
