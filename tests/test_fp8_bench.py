@@ -1,4 +1,4 @@
-"""experiments/fp8_bench.py runs end to end on the CPU (``--dry-run``: tiny shapes in the
+"""flashbook.measure.bench_fp8 runs end to end on the CPU (``--dry-run``: tiny shapes in the
 interpreter, wall-clock timing) and writes its JSON: the script the lead runs on the GPU."""
 import importlib.util
 import json
@@ -8,11 +8,8 @@ import pytest
 
 
 def _load():
-    path = Path(__file__).resolve().parents[1] / "experiments" / "fp8_bench.py"
-    spec = importlib.util.spec_from_file_location("fp8_bench", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    from flashbook.measure import bench_fp8
+    return bench_fp8
 
 
 def test_fp8_bench_dry_run(tmp_path, capsys):

@@ -66,7 +66,8 @@ def test_recorded_compressed_records_load():
 def test_profile_parts_and_targets(monkeypatch, tmp_path):
     assert {"profile-backward", "profile-decode"} <= set(record.PARTS)
     assert set(target.EXTRA_TARGETS) == (set(target.BACKWARD_TARGETS) | set(target.DECODE_TARGETS)
-                                         | set(target.VARLEN_TARGETS))
+                                         | set(target.VARLEN_TARGETS)
+                                         | set(target.FLEX_FP8_TARGETS) - {"best"})
     calls = []
     from flashbook.measure import ncu
     monkeypatch.setattr(ncu, "record_profiles",

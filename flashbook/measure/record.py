@@ -38,7 +38,11 @@ from flashattn.steps import HOPPER_LADDER, STEP_NAMES
 from .bench import DEFAULT_STEPS, run_bench
 
 PARTS = ("bench", "bench-extra", "bench-backward", "bench-backward-bf16", "profile",
-         "profile-backward", "profile-decode", "compile")
+         "profile-backward", "profile-decode", "compile", "flex", "flex-backward", "blasst",
+         "fp8", "profile-flex-fp8")
+# Chapters 13 and 14: FlexAttention, BLASST and FP8 (measure.bench_flex, measure.bench_fp8).
+FLEX_BUDGET_S = dict(fwd=400.0, bwd=400.0, blasst=150.0)
+FP8_BUDGET_S = 200.0
 COMPILE_ARCHS = ("sm_90", "sm_100")
 PROFILE_N = 4096
 TAIL_STEPS = ("loop_split", "remap", "loop_split@64x128", "remap@64x128")   # profiled at N=1K
@@ -216,6 +220,67 @@ def record_profile_decode(out: Path, *, quick: bool = False,
     return done
 
 
+def record_flex(out: Path, *, passes=("fwd",), quick: bool = False,
+                rounds: int | None = None) -> list[Path]:
+    """FlexAttention against torch.compile(flex_attention), fp16 and bf16, one pass per part
+    (``flex/flex_bench.json``, ``flex/flex_bench_backward.json``)."""
+    from . import bench_flex
+    name = "flex_bench" + ("_backward" if "bwd" in passes else "") + ("-quick" if quick else "")
+    args = ["--out", str(out / "flex"), "--name", name + ".json",
+            "--budget-s", str(FLEX_BUDGET_S["bwd" if "bwd" in passes else "fwd"])]
+    for p in passes:
+        args += ["--pass", p]
+    for d in ("float16", "bfloat16"):
+        args += ["--dtype", d]
+    if quick:
+        args += ["--quick", "--n", "1024", "--rounds", "2"]
+    elif rounds:
+        args += ["--rounds", str(rounds)]
+    if bench_flex.main(args):
+        raise RuntimeError("bench_flex failed")
+    return [out / "flex" / (name + ".json")]
+
+
+def record_blasst(out: Path, *, quick: bool = False, rounds: int | None = None) -> list[Path]:
+    """BLASST's time against its skipped fraction (``flex/blasst_bench.json``)."""
+    from . import bench_flex
+    name = "blasst_bench" + ("-quick" if quick else "") + ".json"
+    args = ["--blasst", "--out", str(out / "flex"), "--name", name,
+            "--budget-s", str(FLEX_BUDGET_S["blasst"])]
+    if quick:
+        args += ["--quick", "--n", "1024", "--rounds", "2"]
+    elif rounds:
+        args += ["--rounds", str(rounds)]
+    if bench_flex.main(args):
+        raise RuntimeError("bench_flex --blasst failed")
+    return [out / "flex" / name]
+
+
+def record_fp8(out: Path, *, quick: bool = False) -> list[Path]:
+    """The FP8 forward against our fp16 kernel and cuDNN; the FP8-cache decode against the fp16
+    cache (``fp8/fp8_bench.json``)."""
+    from . import bench_fp8
+    dest = out / "fp8" / ("fp8_bench-quick.json" if quick else "fp8_bench.json")
+    args = ["--out", str(dest), "--budget-s", str(60.0 if quick else FP8_BUDGET_S)]
+    if not quick:
+        args += ["--d", "64", "--d", "128", "--d", "256"]
+    if bench_fp8.main(args):
+        raise RuntimeError("bench_fp8 failed")
+    return [dest]
+
+
+def record_profile_flex_fp8(out: Path, *, quick: bool = False,
+                            command: str | None = None) -> list[Path]:
+    """Nsight Compute on one launch each of our flex kernel (causal, a 1K window, softcap 50),
+    torch.compile's flex on the 1K window, our dense causal kernel, and the FP8 forward
+    (V transposed) beside it: B=4 H=32 D=128 at N=8K (``profiles/flex-fp8``)."""
+    from .ncu import record_profiles
+    from .target import FLEX_FP8_TARGETS
+    kw = dict(batch=QUICK["batch"], heads=QUICK["heads"]) if quick else {}
+    return [record_profiles(out / "profiles" / "flex-fp8", FLEX_FP8_TARGETS,
+                            N=512 if quick else 8192, causal=True, **kw)]
+
+
 def record_compile(out: Path, *, quick: bool = False, archs=COMPILE_ARCHS,
                    command: str | None = None) -> list[Path]:
     """``python -m flashattn compile --arch A --json`` for each arch (no GPU needed)."""
@@ -305,6 +370,15 @@ def main(argv: list[str] | None = None) -> int:
                 files = record_profile_backward(out, quick=a.quick, command=command)
             elif part == "profile-decode":
                 files = record_profile_decode(out, quick=a.quick, command=command)
+            elif part in ("flex", "flex-backward"):
+                files = record_flex(out, passes=("bwd",) if part == "flex-backward" else ("fwd",),
+                                    quick=a.quick, rounds=a.rounds)
+            elif part == "blasst":
+                files = record_blasst(out, quick=a.quick, rounds=a.rounds)
+            elif part == "fp8":
+                files = record_fp8(out, quick=a.quick)
+            elif part == "profile-flex-fp8":
+                files = record_profile_flex_fp8(out, quick=a.quick, command=command)
             else:
                 files = record_compile(out, quick=a.quick, command=command)
             for f in files:

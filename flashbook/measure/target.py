@@ -77,7 +77,42 @@ DECODE_TARGETS = ("decode", "decode_paged64", "square_decode", "sdpa_flash_decod
 # Packed varlen prefill against the square kernel on the same sequences padded (``batch``
 # sequences of ``seqlen`` tokens each, causal): where E16 found packed slower on equal lengths.
 VARLEN_TARGETS = ("varlen", "varlen_square_padded")
-EXTRA_TARGETS = BACKWARD_TARGETS + DECODE_TARGETS + VARLEN_TARGETS
+# Chapters 13-14: the flex kernel on three workloads, torch.compile's flex on one, our dense
+# causal kernel (the shipped step) and the FP8 forward, all causal at one N.
+FLEX_FP8_TARGETS = ("flex_causal", "flex_window1k", "flex_softcap", "torch_flex_window1k",
+                    "best", "fp8_forward")
+EXTRA_TARGETS = (BACKWARD_TARGETS + DECODE_TARGETS + VARLEN_TARGETS
+                 + tuple(t for t in FLEX_FP8_TARGETS if t != "best"))
+
+
+def _flex_go(name, q, k, v):
+    """One flex forward: ours (``flex_*``) or torch.compile's (``torch_flex_*``), causal."""
+    import torch
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    from flashattn import mods
+    from flashattn.flex import flex_attention
+    N = q.shape[2]
+    mask = mods.sliding_window(1024) if name.endswith("window1k") else mods.causal()
+    score = mods.softcap(50.0).to(q.device) if name.endswith("softcap") else None
+    bm = create_block_mask(mask.to(q.device), None, None, N, N, device=str(q.device),
+                           BLOCK_SIZE=128)
+    if name.startswith("torch_"):
+        from torch.nn.attention.flex_attention import flex_attention as torch_flex
+        compiled = torch.compile(torch_flex, dynamic=False)
+        return lambda: compiled(q, k, v, score_mod=score, block_mask=bm)
+    return lambda: flex_attention(q, k, v, score_mod=score, block_mask=bm)
+
+
+def _fp8_go(q, k, v, *, causal):
+    """The FP8 forward with V quantised into the transposed layout it reads (outside the
+    profiled launch)."""
+    from flashattn.fp8 import attention_fp8, quantize_fp8
+    q8, qs = quantize_fp8(q, num_kv_heads=k.shape[1])
+    k8, ks = quantize_fp8(k)
+    v8, vs = quantize_fp8(v, transpose_v=True)
+    return lambda: attention_fp8(q8, k8, v8, q_descale=qs, k_descale=ks, v_descale=vs,
+                                 causal=causal, v_transposed=True)
 
 
 def _varlen_go(name, *, seqlen, batch, heads, kv_heads, head_dim, dt):
@@ -198,6 +233,11 @@ def run_step(name: str, *, seqlen: int, batch: int, heads: int, kv_heads: int, h
     v = torch.randn(batch, kv_heads, seqlen, head_dim, device=dev, dtype=dt)    # (B, Hkv, N, D)
     out = torch.empty_like(q)
     check_tensors(q, k, v, causal=causal, scale=scale, input_pos=0)
+    if name in FLEX_FP8_TARGETS[:4]:
+        return _measure(name, _flex_go(name, q, k, v), None,
+                        "library" if name.startswith("torch") else "")
+    if name == "fp8_forward":
+        return _measure(name, _fp8_go(q, k, v, causal=causal), None, "")
     if name in BACKWARD_TARGETS:
         return _measure(name, _backward_go(name, q, k, v, causal=causal, scale=scale), None,
                         "library" if name.startswith("sdpa") else "")

@@ -1,9 +1,9 @@
 """FP8 on the GPU (issue 24): the FP8 forward against our fp16 kernel and cuDNN, and decoding
 over an FP8 KV cache against the fp16 cache. For the lead to run on the H200 (~4-5 min).
 
-    python experiments/fp8_bench.py --out results/h200/fp8.json          # both parts
-    python experiments/fp8_bench.py --part forward --d 128 --d 64        # forward only
-    python experiments/fp8_bench.py --dry-run --out /tmp/fp8-dry.json    # CPU, interpreter
+    python -m flashbook.measure.bench_fp8 --out results/h200/fp8.json          # both parts
+    python -m flashbook.measure.bench_fp8 --part forward --d 128 --d 64        # forward only
+    python -m flashbook.measure.bench_fp8 --dry-run --out /tmp/fp8-dry.json    # CPU, interpreter
 
 Forward: FlashAttention-3's benchmark shapes (B = 16K / N sequences, H = 2048 / D heads), N 1K
 to 16K, causal and not, D=128 (``--d`` repeatable). Rows:
@@ -15,6 +15,7 @@ to 16K, causal and not, D=128 (``--d`` repeatable). Rows:
                  again: the control (two readings of one kernel; differences smaller than
                  their gap are noise);
 * ``cudnn``      torch SDPA on fp16 inputs with the cuDNN backend only;
+* ``fa2``        torch SDPA on fp16 inputs with the FlashAttention-2 backend only;
 * ``fp8-vt@CFG`` at the longest N only: ``fp8-vt`` with the tile configuration CFG instead of
                  the arch's default (``--configs``; default ``kernels.fp8_spec.FP8_ALT_CONFIGS``
                  for the GPU's arch, ``--configs none`` for none): which tiles the lead should
@@ -133,6 +134,11 @@ def forward_rows(B, H, N, D, causal, device, *, cudnn=True, configs=(), quant=Fa
             with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
                 return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
         fns["cudnn"] = cudnn_fn
+
+        def fa2_fn():
+            with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+                return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        fns["fa2"] = fa2_fn
     # One check each: the fp8 rows against fp32 attention of the dequantised inputs, the fp16
     # rows against fp32 attention of the fp16 inputs (on a slice of heads: memory).
     from flashattn.fp8 import reference_fp8
@@ -323,7 +329,7 @@ def main(argv=None) -> int:
     if skipped:
         print(f"skipped (budget {a.budget_s} s spent): {skipped}")
     from flashattn.env import metadata
-    meta = dict(metadata("python experiments/fp8_bench.py " + " ".join(
+    meta = dict(metadata("python -m flashbook.measure.bench_fp8 " + " ".join(
                     sys.argv[1:] if argv is None else argv),
                          device=device if device.type == "cuda" else None),
                 device=(torch.cuda.get_device_name(device) if device.type == "cuda"
