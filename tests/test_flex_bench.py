@@ -128,4 +128,4 @@ def test_profile_targets_run_on_cpu_in_the_interpreter():
         o8 = target._fp8_go(q, k, v, causal=True)()
     assert all(o.shape == q.shape for o in outs.values()) and o8.shape == q.shape
     assert (outs["flex_causal"] - outs["flex_softcap"]).abs().max() > 0
-    assert (o8.float() - outs["flex_causal"].float()).abs().max() < 0.1
+    assert (o8.float() - outs["flex_causal"].float()).abs().max() < 0.25   # e4m3: 3 mantissa bits
