@@ -191,6 +191,11 @@ def main(argv=None) -> int:
     timer = _timer(dry)
     t_start = time.perf_counter()
     rows, skipped = [], []
+
+    def save(quiet=False):
+        _write(a, argv, dry, rows, skipped, t_start, a.name or "flex_bench.json",
+               dict(passes=passes, dtypes=[str(d).split(".")[-1] for d in dtypes]), quiet=quiet)
+
     for pas in passes:
         for dtype in dtypes:
             for N in Ns:
@@ -209,8 +214,8 @@ def main(argv=None) -> int:
                                     flex_attention=flex_attention, dense=flashattn.attention)
                     rows.append(row)
                     _print_row(row)
-    _write(a, argv, dry, rows, skipped, t_start, a.name or "flex_bench.json",
-           dict(passes=passes, dtypes=[str(d).split(".")[-1] for d in dtypes]))
+                    save(quiet=True)      # after every row: a stopped run keeps what it timed
+    save()
     return 0
 
 
@@ -278,7 +283,7 @@ def _flex_row(pas, name, score, mask, q, k, v, dout, *, N, dry, ctx, tflex, time
     return row
 
 
-def _write(a, argv, dry, rows, skipped, t_start, fname, extra):
+def _write(a, argv, dry, rows, skipped, t_start, fname, extra, quiet=False):
     import torch
     meta = dict(device=("CPU (dry run, fake timing)" if dry else torch.cuda.get_device_name()),
                 torch=torch.__version__, python=platform.python_version(),
@@ -289,9 +294,11 @@ def _write(a, argv, dry, rows, skipped, t_start, fname, extra):
         meta = dict(metadata("python -m flashbook.measure.bench_flex " + " ".join(
             sys.argv[1:] if argv is None else argv)), **meta)
     a.out.mkdir(parents=True, exist_ok=True)
-    (a.out / fname).write_text(json.dumps(dict(meta=meta, rows=rows), indent=1,
-                                          default=str) + "\n")
-    print(f"wrote {a.out / fname} ({len(rows)} rows, skipped {skipped or 'none'}"
+    tmp = a.out / f".{fname}.tmp"
+    tmp.write_text(json.dumps(dict(meta=meta, rows=rows), indent=1, default=str) + "\n")
+    tmp.replace(a.out / fname)
+    if not quiet:
+        print(f"wrote {a.out / fname} ({len(rows)} rows, skipped {skipped or 'none'}"
           f", {meta['wall_s']} s)")
 
 
