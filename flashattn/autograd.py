@@ -32,7 +32,8 @@ import math
 
 import torch
 
-from .contract import check_causal, check_tensor_meta, check_tensors
+from .contract import (check_causal, check_scale, check_tensor_meta, check_tensors,
+                       check_torch_tensors, is_meta)
 
 __all__ = ["attention", "attention_forward", "attention_fwd", "attention_bwd"]
 
@@ -132,12 +133,14 @@ def _checked(q, k, v, causal, scale, input_pos, step):
         if step != "best" and get_step(step).kernel != "fmha":
             raise ValueError(f"step {step!r} does not write the LSE the backward needs; use a "
                              "fused step (any but 'naive')")
-        if all(isinstance(t, torch.Tensor) and t.device.type == "meta" for t in (q, k, v)):
-            _check_meta(q, k, v, causal, scale, input_pos)   # shapes only: nothing launches
-        else:
-            from .dispatch import interpreting
-            check_tensors(q, k, v, causal=causal, scale=scale, input_pos=input_pos,
-                          interpret=interpreting(getattr(q, "device", None)))
+        # The tensors are the operator's to check, once: the real implementation checks them
+        # all, the fake one (meta tensors, tracing) all but the device.
+        check_torch_tensors(q=q, k=k, v=v)
+        if is_meta(q, k, v) != is_meta(q):
+            raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, "
+                             f"{v.device}")
+    if isinstance(scale, bool) or not isinstance(scale, (int, float, type(None))):
+        check_scale(scale)                    # its TypeError, before float() raises another
     return causal, (None if scale is None else float(scale))
 
 
