@@ -25,7 +25,6 @@ tests (``tests/test_varlen_gpu.py``) passed on the H200 (experiments/LOG.md, E21
 """
 from __future__ import annotations
 
-import functools
 import math
 
 from .contract import check_varlen_tensors
@@ -111,16 +110,46 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
         RuntimeError: ``out=`` while q, k or v requires grad (and grad mode is on).
     """
     import torch
-    if torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in (q, k, v)):
+    grad = torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in (q, k, v))
+    if grad or torch.compiler.is_compiling():
         if out is not None:
             raise RuntimeError(
                 "attention_varlen(): out= does not support automatic differentiation, but one "
-                "of q, k, v requires grad; drop out= (or call it under torch.no_grad())")
-        return _autograd_function().apply(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                                          max_seqlen_k, causal, scale, check_values, config)
+                "of q, k, v requires grad; drop out= (or call it under torch.no_grad())" if grad
+                else "attention_varlen(): out= is not supported under torch.compile; drop out=")
+        _check_scalars(max_seqlen_q, max_seqlen_k, causal, scale, check_values, config)
+        return _operator().forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                   max_seqlen_k, causal=bool(causal), scale=scale,
+                                   check_values=bool(check_values), config=config)
     return _forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                     causal=causal, scale=scale, check_values=check_values, config=config,
                     out=out)
+
+
+def _operator():
+    """The torch.library operators (``varlen_op``), loaded on the first differentiable or
+    compiled call so that importing this module does not import torch."""
+    from . import varlen_op
+    varlen_op._IMPL.update(forward=_forward, backward=attention_varlen_backward)
+    return varlen_op
+
+
+def _check_scalars(max_seqlen_q, max_seqlen_k, causal, scale, check_values, config) -> None:
+    """The arguments the operator's schema types, checked before it (isinstance only:
+    ``torch.compile`` traces this); the tensors are the operator's to check."""
+    import torch
+    from .steps import Config
+    for name, x in (("causal", causal), ("check_values", check_values)):
+        if isinstance(x, torch.Tensor) or not isinstance(x, (bool, int)):
+            raise TypeError(f"{name} must be a bool, got {type(x).__name__}")
+    for name, x in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+        if isinstance(x, bool) or not isinstance(x, int):
+            raise TypeError(f"{name} must be an int, got {type(x).__name__}")
+    if isinstance(scale, bool) or not isinstance(scale, (int, float, type(None))):
+        raise TypeError(f"scale must be a float, got {type(scale).__name__}")
+    if config is not None and not isinstance(config, Config):
+        raise TypeError(f"config must be a flashattn.steps.Config (tiles and hints, e.g. "
+                        f"Config(64, 64)) or None, got {type(config).__name__}")
 
 
 def _forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal,
@@ -294,38 +323,3 @@ def attention_varlen_backward(q, k, v, out, dout, cu_seqlens_q, cu_seqlens_k,
                 q[rows].detach(), k[keys].detach(), v[keys].detach(), dout[rows].detach(),
                 causal=causal, scale=scale, input_pos=input_pos)
     return dq, dk, dv
-
-
-@functools.lru_cache(maxsize=None)
-def _autograd_function():
-    """The ``torch.autograd.Function`` of ``attention_varlen`` (built on first use, so that
-    importing this module does not import torch)."""
-    import torch
-    from torch.autograd.function import once_differentiable
-
-    class AttentionVarlen(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                    causal, scale, check_values, config):
-            out = _forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                           causal=causal, scale=scale, check_values=check_values,
-                           config=config, out=None)
-            ctx.save_for_backward(q, k, v, out, cu_seqlens_q, cu_seqlens_k)
-            ctx.args = (max_seqlen_q, max_seqlen_k, causal, scale)
-            return out
-
-        @staticmethod
-        @once_differentiable
-        def backward(ctx, dout):
-            q, k, v, out, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
-            need = ctx.needs_input_grad[:3]
-            grads = (None, None, None)
-            if any(need):
-                max_seqlen_q, max_seqlen_k, causal, scale = ctx.args
-                grads = attention_varlen_backward(q, k, v, out, dout, cu_seqlens_q,
-                                                  cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                                  causal=causal, scale=scale)
-                grads = tuple(g if n else None for g, n in zip(grads, need))
-            return (*grads, None, None, None, None, None, None, None, None)
-
-    return AttentionVarlen
