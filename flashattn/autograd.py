@@ -50,11 +50,19 @@ def attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: boo
                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse): the fused forward of ``step`` (``"best"``: ``autotune.resolve``'s choice)
     with the LSE written; lse is fp32 (B, Hq, Nq) in natural-log units."""
-    from .autotune import resolve
-    from .dispatch import interpreting, on_device
-    from .launch import launch
+    from .dispatch import interpreting
     check_tensors(q, k, v, causal=causal, scale=scale, input_pos=input_pos,
                   interpret=interpreting(getattr(q, "device", None)))
+    return forward_lse(q, k, v, causal=causal, scale=scale, input_pos=input_pos, step=step)
+
+
+def forward_lse(q, k, v, *, causal: bool, scale: float | None, input_pos: int = 0,
+                step: str = "best"):
+    """``attention_fwd`` on inputs ``contract.check_tensors`` has passed: (out, lse), no check
+    of the tensors again (the varlen backward calls this once per sequence)."""
+    from .autotune import resolve
+    from .dispatch import on_device
+    from .launch import launch
     B, Hq, Nq, D = q.shape
     out = torch.empty((B, Hq, Nq, D), dtype=q.dtype, device=q.device)
     lse = torch.empty((B, Hq, Nq), dtype=torch.float32, device=q.device)

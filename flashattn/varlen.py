@@ -237,10 +237,10 @@ def _sequence_backward(q, k, v, dout, *, causal: bool, scale: float, input_pos: 
     two are looked up on their modules at each call (the CPU tests replace them)."""
     from . import autograd, launch_bwd
     q4, k4, v4, do4 = (_square(t) for t in (q, k, v, dout))
-    out4, lse = autograd.attention_forward(q4, k4, v4, causal=causal, scale=scale,
-                                           input_pos=input_pos)
-    grads = launch_bwd.attention_backward(q4, k4, v4, out4, do4, lse, causal=causal,
-                                          scale=scale, input_pos=input_pos)
+    out4, lse = autograd.forward_lse(q4, k4, v4, causal=causal, scale=scale,
+                                     input_pos=input_pos)
+    grads = launch_bwd.launch_backward(q4, k4, v4, out4, do4, lse, causal=causal, scale=scale,
+                                       input_pos=input_pos)
     return tuple(g[0].permute(1, 0, 2) for g in grads)
 
 

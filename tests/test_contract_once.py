@@ -61,6 +61,23 @@ def test_a_public_call_checks_its_input_once(checks, call):
     assert len(checks) == 1, f"{call}: q checked {len(checks)} times"
 
 
+def _backward(out):
+    out.float().sum().backward()
+
+
+def test_a_backward_checks_its_input_once(checks):
+    # The dense backward checks q, k, v, out, dout and lse once; the varlen backward once for
+    # the whole batch, not again for each sequence's square forward and backward.
+    out = flashattn.attention(*dense(grad=True), causal=True)
+    checks.clear()
+    _backward(out)
+    assert len(checks) == 1, f"attention's backward: q checked {len(checks)} times"
+    out = flashattn.attention_varlen(*packed(grad=True), causal=True)
+    checks.clear()
+    _backward(out)
+    assert len(checks) == 1, f"attention_varlen's backward: q checked {len(checks)} times"
+
+
 def test_the_counter_sees_a_second_check(checks):
     # The test can fail: an entry point that checked again would be counted.
     q, k, v = dense()
