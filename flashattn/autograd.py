@@ -1,4 +1,4 @@
-"""flashattn as a differentiable PyTorch operator (issue 11).
+"""flashattn as a differentiable PyTorch operator (the backward: chapter 11).
 
     out = flashattn.attention(q, k, v, causal=True)   # q, k or v requires grad: through the op
     out.float().square().sum().backward()               # dq, dk, dv from kernels/fmha_bwd.py
@@ -17,14 +17,15 @@ The backward of the first is registered with ``register_autograd`` and calls the
 have fake implementations (``register_fake``: shapes and dtypes, no GPU), which also serve the
 ``meta`` device. ``flashattn.attention`` and ``flashattn.sdpa`` take this path when an input
 requires grad (and grad mode is on) or under ``torch.compile``; otherwise they launch the
-inference kernel directly, as before.
+inference kernel directly.
 
 Tensors on the ``meta`` device (shapes only) go through the operator too, in eager mode as well:
 a model built on ``meta`` traces forward and backward with no GPU.
 
-Eager calls check their inputs with ``contract.check_tensors`` before the operator runs; under
-``torch.compile`` the fake implementation checks shapes and dtypes while tracing and the real
-one the device at run time, so bad input raises the same TypeError/ValueError either way.
+The operator checks its tensors, once per call: the real implementation with
+``contract.check_tensors``, the fake one (meta tensors, tracing) with ``check_tensor_meta``,
+all but the device; the entry points check the other arguments. Bad input raises the same
+TypeError/ValueError eagerly and under ``torch.compile``.
 """
 from __future__ import annotations
 
@@ -144,7 +145,7 @@ def _checked(q, k, v, causal, scale, input_pos, step):
         # The tensors are the operator's to check, once: the real implementation checks them
         # all, the fake one (meta tensors, tracing) all but the device.
         check_torch_tensors(q=q, k=k, v=v)
-        if is_meta(q, k, v) != is_meta(q):
+        if len({is_meta(t) for t in (q, k, v)}) > 1:      # else the dispatcher picks one
             raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, "
                              f"{v.device}")
     if isinstance(scale, bool) or not isinstance(scale, (int, float, type(None))):

@@ -1,4 +1,4 @@
-"""FP8 attention (issue 24): quantisation, the FP8 forward and decoding over an FP8 KV cache.
+"""FP8 attention (chapter 14): quantisation, the FP8 forward and decoding over an FP8 KV cache.
 
     import flashattn
     from flashattn.fp8 import quantize_fp8

@@ -1,4 +1,4 @@
-"""Packed variable-length prefill: attention over sequences packed without padding (issue 12).
+"""Packed variable-length prefill: attention over sequences packed without padding (chapter 12).
 
     out = attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                            causal=True)
@@ -11,17 +11,14 @@ cu_seqlens_k[b+1] - 1`` of k and v. The forward is one launch of ``varlen_fwd_ke
 (``flashattn/kernels/varlen.py``), one program per (``Q_TILES`` query tiles, head, sequence);
 its CPU reference is ``flashattn.reference.varlen_attention``.
 
-The backward (``attention_varlen_backward``; ``attention_varlen`` is differentiable through
-``torch.autograd`` when q, k or v requires grad) is a first version composed from the verified
-square kernels, not a packed kernel: for each sequence it launches the square forward
-(``flashattn.autograd.attention_forward``, to recompute that sequence's output and LSE) and the
-square backward (``flashattn.launch_bwd.attention_backward``). Correct, but B host-loop
-iterations of an extra forward and three backward kernels each: far from the speed of a packed
-backward kernel, which is future work. Its CPU reference is
-``flashattn.reference.varlen.varlen_attention_backward``.
+The backward (``attention_varlen_backward``) is composed from the square kernels, not a
+packed kernel: for each sequence it launches the square forward (``autograd.forward_lse``, to
+recompute that sequence's output and LSE) and the square backward
+(``launch_bwd.launch_backward``), B host-loop iterations of an extra forward and three backward
+kernels. Its CPU reference is ``flashattn.reference.varlen.varlen_attention_backward``.
 
-Exported as ``flashattn.attention_varlen`` and ``flashattn.attention_varlen_backward``; the GPU
-tests (``tests/test_varlen_gpu.py``) passed on the H200 (experiments/LOG.md, E21-E24).
+``attention_varlen`` is differentiable, and traced by ``torch.compile``, through the
+``torch.library`` operators of ``varlen_op`` (as the dense path through ``autograd``).
 """
 from __future__ import annotations
 
@@ -98,11 +95,12 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
         q, k, v and the offsets; a model built on the meta device) an empty meta tensor of that
         shape, as ``flashattn.attention`` gives: shapes and dtypes checked, offsets not read.
 
-    Differentiable: with grad mode on and q, k or v requiring grad, the call goes through a
-    ``torch.autograd.Function`` whose backward is ``attention_varlen_backward`` (the square
-    kernels once per sequence: see the module docstring); cu_seqlens and the other arguments
-    get no gradient. ``out=`` is refused there (RuntimeError, as PyTorch's ``out=`` functions
-    refuse autograd). Otherwise the kernel is launched directly, as before.
+    Differentiable: with grad mode on and q, k or v requiring grad, and under
+    ``torch.compile``, the call goes through the operator ``flashattn::attention_varlen_fwd``
+    (``varlen_op``), whose backward is ``attention_varlen_backward`` (the square kernels once
+    per sequence: see the module docstring); cu_seqlens and the other arguments get no
+    gradient. ``out=`` is refused there (RuntimeError, as PyTorch's ``out=`` functions refuse
+    autograd). Otherwise the kernel is launched directly.
 
     Raises:
         TypeError, ValueError: as ``flashattn.contract.check_varlen_tensors``; bad offsets (with
@@ -249,13 +247,13 @@ def attention_varlen_backward(q, k, v, out, dout, cu_seqlens_q, cu_seqlens_k,
                               scale: float | None = None, check_values: bool = True):
     """dQ, dK, dV of ``attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, ...)``.
 
-    A first version composed from the verified square kernels, not a packed backward kernel:
-    for each sequence (a host loop over the offsets, read once) it launches the square forward
-    (``flashattn.autograd.attention_forward``) to recompute the sequence's output and LSE, then
-    the square backward (``flashattn.launch_bwd.attention_backward``). B sequences cost B extra
-    forwards and 3B backward launches, plus copies of each sequence's rows into (1, H, len, D):
-    correct, but not the speed a packed backward kernel would have (future work). It reads the
-    offsets on the host (a synchronisation), so it cannot run under CUDA-graph capture.
+    Composed from the square kernels, not a packed backward kernel: for each sequence (a host
+    loop over the offsets, read once) it launches the square forward
+    (``autograd.forward_lse``) to recompute the sequence's output and LSE, then the square
+    backward (``launch_bwd.launch_backward``); the inputs are checked once, here, not again
+    per sequence. B sequences cost B extra forwards and 3B backward launches, plus copies of
+    each sequence's rows into (1, H, len, D). It reads the offsets on the host (a
+    synchronisation), so it cannot run under CUDA-graph capture.
 
     Per sequence with ``len_q`` queries and ``len_k`` keys (bottom-right causal alignment, as
     the forward):
