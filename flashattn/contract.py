@@ -85,8 +85,11 @@ def head_dim_arg(text: str) -> int:
 
 # --- the rules, one helper each ----------------------------------------------------------------
 def _is_int(x) -> bool:
-    """An int or a NumPy integer, never a bool."""
-    return not isinstance(x, bool) and isinstance(x, numbers.Integral)
+    """An int, a NumPy integer or torch.compile's symbolic int (a SymInt: this module does not
+    import torch, so it goes by the name), never a bool."""
+    if isinstance(x, bool):
+        return False
+    return isinstance(x, numbers.Integral) or type(x).__name__ == "SymInt"
 
 
 def _dtype_str(t) -> str:

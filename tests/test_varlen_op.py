@@ -67,14 +67,22 @@ def test_torch_compile_fullgraph_matches_the_eager_call(monkeypatch, backend):
         assert a.grad is not None and torch.equal(a.grad, b.grad)
 
 
-def test_torch_compile_counts_one_graph():
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_torch_compile_counts_one_graph(dynamic):
+    # dynamic=True: max_seqlen_q/k and the packed totals reach the fake as symbolic ints.
     from torch._dynamo.testing import CompileCounter
     torch._dynamo.reset()
     cnt = CompileCounter()
-    q, k, v, cu_q, cu_k, mq, mk = packed(device="meta")
-    f = torch.compile(lambda *a: flashattn.attention_varlen(*a).sum(), backend=cnt)
-    f(q.requires_grad_(), k, v, cu_q, cu_k, mq, mk).backward()
-    assert cnt.frame_count == 1
+    f = torch.compile(lambda *a: flashattn.attention_varlen(*a).sum(), backend=cnt,
+                      fullgraph=True, dynamic=dynamic)
+    for lens in ((3, 0, 9), (4, 2, 12)):
+        q, k, v, cu_q, cu_k, mq, mk = packed(lens, lens, device="meta")
+        q.requires_grad_()
+        f(q, k, v, cu_q, cu_k, mq, mk).backward()
+        assert q.grad.shape == q.shape
+    # One graph per call (fullgraph); the contract's int() of the packed totals specialises
+    # them, so a new length compiles again, dynamic or not.
+    assert cnt.frame_count == 2 and cnt.op_count >= 2
 
 
 @pytest.mark.parametrize("bad,err,match", [
