@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 
 from .contract import check_causal, check_tensors
-from .decode import attention_via_decode, prefer_decode
+from .decode import launch_via_decode, prefer_decode
 from .autotune import resolve
 from .dispatch import on_device, interpreting
 from .launch import launch
@@ -99,7 +99,7 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None,
         get_step(step)  # unknown names fail before any work
     elif prefer_decode(q, k, causal, input_pos):
         # A decode step (few query rows, a long cache): the split-KV kernels (chapter 12).
-        return attention_via_decode(q, k, v, causal=causal, scale=scale, input_pos=input_pos)
+        return launch_via_decode(q, k, v, causal=causal, scale=scale, input_pos=input_pos)
     B, Hq, Nq, D = q.shape
     out = torch.empty((B, Hq, Nq, D), dtype=q.dtype, device=q.device)
     if out.numel() == 0:

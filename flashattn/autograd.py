@@ -1,4 +1,4 @@
-"""flashattn as a differentiable PyTorch operator (issue 11).
+"""flashattn as a differentiable PyTorch operator (the backward: chapter 11).
 
     out = flashattn.attention(q, k, v, causal=True)   # q, k or v requires grad: through the op
     out.float().square().sum().backward()               # dq, dk, dv from kernels/fmha_bwd.py
@@ -17,14 +17,15 @@ The backward of the first is registered with ``register_autograd`` and calls the
 have fake implementations (``register_fake``: shapes and dtypes, no GPU), which also serve the
 ``meta`` device. ``flashattn.attention`` and ``flashattn.sdpa`` take this path when an input
 requires grad (and grad mode is on) or under ``torch.compile``; otherwise they launch the
-inference kernel directly, as before.
+inference kernel directly.
 
 Tensors on the ``meta`` device (shapes only) go through the operator too, in eager mode as well:
 a model built on ``meta`` traces forward and backward with no GPU.
 
-Eager calls check their inputs with ``contract.check_tensors`` before the operator runs; under
-``torch.compile`` the fake implementation checks shapes and dtypes while tracing and the real
-one the device at run time, so bad input raises the same TypeError/ValueError either way.
+The operator checks its tensors, once per call: the real implementation with
+``contract.check_tensors``, the fake one (meta tensors, tracing) with ``check_tensor_meta``,
+all but the device; the entry points check the other arguments. Bad input raises the same
+TypeError/ValueError eagerly and under ``torch.compile``.
 """
 from __future__ import annotations
 
@@ -32,7 +33,8 @@ import math
 
 import torch
 
-from .contract import check_causal, check_tensor_meta, check_tensors
+from .contract import (check_causal, check_scale, check_tensor_meta, check_tensors,
+                       check_torch_tensors, is_meta)
 
 __all__ = ["attention", "attention_forward", "attention_fwd", "attention_bwd"]
 
@@ -49,11 +51,19 @@ def attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: boo
                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse): the fused forward of ``step`` (``"best"``: ``autotune.resolve``'s choice)
     with the LSE written; lse is fp32 (B, Hq, Nq) in natural-log units."""
-    from .autotune import resolve
-    from .dispatch import interpreting, on_device
-    from .launch import launch
+    from .dispatch import interpreting
     check_tensors(q, k, v, causal=causal, scale=scale, input_pos=input_pos,
                   interpret=interpreting(getattr(q, "device", None)))
+    return forward_lse(q, k, v, causal=causal, scale=scale, input_pos=input_pos, step=step)
+
+
+def forward_lse(q, k, v, *, causal: bool, scale: float | None, input_pos: int = 0,
+                step: str = "best"):
+    """``attention_fwd`` on inputs ``contract.check_tensors`` has passed: (out, lse), no check
+    of the tensors again (the varlen backward calls this once per sequence)."""
+    from .autotune import resolve
+    from .dispatch import on_device
+    from .launch import launch
     B, Hq, Nq, D = q.shape
     out = torch.empty((B, Hq, Nq, D), dtype=q.dtype, device=q.device)
     lse = torch.empty((B, Hq, Nq), dtype=torch.float32, device=q.device)
@@ -132,12 +142,14 @@ def _checked(q, k, v, causal, scale, input_pos, step):
         if step != "best" and get_step(step).kernel != "fmha":
             raise ValueError(f"step {step!r} does not write the LSE the backward needs; use a "
                              "fused step (any but 'naive')")
-        if all(isinstance(t, torch.Tensor) and t.device.type == "meta" for t in (q, k, v)):
-            _check_meta(q, k, v, causal, scale, input_pos)   # shapes only: nothing launches
-        else:
-            from .dispatch import interpreting
-            check_tensors(q, k, v, causal=causal, scale=scale, input_pos=input_pos,
-                          interpret=interpreting(getattr(q, "device", None)))
+        # The tensors are the operator's to check, once: the real implementation checks them
+        # all, the fake one (meta tensors, tracing) all but the device.
+        check_torch_tensors(q=q, k=k, v=v)
+        if len({is_meta(t) for t in (q, k, v)}) > 1:      # else the dispatcher picks one
+            raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, "
+                             f"{v.device}")
+    if isinstance(scale, bool) or not isinstance(scale, (int, float, type(None))):
+        check_scale(scale)                    # its TypeError, before float() raises another
     return causal, (None if scale is None else float(scale))
 
 

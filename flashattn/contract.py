@@ -3,8 +3,17 @@
 A leaf module: it imports nothing from the package, so the kernels' launch code, the CPU
 references, the benchmarks and the command line all check inputs with the same rules.
 
-    check_shapes(q.shape, k.shape, v.shape, causal=..., scale=..., input_pos=...)
+One helper per rule (a tensor, its rank, dtype, device; head dim, GQA ratio, scale, lengths),
+each raising a TypeError or ValueError that names the argument; the three families compose
+them:
+
+    check_shapes(q.shape, k.shape, v.shape, causal=..., scale=..., input_pos=...)   # dense
     check_tensors(q, k, v, causal=..., scale=..., input_pos=...)   # + dtype and device
+    check_decode_tensors(q, k_cache, v_cache, cache_seqlens, block_table)   # a KV cache
+    check_varlen_tensors(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=..., ...)  # packed
+
+A public call runs its family's check once, at its entry; the launch code behind it trusts
+what it is given.
 
 CPU tensors pass the device rule only with ``interpret=True``: the caller says whether the CPU
 interpreter runs them (``flashattn.dispatch.interpreting``; this module imports nothing from the
@@ -13,10 +22,14 @@ package, so it does not ask itself). Refused, the message names the opt-in (``IN
 from __future__ import annotations
 
 import math
+import numbers
+from typing import NamedTuple
 
 DTYPES = ("float16", "bfloat16")            # what the kernels take
 DTYPE_SHORT = {"float16": "fp16", "bfloat16": "bf16"}
 MAX_HEAD_DIM = 256
+MAX_DECODE_QUERIES = 16     # new tokens per sequence for the decode path (more: attention())
+DECODE_PAGE_MULTIPLE = 16   # tokens per page: a multiple of the smallest K/V tile
 # How to run the real kernels on CPU tensors (flashattn.interpret), named by every device error.
 INTERPRET_HINT = ("or run the kernels themselves in flashattn's CPU interpreter: set "
                   "FLASHATTN_INTERPRET=1 or call inside `with flashattn.interpret.enabled():`")
@@ -59,17 +72,6 @@ def parse_gqa(gqa, heads: int | None = None) -> tuple[int, int] | None:
     return hq, hkv
 
 
-def check_head_dim(D) -> int:
-    """``D`` as an int if it is a head dim the kernels take (1 .. ``MAX_HEAD_DIM``); TypeError
-    for a non-integer, ValueError otherwise. The rule of every entry point, the command line's
-    ``--head-dim`` included (``head_dim_arg``)."""
-    if isinstance(D, bool) or not _is_int(D):
-        raise TypeError(f"head dim must be an int, got {type(D).__name__}")
-    if D < 1 or D > MAX_HEAD_DIM:
-        raise ValueError(f"head dim must be between 1 and {MAX_HEAD_DIM}, got {D}")
-    return int(D)
-
-
 def head_dim_arg(text: str) -> int:
     """``type=`` of a ``--head-dim`` option: ``check_head_dim`` of the integer ``text``, so a
     command refuses (argparse's error, exit status 2) what the API refuses."""
@@ -81,64 +83,22 @@ def head_dim_arg(text: str) -> int:
         raise argparse.ArgumentTypeError(msg) from None
 
 
-def _check_head_dim(D: int, Dk: int, kv: str) -> None:
-    """q's head dim D equals the keys' Dk (``kv`` names them in the message), within 1..256."""
-    if Dk != D:
-        raise ValueError(f"head dim differs: q has {D}, {kv} have {Dk}")
-    if D < 1 or D > MAX_HEAD_DIM:
-        raise ValueError(f"head dim must be between 1 and {MAX_HEAD_DIM}, got {D}")
-
-
-def _check_groups(Hq: int, Hkv: int, kv_heads: str) -> None:
-    """Hq a positive multiple of Hkv (``kv_heads`` names the latter in the message)."""
-    if Hkv < 1 or Hq < 1 or Hq % Hkv:
-        raise ValueError(f"query heads ({Hq}) must be a positive multiple of {kv_heads} "
-                         f"({Hkv}) for grouped-query attention")
-
-
-def check_shapes(q_shape, k_shape, v_shape, *, causal: bool, scale, input_pos) -> None:
-    """Raise ValueError (TypeError for a bad argument type): q (B, Hq, Nq, D), k and v
-    (B, Hkv, Nk, D), Hq % Hkv == 0, 1 <= D <= 256, finite scale, 0 <= input_pos <= Nk - Nq."""
-    for name, s in (("q", q_shape), ("k", k_shape), ("v", v_shape)):
-        if len(s) != 4:
-            raise ValueError(f"{name} must have 4 dimensions (B, H, N, D), got shape {tuple(s)}")
-    B, Hq, Nq, D = q_shape
-    if tuple(k_shape) != tuple(v_shape):
-        raise ValueError(f"k and v must have the same shape, got {tuple(k_shape)} and "
-                         f"{tuple(v_shape)}")
-    Bk, Hkv, Nk, Dk = k_shape
-    if Bk != B:
-        raise ValueError(f"batch size differs: q has {B}, k and v have {Bk}")
-    _check_head_dim(D, Dk, "k and v")
-    if Hkv == 0 and Hq != 0:
-        raise ValueError(f"k and v have 0 heads but q has {Hq}")
-    if Hkv and Hq % Hkv != 0:
-        raise ValueError(f"query heads ({Hq}) must be a multiple of key/value heads ({Hkv}) "
-                         "for grouped-query attention")
-    if Nk == 0 and B * Hq * Nq > 0:
-        raise ValueError("k and v have sequence length 0: softmax over no keys is undefined")
-    if scale is not None:
-        if isinstance(scale, bool) or not isinstance(scale, (int, float)):
-            raise TypeError(f"scale must be a float, got {type(scale).__name__}")
-        if not math.isfinite(scale):
-            raise ValueError(f"scale must be finite, got {scale}")
-    if isinstance(input_pos, bool) or not _is_int(input_pos):
-        raise TypeError(f"input_pos must be an int, got {type(input_pos).__name__}")
-    if input_pos < 0 or input_pos > max(0, Nk - Nq):
-        raise ValueError(f"input_pos must be in [0, max(0, Nk - Nq)] = [0, {max(0, Nk - Nq)}] "
-                         f"(query row i sits at position input_pos + i), got {input_pos}")
-    if input_pos and not causal:
-        raise ValueError("input_pos only has a meaning with causal=True")
-
-
+# --- the rules, one helper each ----------------------------------------------------------------
 def _is_int(x) -> bool:
-    if isinstance(x, int):
-        return True
-    try:                        # NumPy integers, without importing NumPy here
-        import numbers
-        return isinstance(x, numbers.Integral)
-    except ImportError:         # pragma: no cover
+    """An int, a NumPy integer or torch.compile's symbolic int (a SymInt: this module does not
+    import torch, so it goes by the name), never a bool."""
+    if isinstance(x, bool):
         return False
+    return isinstance(x, numbers.Integral) or type(x).__name__ == "SymInt"
+
+
+def _dtype_str(t) -> str:
+    return str(t.dtype).replace("torch.", "")
+
+
+def _device_type(t) -> str:
+    dev = getattr(t, "device", "cpu")
+    return getattr(dev, "type", str(dev))
 
 
 def check_flag(name: str, x) -> bool:
@@ -154,15 +114,37 @@ def check_causal(causal) -> bool:
     return check_flag("causal", causal)
 
 
+def check_int(name: str, x, *, minimum: int | None = None) -> int:
+    """``x`` as an int (TypeError naming ``name``), at least ``minimum`` if given (ValueError)."""
+    if not _is_int(x):
+        raise TypeError(f"{name} must be an int, got {type(x).__name__}")
+    if minimum is not None and x < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {x}")
+    return int(x)
+
+
 def check_optional_int(name: str, x, *, minimum: int = 0):
     """``x``: None, or an int of at least ``minimum`` (TypeError, ValueError naming ``name``)."""
     if x is None:
         return None
-    if isinstance(x, bool) or not _is_int(x):
+    if not _is_int(x):
         raise TypeError(f"{name} must be an int or None, got {type(x).__name__}")
     if x < minimum:
         raise ValueError(f"{name} must be at least {minimum}, got {x}")
     return int(x)
+
+
+def check_scale(scale, *, positive: bool = True) -> None:
+    """None, or a finite float; positive unless told otherwise. The kernels scale after the
+    row max (one multiply per row, chapter 3): that is only the max of the scaled scores for a
+    positive scale, so every kernel contract asks for one (the references take any)."""
+    if scale is None:
+        return
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+        raise TypeError(f"scale must be a float, got {type(scale).__name__}")
+    if not math.isfinite(scale) or (positive and scale <= 0):
+        raise ValueError(f"scale must be {'a finite positive number' if positive else 'finite'}"
+                         f", got {scale}")
 
 
 def check_out(out):
@@ -173,57 +155,187 @@ def check_out(out):
     return out
 
 
-def _on_kernel_device(t, interpret: bool) -> bool:
-    """A CUDA tensor, or a CPU one when the interpreter runs it (``interpret``)."""
-    return t.device.type == "cuda" or (bool(interpret) and t.device.type == "cpu")
-
-
-def check_tensors(q, k, v, *, causal: bool, scale, input_pos, interpret: bool = False) -> None:
-    """The GPU kernels' contract: ``check_shapes`` plus torch CUDA tensors (CPU ones with
-    ``interpret``) of one float16 or bfloat16 dtype on one device, and a positive scale. Raises
-    TypeError/ValueError naming the problem."""
+def check_torch_tensors(**tensors) -> None:
+    """Each named argument a torch.Tensor (None allowed for ``block_table`` only)."""
     import torch
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor):
+    for name, t in tensors.items():
+        if not isinstance(t, torch.Tensor) and not (name == "block_table" and t is None):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    check_tensor_meta(q, k, v, causal=causal, scale=scale, input_pos=input_pos)
-    if not (q.device == k.device == v.device):
-        raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
-    if not _on_kernel_device(q, interpret):
-        raise ValueError(f"flashattn kernels run on a CUDA GPU; the tensors are on {q.device}. "
-                         "On a CPU use flashattn.reference.attention(q, k, v, causal=...), "
-                         + INTERPRET_HINT)
+
+
+def check_arrays(**arrays) -> None:
+    """Each named argument array-like: a torch tensor or a NumPy array (a shape and a dtype)."""
+    for name, t in arrays.items():
+        if not (hasattr(t, "shape") and hasattr(t, "dtype")):
+            raise TypeError(f"{name} must be a torch.Tensor or numpy.ndarray, got "
+                            f"{type(t).__name__}")
+
+
+def check_rank(name: str, shape, ndim: int, layout: str = "") -> None:
+    """``shape`` has ``ndim`` dimensions; ``layout`` names them in the message."""
+    if len(shape) != ndim:
+        raise ValueError(f"{name} must have {ndim} dimensions{layout}, got shape {tuple(shape)}")
+
+
+def check_same_shape(a: str, b: str, a_shape, b_shape) -> None:
+    if tuple(a_shape) != tuple(b_shape):
+        raise ValueError(f"{a} and {b} must have the same shape, got {tuple(a_shape)} and "
+                         f"{tuple(b_shape)}")
+
+
+def check_kernel_dtype(name: str, t, kernels: str, hint: str) -> None:
+    """``t`` float16 or bfloat16, what the kernels take; ``kernels`` says whose rule it is
+    ("the decode kernels take"), ``hint`` what to do instead."""
+    if _dtype_str(t) not in DTYPES:
+        raise TypeError(f"{name} has dtype {t.dtype}; {kernels} float16 or bfloat16 ({hint})")
+
+
+def check_floating(**arrays) -> None:
+    """Each named array of floating-point numbers (the references take float32 and float64)."""
+    for name, t in arrays.items():
+        if not _dtype_str(t).startswith(("float", "bfloat")):
+            raise TypeError(f"{name} must hold floating-point numbers, got {t.dtype}")
+
+
+def check_one_dtype(**arrays) -> None:
+    """The named arrays share one dtype (the MMA's operands do)."""
+    if len({_dtype_str(t) for t in arrays.values()}) > 1:
+        raise TypeError(f"{', '.join(arrays)} must share one dtype, got "
+                        f"{', '.join(str(t.dtype) for t in arrays.values())}")
+
+
+def check_int32(name: str, t, why: str) -> None:
+    """Offsets and tables are int32, as the serving engines and FlashAttention keep them."""
+    if _dtype_str(t) != "int32":
+        raise TypeError(f"{name} must be int32 ({why}), got {t.dtype}; convert with "
+                        ".to(torch.int32)")
+
+
+def check_one_device(**arrays) -> None:
+    """The named arrays on one device (a NumPy array counts as the CPU)."""
+    devices = {name: str(getattr(t, "device", "cpu")) for name, t in arrays.items()}
+    if len(set(devices.values())) > 1:
+        raise ValueError(f"{', '.join(arrays)} must be on one device, got {devices}")
+
+
+def check_kernel_device(t, interpret: bool, kernels: str, reference: str) -> None:
+    """A CUDA tensor, or a CPU one when the interpreter runs it (``interpret``). ``kernels``
+    names the kernels and their verb ("the decode kernels run"), ``reference`` the CPU way."""
+    if not (t.device.type == "cuda" or (bool(interpret) and t.device.type == "cpu")):
+        raise ValueError(f"{kernels} on a CUDA GPU; the tensors are on {t.device}. On a CPU "
+                         f"use {reference}, " + INTERPRET_HINT)
+
+
+def check_head_dim(D) -> int:
+    """``D`` as an int if it is a head dim the kernels take (1 .. ``MAX_HEAD_DIM``); TypeError
+    for a non-integer, ValueError otherwise. The rule of every entry point, the command line's
+    ``--head-dim`` included (``head_dim_arg``)."""
+    if not _is_int(D):
+        raise TypeError(f"head dim must be an int, got {type(D).__name__}")
+    if D < 1 or D > MAX_HEAD_DIM:
+        raise ValueError(f"head dim must be between 1 and {MAX_HEAD_DIM}, got {D}")
+    return int(D)
+
+
+def check_head_dims(D: int, Dk: int, kv: str) -> None:
+    """q's head dim D equals the keys' Dk (``kv`` names them in the message), within 1..256."""
+    if Dk != D:
+        raise ValueError(f"head dim differs: q has {D}, {kv} have {Dk}")
+    if D < 1 or D > MAX_HEAD_DIM:          # no int check: shapes may be symbolic (compile)
+        raise ValueError(f"head dim must be between 1 and {MAX_HEAD_DIM}, got {D}")
+
+
+def check_groups(Hq: int, Hkv: int, kv_heads: str = "key/value heads") -> None:
+    """Hq a positive multiple of Hkv: query head h reads key/value head h // (Hq // Hkv)
+    (chapter 4). ``kv_heads`` names the latter in the message."""
+    if Hkv < 1 or Hq < 1 or Hq % Hkv:
+        raise ValueError(f"query heads ({Hq}) must be a positive multiple of {kv_heads} "
+                         f"({Hkv}) for grouped-query attention")
+
+
+def _capturing() -> bool:
+    try:
+        import torch
+        return bool(torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
+    except Exception:       # pragma: no cover - no CUDA build of torch
+        return False
+
+
+def check_host_read(what: str, on_cpu: bool, names: str) -> None:
+    """Reading ``names`` on the host is not allowed inside CUDA-graph capture."""
+    if not on_cpu and _capturing():
+        raise ValueError(f"check_values=True reads {names} on the host, which CUDA-graph "
+                         f"capture does not allow; pass check_values=False (the kernel clamps "
+                         f"bad {what} and writes NaN for their sequences)")
+
+
+def is_meta(*tensors) -> bool:
+    """All of ``tensors`` on PyTorch's ``meta`` device (shapes, no data)."""
+    return all(_device_type(t) == "meta" for t in tensors)
+
+
+# --- dense: q (B, Hq, Nq, D), k and v (B, Hkv, Nk, D) ------------------------------------------
+DENSE_LAYOUT = " (B, H, N, D)"
+
+
+def check_shapes(q_shape, k_shape, v_shape, *, causal: bool, scale, input_pos) -> None:
+    """Raise ValueError (TypeError for a bad argument type): q (B, Hq, Nq, D), k and v
+    (B, Hkv, Nk, D), Hq % Hkv == 0, 1 <= D <= 256, finite scale, 0 <= input_pos <= Nk - Nq."""
+    for name, s in (("q", q_shape), ("k", k_shape), ("v", v_shape)):
+        check_rank(name, s, 4, DENSE_LAYOUT)
+    B, Hq, Nq, D = q_shape
+    check_same_shape("k", "v", k_shape, v_shape)
+    Bk, Hkv, Nk, Dk = k_shape
+    if Bk != B:
+        raise ValueError(f"batch size differs: q has {B}, k and v have {Bk}")
+    check_head_dims(D, Dk, "k and v")
+    if Hkv == 0 and Hq != 0:
+        raise ValueError(f"k and v have 0 heads but q has {Hq}")
+    if Hq and Hkv:              # no head at all is allowed: an empty output
+        check_groups(Hq, Hkv)
+    if Nk == 0 and B * Hq * Nq > 0:
+        raise ValueError("k and v have sequence length 0: softmax over no keys is undefined")
+    check_scale(scale, positive=False)
+    if not _is_int(input_pos):
+        raise TypeError(f"input_pos must be an int, got {type(input_pos).__name__}")
+    if input_pos < 0 or input_pos > max(0, Nk - Nq):
+        raise ValueError(f"input_pos must be in [0, max(0, Nk - Nq)] = [0, {max(0, Nk - Nq)}] "
+                         f"(query row i sits at position input_pos + i), got {input_pos}")
+    if input_pos and not causal:
+        raise ValueError("input_pos only has a meaning with causal=True")
+
+
+DENSE_KERNELS = "flashattn kernels take"
+DENSE_DTYPE_HINT = ("cast with .half() or .bfloat16(); for float32 use "
+                    "flashattn.reference.attention")
 
 
 def check_tensor_meta(q, k, v, *, causal: bool, scale, input_pos) -> None:
     """The part of ``check_tensors`` that needs no device: ranks, one float16/bfloat16 dtype,
     ``check_shapes``, a positive scale (what a fake or meta tensor can be checked for)."""
     for name, t in (("q", q), ("k", k), ("v", v)):
-        if t.ndim != 4:
-            raise ValueError(f"{name} must have 4 dimensions (B, H, N, D), got shape "
-                             f"{tuple(t.shape)}")
+        check_rank(name, t.shape, 4, DENSE_LAYOUT)
     for name, t in (("q", q), ("k", k), ("v", v)):
-        if str(t.dtype).replace("torch.", "") not in DTYPES:
-            raise TypeError(f"{name} has dtype {t.dtype}; flashattn kernels take float16 or "
-                            "bfloat16 (cast with .half() or .bfloat16(); for float32 use "
-                            "flashattn.reference.attention)")
-    if not (q.dtype == k.dtype == v.dtype):
-        raise TypeError(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+        check_kernel_dtype(name, t, DENSE_KERNELS, DENSE_DTYPE_HINT)
+    check_one_dtype(q=q, k=k, v=v)
     check_shapes(tuple(q.shape), tuple(k.shape), tuple(v.shape), causal=causal, scale=scale,
                  input_pos=input_pos)
-    if scale is not None and scale <= 0:
-        # The kernels scale after the row max (one multiply per row, chapter 3): that is
-        # only the max of the scaled scores for a positive scale.
-        raise ValueError(f"scale must be a finite positive number, got {scale}")
+    check_scale(scale)
 
 
-# --- decoding with a KV cache (flashattn.decode, issue 12) ---------------------------------------
-from typing import NamedTuple  # noqa: E402  (appended section)
+def check_tensors(q, k, v, *, causal: bool, scale, input_pos, interpret: bool = False) -> None:
+    """The dense kernels' contract: ``check_shapes`` plus torch CUDA tensors (CPU ones with
+    ``interpret``) of one float16 or bfloat16 dtype on one device, and a positive scale. Raises
+    TypeError/ValueError naming the problem."""
+    check_torch_tensors(q=q, k=k, v=v)
+    check_tensor_meta(q, k, v, causal=causal, scale=scale, input_pos=input_pos)
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
+    check_kernel_device(q, interpret, "flashattn kernels run",
+                        "flashattn.reference.attention(q, k, v, causal=...)")
 
-MAX_DECODE_QUERIES = 16     # new tokens per sequence for the decode path (more: attention())
-DECODE_PAGE_MULTIPLE = 16   # tokens per page: a multiple of the smallest K/V tile
 
-
+# --- decode: a few new tokens over a KV cache (chapter 12) -------------------------------------
 class DecodeDims(NamedTuple):
     """What ``check_decode`` found. page_size is None for a contiguous cache; capacity is the
     most keys a sequence can hold (S, or max_pages x page_size)."""
@@ -237,15 +349,6 @@ class DecodeDims(NamedTuple):
     capacity: int
 
 
-def _dtype_str(t) -> str:
-    return str(t.dtype).replace("torch.", "")
-
-
-def _device_type(t) -> str:
-    dev = getattr(t, "device", "cpu")
-    return getattr(dev, "type", str(dev))
-
-
 def check_decode_shapes(q_shape, k_shape, v_shape, seqlens_shape, table_shape=None, *,
                         scale=None) -> DecodeDims:
     """Raise ValueError (TypeError for a bad scale): the shapes of a decode call.
@@ -255,12 +358,9 @@ def check_decode_shapes(q_shape, k_shape, v_shape, seqlens_shape, table_shape=No
     16; block_table (B, max_pages); cache_seqlens (B,); Hq % Hkv == 0; 1 <= D <= 256.
     """
     for name, s in (("q", q_shape), ("k_cache", k_shape), ("v_cache", v_shape)):
-        if len(s) != 4:
-            raise ValueError(f"{name} must have 4 dimensions, got shape {tuple(s)}")
+        check_rank(name, s, 4)
     B, Hq, Nq, D = (int(x) for x in q_shape)
-    if tuple(k_shape) != tuple(v_shape):
-        raise ValueError(f"k_cache and v_cache must have the same shape, got {tuple(k_shape)} "
-                         f"and {tuple(v_shape)}")
+    check_same_shape("k_cache", "v_cache", k_shape, v_shape)
     P, Hkv, S, Dk = (int(x) for x in k_shape)
     paged = table_shape is not None
     if B < 1:
@@ -269,8 +369,8 @@ def check_decode_shapes(q_shape, k_shape, v_shape, seqlens_shape, table_shape=No
         raise ValueError(f"decode takes 1 to {MAX_DECODE_QUERIES} new tokens per sequence "
                          f"(q's third dimension), got {Nq}; for a longer chunk use "
                          "flashattn.attention(q, k, v, causal=True, input_pos=...)")
-    _check_head_dim(D, Dk, "k_cache and v_cache")
-    _check_groups(Hq, Hkv, "the cache's key/value heads")
+    check_head_dims(D, Dk, "k_cache and v_cache")
+    check_groups(Hq, Hkv, "the cache's key/value heads")
     if tuple(seqlens_shape) != (B,):
         raise ValueError(f"cache_seqlens must have shape (B,) = ({B},), got "
                          f"{tuple(seqlens_shape)}")
@@ -295,11 +395,7 @@ def check_decode_shapes(q_shape, k_shape, v_shape, seqlens_shape, table_shape=No
                              f"q has batch size {B}, k_cache {P} (a paged cache needs "
                              "block_table)")
         capacity = S
-    if scale is not None:
-        if isinstance(scale, bool) or not isinstance(scale, (int, float)):
-            raise TypeError(f"scale must be a float, got {type(scale).__name__}")
-        if not math.isfinite(scale) or scale <= 0:
-            raise ValueError(f"scale must be a finite positive number, got {scale}")
+    check_scale(scale)
     return DecodeDims(B, Hq, Hkv, Nq, D, paged, S if paged else None, capacity)
 
 
@@ -353,28 +449,16 @@ def check_decode(q, k_cache, v_cache, cache_seqlens, block_table=None, *, scale=
     length and page id for addressing, so nothing out of bounds is read, and writes NaN for a
     sequence whose length or pages were invalid.
     """
-    arrays = (("q", q), ("k_cache", k_cache), ("v_cache", v_cache),
-              ("cache_seqlens", cache_seqlens)) + (
-        (("block_table", block_table),) if block_table is not None else ())
-    for name, t in arrays:
-        if not (hasattr(t, "shape") and hasattr(t, "dtype")):
-            raise TypeError(f"{name} must be a torch.Tensor or numpy.ndarray, got "
-                            f"{type(t).__name__}")
-    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
-        if not _dtype_str(t).startswith(("float", "bfloat")):
-            raise TypeError(f"{name} must hold floating-point numbers, got {t.dtype}")
-    if not (_dtype_str(q) == _dtype_str(k_cache) == _dtype_str(v_cache)):
-        raise TypeError(f"q, k_cache, v_cache must share one dtype, got {q.dtype}, "
-                        f"{k_cache.dtype}, {v_cache.dtype}")
-    for name, t in arrays[3:]:
-        if _dtype_str(t) != "int32":
-            raise TypeError(f"{name} must be int32 (as serving engines keep it), got {t.dtype}; "
-                            "convert with .to(torch.int32)")
-    devices = {name: str(getattr(t, "device", "cpu")) for name, t in arrays}
-    if len(set(devices.values())) > 1:
-        raise ValueError("q, k_cache, v_cache, cache_seqlens" +
-                         (", block_table" if block_table is not None else "") +
-                         f" must be on one device, got {devices}")
+    arrays = dict(q=q, k_cache=k_cache, v_cache=v_cache, cache_seqlens=cache_seqlens)
+    tables = dict(cache_seqlens=cache_seqlens)
+    if block_table is not None:
+        arrays["block_table"] = tables["block_table"] = block_table
+    check_arrays(**arrays)
+    check_floating(q=q, k_cache=k_cache, v_cache=v_cache)
+    check_one_dtype(q=q, k_cache=k_cache, v_cache=v_cache)
+    for name, t in tables.items():
+        check_int32(name, t, "as serving engines keep it")
+    check_one_device(**arrays)
     dims = check_decode_shapes(tuple(q.shape), tuple(k_cache.shape), tuple(v_cache.shape),
                                tuple(cache_seqlens.shape),
                                None if block_table is None else tuple(block_table.shape),
@@ -382,23 +466,10 @@ def check_decode(q, k_cache, v_cache, cache_seqlens, block_table=None, *, scale=
     on_cpu = _device_type(cache_seqlens) == "cpu"
     if check_values is None:
         check_values = on_cpu
-    check_values = check_flag("check_values", check_values)
-    if check_values:
-        if not on_cpu and _capturing():
-            raise ValueError("check_values=True reads cache_seqlens and block_table on the "
-                             "host, which CUDA-graph capture does not allow; pass "
-                             "check_values=False (the kernel clamps bad values and writes "
-                             "NaN for their sequences)")
+    if check_flag("check_values", check_values):
+        check_host_read("values", on_cpu, "cache_seqlens and block_table")
         check_decode_values(cache_seqlens, block_table, dims, num_pages=int(k_cache.shape[0]))
     return dims
-
-
-def _capturing() -> bool:
-    try:
-        import torch
-        return bool(torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
-    except Exception:       # pragma: no cover - no CUDA build of torch
-        return False
 
 
 def check_decode_tensors(q, k_cache, v_cache, cache_seqlens, block_table=None, *, scale=None,
@@ -406,29 +477,23 @@ def check_decode_tensors(q, k_cache, v_cache, cache_seqlens, block_table=None, *
     """The decode kernels' contract: ``check_decode`` plus torch CUDA tensors (CPU ones with
     ``interpret``), q and the caches float16 or bfloat16, and the caches' last dimension
     contiguous (a cache is never copied)."""
-    import torch
-    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache),
-                    ("cache_seqlens", cache_seqlens), ("block_table", block_table)):
-        if not isinstance(t, torch.Tensor) and not (name == "block_table" and t is None):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    check_torch_tensors(q=q, k_cache=k_cache, v_cache=v_cache, cache_seqlens=cache_seqlens,
+                        block_table=block_table)
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
-        if _dtype_str(t) not in DTYPES:
-            raise TypeError(f"{name} has dtype {t.dtype}; the decode kernels take float16 or "
-                            "bfloat16 (for float32 use flashattn.reference.decode_attention)")
+        check_kernel_dtype(name, t, "the decode kernels take",
+                           "for float32 use flashattn.reference.decode_attention")
     dims = check_decode(q, k_cache, v_cache, cache_seqlens, block_table, scale=scale,
                         check_values=check_values)
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
         if t.stride(-1) != 1:
             raise ValueError(f"{name} must be contiguous in its last dimension (head dim), "
                              f"got strides {tuple(t.stride())}")
-    if not _on_kernel_device(q, interpret):
-        raise ValueError(f"the decode kernels run on a CUDA GPU; the tensors are on "
-                         f"{q.device}. On a CPU use flashattn.reference.decode_attention, "
-                         + INTERPRET_HINT)
+    check_kernel_device(q, interpret, "the decode kernels run",
+                        "flashattn.reference.decode_attention")
     return dims
 
 
-# --- packed variable-length prefill (flashattn.varlen, issue 12) -------------------------------
+# --- varlen: sequences packed without padding (chapter 12) -------------------------------------
 class VarlenDims(NamedTuple):
     """What ``check_varlen`` found: B sequences, their packed totals, heads and head dim."""
     B: int
@@ -445,16 +510,12 @@ def check_varlen_shapes(q_shape, k_shape, v_shape, cu_q_shape, cu_k_shape, *,
     (total_k, Hkv, D), Hq % Hkv == 0, 1 <= D <= 256, cu_seqlens_q and cu_seqlens_k (B + 1,)
     with B >= 1, max_seqlen_q/k non-negative ints, a finite positive scale."""
     for name, s in (("q", q_shape), ("k", k_shape), ("v", v_shape)):
-        if len(s) != 3:
-            raise ValueError(f"{name} must have 3 dimensions (total_tokens, heads, head_dim) "
-                             f"for packed sequences, got shape {tuple(s)}")
+        check_rank(name, s, 3, " (total_tokens, heads, head_dim) for packed sequences")
     total_q, Hq, D = (int(x) for x in q_shape)
-    if tuple(k_shape) != tuple(v_shape):
-        raise ValueError(f"k and v must have the same shape, got {tuple(k_shape)} and "
-                         f"{tuple(v_shape)}")
+    check_same_shape("k", "v", k_shape, v_shape)
     total_k, Hkv, Dk = (int(x) for x in k_shape)
-    _check_head_dim(D, Dk, "k and v")
-    _check_groups(Hq, Hkv, "key/value heads")
+    check_head_dims(D, Dk, "k and v")
+    check_groups(Hq, Hkv)
     for name, s in (("cu_seqlens_q", cu_q_shape), ("cu_seqlens_k", cu_k_shape)):
         if len(s) != 1 or int(s[0]) < 2:
             raise ValueError(f"{name} must have shape (B + 1,) with B >= 1 sequences (offsets "
@@ -462,16 +523,9 @@ def check_varlen_shapes(q_shape, k_shape, v_shape, cu_q_shape, cu_k_shape, *,
     if int(cu_q_shape[0]) != int(cu_k_shape[0]):
         raise ValueError(f"cu_seqlens_q and cu_seqlens_k must describe the same number of "
                          f"sequences, got shapes {tuple(cu_q_shape)} and {tuple(cu_k_shape)}")
-    for name, x in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
-        if isinstance(x, bool) or not _is_int(x):
-            raise TypeError(f"{name} must be an int, got {type(x).__name__}")
-        if x < 0:
-            raise ValueError(f"{name} must be >= 0, got {x}")
-    if scale is not None:
-        if isinstance(scale, bool) or not isinstance(scale, (int, float)):
-            raise TypeError(f"scale must be a float, got {type(scale).__name__}")
-        if not math.isfinite(scale) or scale <= 0:
-            raise ValueError(f"scale must be a finite positive number, got {scale}")
+    check_int("max_seqlen_q", max_seqlen_q, minimum=0)
+    check_int("max_seqlen_k", max_seqlen_k, minimum=0)
+    check_scale(scale)
     return VarlenDims(int(cu_q_shape[0]) - 1, Hq, Hkv, D, total_q, total_k)
 
 
@@ -516,42 +570,22 @@ def check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seqle
     """
     check_causal(causal)
     check_values = check_flag("check_values", check_values)
-    arrays = (("q", q), ("k", k), ("v", v), ("cu_seqlens_q", cu_seqlens_q),
-              ("cu_seqlens_k", cu_seqlens_k))
-    for name, t in arrays:
-        if not (hasattr(t, "shape") and hasattr(t, "dtype")):
-            raise TypeError(f"{name} must be a torch.Tensor or numpy.ndarray, got "
-                            f"{type(t).__name__}")
-    for name, t in arrays[:3]:
-        if not _dtype_str(t).startswith(("float", "bfloat")):
-            raise TypeError(f"{name} must hold floating-point numbers, got {t.dtype}")
-    if not (_dtype_str(q) == _dtype_str(k) == _dtype_str(v)):
-        raise TypeError(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
-    for name, t in arrays[3:]:
-        if _dtype_str(t) != "int32":
-            raise TypeError(f"{name} must be int32 (as FlashAttention's varlen interface "
-                            f"takes it), got {t.dtype}; convert with .to(torch.int32)")
-    devices = {name: str(getattr(t, "device", "cpu")) for name, t in arrays}
-    if len(set(devices.values())) > 1:
-        raise ValueError(f"q, k, v, cu_seqlens_q, cu_seqlens_k must be on one device, got "
-                         f"{devices}")
+    arrays = dict(q=q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
+    check_arrays(**arrays)
+    check_floating(q=q, k=k, v=v)
+    check_one_dtype(q=q, k=k, v=v)
+    for name in ("cu_seqlens_q", "cu_seqlens_k"):
+        check_int32(name, arrays[name], "as FlashAttention's varlen interface takes it")
+    check_one_device(**arrays)
     dims = check_varlen_shapes(tuple(q.shape), tuple(k.shape), tuple(v.shape),
                                tuple(cu_seqlens_q.shape), tuple(cu_seqlens_k.shape),
                                max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
                                scale=scale)
     if check_values:
-        if _device_type(cu_seqlens_q) != "cpu" and _capturing():
-            raise ValueError("check_values=True reads cu_seqlens on the host, which CUDA-graph "
-                             "capture does not allow; pass check_values=False (the kernel "
-                             "clamps bad offsets and writes NaN for their sequences)")
+        check_host_read("offsets", _device_type(cu_seqlens_q) == "cpu", "cu_seqlens")
         check_varlen_values(cu_seqlens_q, cu_seqlens_k, dims, max_seqlen_q=max_seqlen_q,
                             max_seqlen_k=max_seqlen_k)
     return dims
-
-
-def is_meta(*tensors) -> bool:
-    """All of ``tensors`` on PyTorch's ``meta`` device (shapes, no data)."""
-    return all(_device_type(t) == "meta" for t in tensors)
 
 
 def check_varlen_tensors(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, max_seqlen_k,
@@ -563,21 +597,16 @@ def check_varlen_tensors(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q, m
     Meta tensors (all five on ``meta``, as a model built there passes them) are checked for
     everything but their values, which they do not have: ``check_values`` is ignored for them,
     as the dense operator's fake implementation checks shapes only."""
-    import torch
-    for name, t in (("q", q), ("k", k), ("v", v), ("cu_seqlens_q", cu_seqlens_q),
-                    ("cu_seqlens_k", cu_seqlens_k)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    check_torch_tensors(q=q, k=k, v=v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
     meta = is_meta(q, k, v, cu_seqlens_q, cu_seqlens_k)
     check_values = check_flag("check_values", check_values)
     for name, t in (("q", q), ("k", k), ("v", v)):
-        if _dtype_str(t) not in DTYPES:
-            raise TypeError(f"{name} has dtype {t.dtype}; the varlen kernel takes float16 or "
-                            "bfloat16 (for float32 use flashattn.reference.varlen_attention)")
+        check_kernel_dtype(name, t, "the varlen kernel takes",
+                           "for float32 use flashattn.reference.varlen_attention")
     dims = check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=max_seqlen_q,
                         max_seqlen_k=max_seqlen_k, causal=causal, scale=scale,
                         check_values=check_values and not meta)
-    if not meta and not _on_kernel_device(q, interpret):
-        raise ValueError(f"the varlen kernel runs on a CUDA GPU; the tensors are on {q.device}. "
-                         "On a CPU use flashattn.reference.varlen_attention, " + INTERPRET_HINT)
+    if not meta:
+        check_kernel_device(q, interpret, "the varlen kernel runs",
+                            "flashattn.reference.varlen_attention")
     return dims

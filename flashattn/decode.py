@@ -1,4 +1,4 @@
-"""Decoding with a KV cache: split-KV attention for a few new tokens per sequence (issue 12).
+"""Decoding with a KV cache: split-KV attention for a few new tokens per sequence (chapter 12).
 
     import flashattn
     out = flashattn.decode(q, k_cache, v_cache, cache_seqlens)                  # contiguous
@@ -45,7 +45,8 @@ from .kernels import (DECODE_COMBINE, DECODE_COMBINE_ROW, DECODE_SPLIT, DECODE_S
                       decode_combine_row_constants, decode_num_splits, decode_partial_shapes,
                       decode_row_blocks, decode_split_constants, decode_split_grid, hinted)
 
-__all__ = ["decode", "decode_plan", "prefer_decode", "attention_via_decode",
+__all__ = ["decode", "decode_plan", "prefer_decode", "attention_via_decode", "launch_decode",
+           "launch_via_decode",
            "DECODE_PATH_MAX_NQ", "DECODE_PATH_MIN_NK"]
 
 
@@ -131,7 +132,7 @@ def decode(q, k_cache, v_cache, cache_seqlens, *, block_table=None, scale=None,
             CUDA-graph capture). Default: off for CUDA tensors, where the kernel clamps bad
             values for addressing and writes NaN for the affected sequences.
         out: optional (B, Hq, Nq, D) contiguous output tensor of q's dtype.
-        k_descale, v_descale: for fp8 caches (float8_e4m3fn or float8_e5m2, issue 24): (B, Hkv)
+        k_descale, v_descale: for fp8 caches (float8_e4m3fn or float8_e5m2, chapter 14): (B, Hkv)
             float32 descales (``flashattn.fp8.quantize_fp8``), required; the caches are read as
             fp8 (``flashattn.fp8.decode_fp8``). Given with fp16/bf16 caches: ValueError.
 
@@ -146,7 +147,7 @@ def decode(q, k_cache, v_cache, cache_seqlens, *, block_table=None, scale=None,
     import torch
     if any(str(getattr(t, "dtype", "")).replace("torch.", "") in ("float8_e4m3fn", "float8_e5m2")
            for t in (k_cache, v_cache)):
-        from .fp8 import decode_fp8          # issue 24: an fp8 KV cache
+        from .fp8 import decode_fp8          # an fp8 KV cache (chapter 14)
         return decode_fp8(q, k_cache, v_cache, cache_seqlens, k_descale=k_descale,
                           v_descale=v_descale, block_table=block_table, scale=scale,
                           num_splits=num_splits, max_seqlen=max_seqlen,
@@ -160,6 +161,15 @@ def decode(q, k_cache, v_cache, cache_seqlens, *, block_table=None, scale=None,
                                 check_values=check_values, interpret=interp)
     check_optional_int("max_seqlen", max_seqlen, minimum=0)   # num_splits: decode_plan
     check_out(out)
+    return launch_decode(q, k_cache, v_cache, cache_seqlens, block_table, dims, scale=scale,
+                         num_splits=num_splits, max_seqlen=max_seqlen, out=out)
+
+
+def launch_decode(q, k_cache, v_cache, cache_seqlens, block_table, dims, *, scale=None,
+                  num_splits=None, max_seqlen=None, out=None):
+    """``decode`` on inputs its contract has passed (``dims``: what it found): the plan and
+    the launches, no check of the tensors again."""
+    import torch
     B, Hq, Nq, D = q.shape
     Hkv = dims.Hkv
     if scale is None:
@@ -316,11 +326,19 @@ def attention_via_decode(q, k, v, *, causal: bool = False, scale: float | None =
         ValueError: for a call ``prefer_decode`` refuses (non-causal with Nq > 1: decode's rows
             are causal), or as ``attention`` / ``decode`` for bad inputs.
     """
-    import torch
     from .contract import check_causal, check_tensors
     causal = check_causal(causal)
     check_tensors(q, k, v, causal=causal, scale=scale, input_pos=input_pos,
                   interpret=interpreting(getattr(q, "device", None)))
+    return launch_via_decode(q, k, v, causal=causal, scale=scale, input_pos=input_pos,
+                             num_splits=num_splits)
+
+
+def launch_via_decode(q, k, v, *, causal: bool, scale, input_pos: int, num_splits=None):
+    """``attention_via_decode`` on inputs ``contract.check_tensors`` has passed: the contiguous
+    cache's dims follow from the shapes, and ``launch_decode`` runs it."""
+    import torch
+    from .contract import check_decode_shapes
     B, Hq, Nq, D = q.shape
     Nk = k.shape[2]
     if not causal and Nq != 1:
@@ -332,6 +350,7 @@ def attention_via_decode(q, k, v, *, causal: bool = False, scale: float | None =
                          f"Nq = {Nq} > Nk = {Nk} keys needs flashattn.attention's square kernel")
     k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (k, v))
     seqlens = torch.full((B,), length, dtype=torch.int32, device=q.device)
+    dims = check_decode_shapes(tuple(q.shape), tuple(k.shape), tuple(v.shape), (B,))
     with on_device(q.device):
-        return decode(q, k, v, seqlens, scale=scale, num_splits=num_splits, max_seqlen=length,
-                      check_values=False)
+        return launch_decode(q, k, v, seqlens, None, dims, scale=scale, num_splits=num_splits,
+                             max_seqlen=length)

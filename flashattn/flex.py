@@ -32,6 +32,10 @@ from __future__ import annotations
 import math
 import threading
 
+from .contract import (DENSE_DTYPE_HINT, DENSE_LAYOUT, check_groups, check_head_dims,
+                       check_kernel_device, check_kernel_dtype, check_one_device,
+                       check_one_dtype, check_rank, check_same_shape, check_scale,
+                       check_torch_tensors)
 from .dispatch import attention_steps, device_arch, expect, interpreting, launch_kernel, \
     on_device
 from dataclasses import dataclass
@@ -328,46 +332,31 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
         if getattr(return_aux, "max_scores", False):
             raise NotImplementedError("flashattn.flex_attention does not return max_scores")
         want_lse = bool(getattr(return_aux, "lse", False))
+    # The dense family's rules (contract), under the names of torch's flex_attention.
+    check_torch_tensors(query=query, key=key, value=value)
     for n, t in (("query", query), ("key", key), ("value", value)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{n} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dim() != 4:
-            raise ValueError(f"{n} must be (B, H, N, D), got shape {tuple(t.shape)}")
-    if query.dtype not in (torch.float16, torch.bfloat16):
-        raise TypeError(f"query must be float16 or bfloat16, got {query.dtype}")
-    for n, t in (("key", key), ("value", value)):
-        if t.dtype != query.dtype:
-            raise TypeError(f"{n} is {t.dtype} but query {query.dtype}: one dtype")
-        if t.device != query.device:
-            raise ValueError(f"{n} is on {t.device} but query on {query.device}")
+        check_rank(n, t.shape, 4, DENSE_LAYOUT)
+    check_kernel_dtype("query", query, "flashattn kernels take", DENSE_DTYPE_HINT)
+    check_one_dtype(query=query, key=key, value=value)
+    check_one_device(query=query, key=key, value=value)
     device = query.device
     interp = interpreting(device)
-    if device.type != "cuda" and not interp:
-        raise ValueError(f"query is on {device}: flashattn runs CUDA tensors (CPU ones through "
-                         "the interpreter: FLASHATTN_INTERPRET=1 or flashattn.interpret.enabled())")
+    check_kernel_device(query, interp, "flashattn kernels run",
+                        "torch.nn.attention.flex_attention.flex_attention")
     B, Hq, Nq, D = query.shape
     Bk, Hkv, Nk, Dk = key.shape
-    if Bk != B or value.shape[0] != B:
-        raise ValueError(f"batch sizes differ: query {B}, key {Bk}, value {value.shape[0]}")
-    if Dk != D or value.shape[3] != D:
-        raise ValueError(f"head dims differ: query {D}, key {Dk}, value {value.shape[3]} "
-                         "(one D for all three)")
-    if tuple(value.shape[1:3]) != (Hkv, Nk):
-        raise ValueError(f"value has shape {tuple(value.shape)}, key {tuple(key.shape)}: "
-                         "value must match key's (B, H, N)")
-    if D > 256 or D < 1:
-        raise ValueError(f"head dim D = {D} is not supported (1 to 256)")
+    check_same_shape("key", "value", key.shape, value.shape)
+    if Bk != B:
+        raise ValueError(f"batch size differs: query has {B}, key and value have {Bk}")
+    check_head_dims(D, Dk, "key and value")
     if Hq != Hkv:
         if not enable_gqa:
             raise ValueError(f"query has {Hq} heads and key {Hkv}: pass enable_gqa=True for "
                              "grouped-query attention")
-        if Hkv == 0 or Hq % Hkv:
-            raise ValueError(f"query heads {Hq} must be a multiple of key heads {Hkv}")
+        check_groups(Hq, Hkv)
+    check_scale(scale, positive=False)      # any finite scale, as torch's flex_attention
     if scale is None:
         scale = 1.0 / math.sqrt(D)
-    elif isinstance(scale, bool) or not isinstance(scale, (int, float)) or \
-            not math.isfinite(scale):
-        raise TypeError(f"scale must be a finite float or None, got {scale!r}")
 
     from .mods import as_mod
     score = as_mod(score_mod, "score") if score_mod is not None else None

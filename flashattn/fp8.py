@@ -1,4 +1,4 @@
-"""FP8 attention (issue 24): quantisation, the FP8 forward and decoding over an FP8 KV cache.
+"""FP8 attention (chapter 14): quantisation, the FP8 forward and decoding over an FP8 KV cache.
 
     import flashattn
     from flashattn.fp8 import quantize_fp8
@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 
-from .contract import INTERPRET_HINT, check_shapes, tile_d_for
+from .contract import check_kernel_device, check_rank, check_scale, check_shapes, tile_d_for
 from .dispatch import (device_arch, expect, interpreting, launch_kernel, on_device,
                        attention_steps)
 from .kernels import hinted
@@ -214,9 +214,7 @@ def _check_grad(*ts):
 
 
 def _check_device(t, interp, what):
-    if not (t.device.type == "cuda" or (interp and t.device.type == "cpu")):
-        raise ValueError(f"{what} run on a CUDA GPU; the tensors are on {t.device}. "
-                         f"On a CPU use flashattn.fp8.reference_fp8, " + INTERPRET_HINT)
+    check_kernel_device(t, interp, f"{what} run", "flashattn.fp8.reference_fp8")
 
 
 def _check_arch(device, interp):
@@ -295,15 +293,13 @@ def attention_fp8(q, k, v, *, q_descale=None, k_descale=None, v_descale=None,
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
     for name, t in (("q", q), ("k", k), ("v", v)):
-        if t.ndim != 4:
-            raise ValueError(f"{name} must have 4 dimensions, got shape {tuple(t.shape)}")
+        check_rank(name, t.shape, 4)
     v_shape = tuple(v.shape)
     if v_transposed:
         v_shape = v_shape[:2] + (v_shape[3], v_shape[2])
     check_shapes(tuple(q.shape), tuple(k.shape), v_shape, causal=causal, scale=scale,
                  input_pos=input_pos)
-    if scale is not None and scale <= 0:
-        raise ValueError(f"scale must be a finite positive number, got {scale}")
+    check_scale(scale)
     B, Hq, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     if D % 16:

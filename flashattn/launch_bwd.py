@@ -1,4 +1,4 @@
-"""Launching the backward kernels (issue 11): dQ, dK, dV from the forward's inputs and output.
+"""Launching the backward kernels (chapter 11): dQ, dK, dV from the forward's inputs and output.
 
     dq, dk, dv = attention_backward(q, k, v, out, dout, lse, causal=True)
 
@@ -142,16 +142,28 @@ def attention_backward(q, k, v, out, dout, lse, *, causal: bool = False,
     if not isinstance(deterministic, bool):
         raise TypeError(f"deterministic must be True or False, got {deterministic!r}")
     check_backward(q, k, v, out, dout, lse, causal=causal, scale=scale, input_pos=input_pos)
+    if grads is not None:
+        for name, g, t in (("dq", grads[0], q), ("dk", grads[1], k), ("dv", grads[2], v)):
+            if not isinstance(g, torch.Tensor) or tuple(g.shape) != tuple(t.shape) or \
+                    g.dtype != t.dtype or g.device != t.device or not g.is_contiguous():
+                raise ValueError(f"grads: {name} must be a contiguous tensor of shape "
+                                 f"{tuple(t.shape)}, dtype {t.dtype} on {t.device}")
+    return launch_backward(q, k, v, out, dout, lse, causal=causal, scale=scale,
+                           input_pos=input_pos, configs=configs, grads=grads,
+                           deterministic=deterministic)
+
+
+def launch_backward(q, k, v, out, dout, lse, *, causal: bool, scale: float | None,
+                    input_pos: int, configs: dict | None = None, grads: tuple | None = None,
+                    deterministic: bool = True):
+    """``attention_backward`` on inputs its contract has passed: the launches, no check of the
+    tensors again (the varlen backward calls this once per sequence)."""
+    import torch
     B, Hq, Nq, D = q.shape
     if grads is None:
         dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
     else:
         dq, dk, dv = grads
-        for name, g, t in (("dq", dq, q), ("dk", dk, k), ("dv", dv, v)):
-            if not isinstance(g, torch.Tensor) or tuple(g.shape) != tuple(t.shape) or \
-                    g.dtype != t.dtype or g.device != t.device or not g.is_contiguous():
-                raise ValueError(f"grads: {name} must be a contiguous tensor of shape "
-                                 f"{tuple(t.shape)}, dtype {t.dtype} on {t.device}")
     if B * Hq * Nq == 0 or k.numel() == 0:
         # No query row: nothing reaches K or V.
         dk.zero_()

@@ -1,4 +1,4 @@
-"""Packed variable-length prefill: attention over sequences packed without padding (issue 12).
+"""Packed variable-length prefill: attention over sequences packed without padding (chapter 12).
 
     out = attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                            causal=True)
@@ -11,21 +11,17 @@ cu_seqlens_k[b+1] - 1`` of k and v. The forward is one launch of ``varlen_fwd_ke
 (``flashattn/kernels/varlen.py``), one program per (``Q_TILES`` query tiles, head, sequence);
 its CPU reference is ``flashattn.reference.varlen_attention``.
 
-The backward (``attention_varlen_backward``; ``attention_varlen`` is differentiable through
-``torch.autograd`` when q, k or v requires grad) is a first version composed from the verified
-square kernels, not a packed kernel: for each sequence it launches the square forward
-(``flashattn.autograd.attention_forward``, to recompute that sequence's output and LSE) and the
-square backward (``flashattn.launch_bwd.attention_backward``). Correct, but B host-loop
-iterations of an extra forward and three backward kernels each: far from the speed of a packed
-backward kernel, which is future work. Its CPU reference is
-``flashattn.reference.varlen.varlen_attention_backward``.
+The backward (``attention_varlen_backward``) is composed from the square kernels, not a
+packed kernel: for each sequence it launches the square forward (``autograd.forward_lse``, to
+recompute that sequence's output and LSE) and the square backward
+(``launch_bwd.launch_backward``), B host-loop iterations of an extra forward and three backward
+kernels. Its CPU reference is ``flashattn.reference.varlen.varlen_attention_backward``.
 
-Exported as ``flashattn.attention_varlen`` and ``flashattn.attention_varlen_backward``; the GPU
-tests (``tests/test_varlen_gpu.py``) passed on the H200 (experiments/LOG.md, E21-E24).
+``attention_varlen`` is differentiable, and traced by ``torch.compile``, through the
+``torch.library`` operators of ``varlen_op`` (as the dense path through ``autograd``).
 """
 from __future__ import annotations
 
-import functools
 import math
 
 from .contract import check_varlen_tensors
@@ -99,11 +95,12 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
         q, k, v and the offsets; a model built on the meta device) an empty meta tensor of that
         shape, as ``flashattn.attention`` gives: shapes and dtypes checked, offsets not read.
 
-    Differentiable: with grad mode on and q, k or v requiring grad, the call goes through a
-    ``torch.autograd.Function`` whose backward is ``attention_varlen_backward`` (the square
-    kernels once per sequence: see the module docstring); cu_seqlens and the other arguments
-    get no gradient. ``out=`` is refused there (RuntimeError, as PyTorch's ``out=`` functions
-    refuse autograd). Otherwise the kernel is launched directly, as before.
+    Differentiable: with grad mode on and q, k or v requiring grad, and under
+    ``torch.compile``, the call goes through the operator ``flashattn::attention_varlen_fwd``
+    (``varlen_op``), whose backward is ``attention_varlen_backward`` (the square kernels once
+    per sequence: see the module docstring); cu_seqlens and the other arguments get no
+    gradient. ``out=`` is refused there (RuntimeError, as PyTorch's ``out=`` functions refuse
+    autograd). Otherwise the kernel is launched directly.
 
     Raises:
         TypeError, ValueError: as ``flashattn.contract.check_varlen_tensors``; bad offsets (with
@@ -111,16 +108,46 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
         RuntimeError: ``out=`` while q, k or v requires grad (and grad mode is on).
     """
     import torch
-    if torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in (q, k, v)):
+    grad = torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in (q, k, v))
+    if grad or torch.compiler.is_compiling():
         if out is not None:
             raise RuntimeError(
                 "attention_varlen(): out= does not support automatic differentiation, but one "
-                "of q, k, v requires grad; drop out= (or call it under torch.no_grad())")
-        return _autograd_function().apply(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                                          max_seqlen_k, causal, scale, check_values, config)
+                "of q, k, v requires grad; drop out= (or call it under torch.no_grad())" if grad
+                else "attention_varlen(): out= is not supported under torch.compile; drop out=")
+        _check_scalars(max_seqlen_q, max_seqlen_k, causal, scale, check_values, config)
+        return _operator().forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                   max_seqlen_k, causal=bool(causal), scale=scale,
+                                   check_values=bool(check_values), config=config)
     return _forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                     causal=causal, scale=scale, check_values=check_values, config=config,
                     out=out)
+
+
+def _operator():
+    """The torch.library operators (``varlen_op``), loaded on the first differentiable or
+    compiled call so that importing this module does not import torch."""
+    from . import varlen_op
+    varlen_op._IMPL.update(forward=_forward, backward=attention_varlen_backward)
+    return varlen_op
+
+
+def _check_scalars(max_seqlen_q, max_seqlen_k, causal, scale, check_values, config) -> None:
+    """The arguments the operator's schema types, checked before it (isinstance only:
+    ``torch.compile`` traces this); the tensors are the operator's to check."""
+    import torch
+    from .steps import Config
+    for name, x in (("causal", causal), ("check_values", check_values)):
+        if isinstance(x, torch.Tensor) or not isinstance(x, (bool, int)):
+            raise TypeError(f"{name} must be a bool, got {type(x).__name__}")
+    for name, x in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+        if isinstance(x, bool) or not isinstance(x, int):
+            raise TypeError(f"{name} must be an int, got {type(x).__name__}")
+    if isinstance(scale, bool) or not isinstance(scale, (int, float, type(None))):
+        raise TypeError(f"scale must be a float, got {type(scale).__name__}")
+    if config is not None and not isinstance(config, Config):
+        raise TypeError(f"config must be a flashattn.steps.Config (tiles and hints, e.g. "
+                        f"Config(64, 64)) or None, got {type(config).__name__}")
 
 
 def _forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal,
@@ -208,10 +235,10 @@ def _sequence_backward(q, k, v, dout, *, causal: bool, scale: float, input_pos: 
     two are looked up on their modules at each call (the CPU tests replace them)."""
     from . import autograd, launch_bwd
     q4, k4, v4, do4 = (_square(t) for t in (q, k, v, dout))
-    out4, lse = autograd.attention_forward(q4, k4, v4, causal=causal, scale=scale,
-                                           input_pos=input_pos)
-    grads = launch_bwd.attention_backward(q4, k4, v4, out4, do4, lse, causal=causal,
-                                          scale=scale, input_pos=input_pos)
+    out4, lse = autograd.forward_lse(q4, k4, v4, causal=causal, scale=scale,
+                                     input_pos=input_pos)
+    grads = launch_bwd.launch_backward(q4, k4, v4, out4, do4, lse, causal=causal, scale=scale,
+                                       input_pos=input_pos)
     return tuple(g[0].permute(1, 0, 2) for g in grads)
 
 
@@ -220,13 +247,13 @@ def attention_varlen_backward(q, k, v, out, dout, cu_seqlens_q, cu_seqlens_k,
                               scale: float | None = None, check_values: bool = True):
     """dQ, dK, dV of ``attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, ...)``.
 
-    A first version composed from the verified square kernels, not a packed backward kernel:
-    for each sequence (a host loop over the offsets, read once) it launches the square forward
-    (``flashattn.autograd.attention_forward``) to recompute the sequence's output and LSE, then
-    the square backward (``flashattn.launch_bwd.attention_backward``). B sequences cost B extra
-    forwards and 3B backward launches, plus copies of each sequence's rows into (1, H, len, D):
-    correct, but not the speed a packed backward kernel would have (future work). It reads the
-    offsets on the host (a synchronisation), so it cannot run under CUDA-graph capture.
+    Composed from the square kernels, not a packed backward kernel: for each sequence (a host
+    loop over the offsets, read once) it launches the square forward
+    (``autograd.forward_lse``) to recompute the sequence's output and LSE, then the square
+    backward (``launch_bwd.launch_backward``); the inputs are checked once, here, not again
+    per sequence. B sequences cost B extra forwards and 3B backward launches, plus copies of
+    each sequence's rows into (1, H, len, D). It reads the offsets on the host (a
+    synchronisation), so it cannot run under CUDA-graph capture.
 
     Per sequence with ``len_q`` queries and ``len_k`` keys (bottom-right causal alignment, as
     the forward):
@@ -294,38 +321,3 @@ def attention_varlen_backward(q, k, v, out, dout, cu_seqlens_q, cu_seqlens_k,
                 q[rows].detach(), k[keys].detach(), v[keys].detach(), dout[rows].detach(),
                 causal=causal, scale=scale, input_pos=input_pos)
     return dq, dk, dv
-
-
-@functools.lru_cache(maxsize=None)
-def _autograd_function():
-    """The ``torch.autograd.Function`` of ``attention_varlen`` (built on first use, so that
-    importing this module does not import torch)."""
-    import torch
-    from torch.autograd.function import once_differentiable
-
-    class AttentionVarlen(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                    causal, scale, check_values, config):
-            out = _forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                           causal=causal, scale=scale, check_values=check_values,
-                           config=config, out=None)
-            ctx.save_for_backward(q, k, v, out, cu_seqlens_q, cu_seqlens_k)
-            ctx.args = (max_seqlen_q, max_seqlen_k, causal, scale)
-            return out
-
-        @staticmethod
-        @once_differentiable
-        def backward(ctx, dout):
-            q, k, v, out, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
-            need = ctx.needs_input_grad[:3]
-            grads = (None, None, None)
-            if any(need):
-                max_seqlen_q, max_seqlen_k, causal, scale = ctx.args
-                grads = attention_varlen_backward(q, k, v, out, dout, cu_seqlens_q,
-                                                  cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                                  causal=causal, scale=scale)
-                grads = tuple(g if n else None for g, n in zip(grads, need))
-            return (*grads, None, None, None, None, None, None, None, None)
-
-    return AttentionVarlen

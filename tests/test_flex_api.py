@@ -70,7 +70,7 @@ def test_best_never_sends_a_window_to_decode(monkeypatch):
     from flashattn import api
     def no_decode(*a, **k):
         raise AssertionError("decode path chosen for a windowed call")
-    monkeypatch.setattr(api, "attention_via_decode", no_decode)
+    monkeypatch.setattr(api, "launch_via_decode", no_decode)
     Nk = 4096
     q, k, v = _qkv("decode", 8, 2, 1, Nk, 64)
     with interpret.enabled():

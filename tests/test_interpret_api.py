@@ -155,8 +155,8 @@ def test_decode_contiguous_and_paged(interp, paged):
 def test_attention_takes_the_decode_path_as_on_the_gpu(interp, monkeypatch):
     host = sys.modules["flashattn.decode"]
     calls = []
-    real = host.decode
-    monkeypatch.setattr(host, "decode", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    real = host.launch_decode
+    monkeypatch.setattr(host, "launch_decode", lambda *a, **kw: calls.append(1) or real(*a, **kw))
     q, k, v = inputs(2, 4, 2, 1, 1100, 64, seed=13)
     out = flashattn.attention(q, k, v, causal=True, input_pos=1099)
     assert calls == [1], "step='best' did not take the split-KV decode path"
