@@ -303,6 +303,166 @@ def decode_v2(q, k8, v8, lens, *, k_descale, v_descale, variant: str, out=None,
     return out
 
 
+
+# --- the FP8 forward: half of the exponentials on the FMA pipe (item 3 of the brief) ---------
+# In the FP8 forward an exponential costs as much as the products: per 128x128 tile the MUFU unit
+# (16 exp2 per clock per SM) needs 16,384 / 16 = 1,024 clocks, the FP8 tensor cores (~4,096 MAC
+# per clock per SM) 2 x 128^3 / 4,096 = 1,024. FlashAttention-4's lever: compute some
+# exponentials with a polynomial on the FMA pipe (128 lanes per clock per SM) instead. P is
+# rounded to e4m3 (3 mantissa bits) anyway, so a cubic is far more accurate than needed.
+EXP2_MAGIC = 12582912.0   # 1.5 * 2^23: x + MAGIC rounds x to an integer held in the low bits
+
+
+def exp2_fma(x):
+    """2^x for x <= 8 with FADD/FFMA/shift/add only (no MUFU, no F2I: those share the quarter-
+    rate pipe): x = j + f, j = round(x), f in [-0.5, 0.5]; 2^f by its cubic Taylor polynomial
+    (relative error <= 8.5e-4, at f = -0.5, against e4m3's 2^-4 rounding of P); 2^j added to the
+    exponent field. x is clamped at -125 (2^-125: zero once P is cast to e4m3)."""
+    x = ct.maximum(x, -125.0)
+    t = x + EXP2_MAGIC                                           # j in the low mantissa bits
+    j = t - EXP2_MAGIC
+    f = x - j                                                    # [-0.5, 0.5]
+    poly = ((0.05550411 * f + 0.2402265) * f + 0.6931472) * f + 1.0
+    bits = ct.bitcast(poly, ct.int32) + ct.bitwise_lshift(ct.bitcast(t, ct.int32), 23)
+    return ct.bitcast(bits, ct.float32)
+
+
+@ct.kernel
+def exp2_fma_kernel(X, Y, TILE: ConstInt):
+    """Y = exp2_fma(X) over one tile (the test's probe of the polynomial)."""
+    x = ct.load(X, index=(0,), shape=(TILE,), padding_mode=ct.PaddingMode.ZERO)
+    ct.store(Y, index=(0,), tile=exp2_fma(x))
+
+
+@ct.kernel
+def fmha_fp8_emu_kernel(Q, K, V, Out, QDescale, KDescale, VDescale,
+                        qk_scale: float, input_pos: int, num_heads: int, group_size: int,
+                        TILE_M: ConstInt, TILE_N: ConstInt, TILE_D: ConstInt,
+                        CAUSAL: ConstBool, EVEN_K: ConstBool, EMU: ConstBool):
+    """The library's FP8 forward (V given transposed, (B, Hkv, D, Nk); fast accumulation; P
+    shifted by 2^8) with each key tile taken as two halves of TILE_N // 2 keys: S in two
+    products, one row max, P of the first half by MUFU.EX2 and of the second by ``exp2_fma``
+    when EMU (else MUFU too: the split alone), O += P_0 V_0 + P_1 V_1."""
+    HALF: ct.Constant[int] = TILE_N // 2
+    bid_x = ct.bid(0)
+    bid_y = ct.bid(1)
+    batch_idx = bid_y // num_heads
+    head_idx = bid_y % num_heads
+    kv_head = head_idx // group_size
+    q_ds = ct.gather(QDescale, (batch_idx, kv_head), padding_value=1.0).item()
+    k_ds = ct.gather(KDescale, (batch_idx, kv_head), padding_value=1.0).item()
+    v_ds = ct.gather(VDescale, (batch_idx, kv_head), padding_value=1.0).item()
+    scale = qk_scale * INV_LOG_2 * q_ds * k_ds
+
+    offs_m = (input_pos + bid_x * TILE_M + ct.arange(TILE_M, dtype=ct.int32))[:, None]
+    offs_h = ct.arange(TILE_N // 2, dtype=ct.int32)[None, :]         # [1, HALF]
+    m_i = ct.full((TILE_M, 1), -math.inf, dtype=ct.float32)
+    l_i = ct.full((TILE_M, 1), 0.0, dtype=ct.float32)
+    acc = ct.full((TILE_M, TILE_D), 0.0, dtype=ct.float32)
+    q = ct.load(Q, index=(batch_idx, head_idx, bid_x, 0), shape=(1, 1, TILE_M, TILE_D),
+                padding_mode=ct.PaddingMode.ZERO).reshape((TILE_M, TILE_D))
+    k_seqlen = K.shape[2]
+    if CAUSAL:
+        m_end = input_pos + (bid_x + 1) * TILE_M
+        Tc = ct.cdiv(min(m_end, k_seqlen), TILE_N)
+        mask_start = min((input_pos + bid_x * TILE_M) // TILE_N, k_seqlen // TILE_N)
+    else:
+        Tc = ct.cdiv(k_seqlen, TILE_N)
+        mask_start = k_seqlen // TILE_N
+
+    for j in range(0, Tc):
+        k0 = ct.load(K, index=(batch_idx, kv_head, 0, 2 * j), shape=(1, 1, TILE_D, TILE_N // 2),
+                     order=(0, 1, 3, 2), padding_mode=ct.PaddingMode.ZERO)
+        k1 = ct.load(K, index=(batch_idx, kv_head, 0, 2 * j + 1),
+                     shape=(1, 1, TILE_D, TILE_N // 2), order=(0, 1, 3, 2),
+                     padding_mode=ct.PaddingMode.ZERO)
+        s0 = ct.mma(q, k0.reshape((TILE_D, TILE_N // 2)),
+                    ct.full((TILE_M, TILE_N // 2), 0.0, dtype=ct.float32), use_fast_acc=True)
+        s1 = ct.mma(q, k1.reshape((TILE_D, TILE_N // 2)),
+                    ct.full((TILE_M, TILE_N // 2), 0.0, dtype=ct.float32), use_fast_acc=True)
+        if (CAUSAL or not EVEN_K) and j >= mask_start:
+            n0 = j * TILE_N + offs_h                                 # [1, HALF]
+            n1 = n0 + TILE_N // 2
+            ok0 = ct.full((TILE_M, TILE_N // 2), True, dtype=ct.bool_)
+            ok1 = ct.full((TILE_M, TILE_N // 2), True, dtype=ct.bool_)
+            if not EVEN_K:
+                ok0 = ok0 & (n0 < k_seqlen)
+                ok1 = ok1 & (n1 < k_seqlen)
+            if CAUSAL:
+                ok0 = ok0 & (offs_m >= n0)
+                ok1 = ok1 & (offs_m >= n1)
+            s0 = ct.where(ok0, s0, -math.inf)
+            s1 = ct.where(ok1, s1, -math.inf)
+        m_ij = max(m_i, max(ct.max(s0, axis=-1, keepdims=True),
+                            ct.max(s1, axis=-1, keepdims=True)) * scale)
+        shift = m_ij - P_SHIFT
+        p0 = ct.exp2(s0 * scale - shift, flush_to_zero=True)         # MUFU.EX2
+        if EMU:
+            p1 = exp2_fma(s1 * scale - shift)                        # FMA pipe
+        else:
+            p1 = ct.exp2(s1 * scale - shift, flush_to_zero=True)
+        alpha = ct.exp2(m_i - m_ij, flush_to_zero=True)
+        l_i = l_i * alpha + ct.sum(p0, axis=-1, keepdims=True) + ct.sum(p1, axis=-1,
+                                                                         keepdims=True)
+        m_i = m_ij
+        v0 = ct.load(V, index=(batch_idx, kv_head, 2 * j, 0), shape=(1, 1, TILE_N // 2, TILE_D),
+                     order=(0, 1, 3, 2), padding_mode=ct.PaddingMode.ZERO)
+        v1 = ct.load(V, index=(batch_idx, kv_head, 2 * j + 1, 0),
+                     shape=(1, 1, TILE_N // 2, TILE_D), order=(0, 1, 3, 2),
+                     padding_mode=ct.PaddingMode.ZERO)
+        acc = ct.mma(p0.astype(Q.dtype), v0.reshape((TILE_N // 2, TILE_D)), acc * alpha,
+                     use_fast_acc=True)
+        acc = ct.mma(p1.astype(Q.dtype), v1.reshape((TILE_N // 2, TILE_D)), acc,
+                     use_fast_acc=True)
+
+    acc = ct.truediv(acc, l_i) * v_ds
+    ct.store(Out, index=(batch_idx, head_idx, bid_x, 0),
+             tile=acc.reshape((1, 1, TILE_M, TILE_D)).astype(Out.dtype))
+
+
+FWD_SPEC = KernelSpec(
+    "fmha_fp8_emu", "experiments.fp8_decode_v2", "fmha_fp8_emu_kernel",
+    arrays=(Array("Q", 4, "float8_e4m3fn"), Array("K", 4, "float8_e4m3fn"),
+            Array("V", 4, "float8_e4m3fn"), Array("Out", 4), Array("QDescale", 2, "float32"),
+            Array("KDescale", 2, "float32"), Array("VDescale", 2, "float32")),
+    scalars=(("qk_scale", float), ("input_pos", int), ("num_heads", int),
+             ("group_size", int)),
+    constants=("TILE_M", "TILE_N", "TILE_D", "CAUSAL", "EVEN_K", "EMU"))
+FWD_VARIANTS = {"fwd-split": False, "fwd-emu": True}
+
+
+def attention_fp8_v2(q8, k8, v8t, *, q_descale, k_descale, v_descale, causal: bool,
+                     variant: str = "fwd-emu", config=None, out_dtype=None):
+    """The FP8 forward through ``fmha_fp8_emu_kernel``: q8, k8 (B, H, N, D) e4m3, v8t
+    (B, Hkv, D, Nk) e4m3 (``quantize_fp8(v, transpose_v=True)``), descales (B, Hkv)."""
+    import torch
+    from flashattn.dispatch import device_arch, launch_kernel, on_device
+    from flashattn.kernels import hinted
+    from flashattn.kernels.fp8_spec import fp8_config
+    if variant not in FWD_VARIANTS:
+        raise ValueError(f"unknown variant {variant!r}; choose from {', '.join(FWD_VARIANTS)}")
+    B, Hq, Nq, D = q8.shape
+    Hkv, Nk = k8.shape[1], k8.shape[2]
+    if tuple(v8t.shape) != (B, Hkv, D, Nk):
+        raise ValueError(f"v8t must be (B, Hkv, D, Nk) = {(B, Hkv, D, Nk)}, got "
+                         f"{tuple(v8t.shape)}")
+    config = fp8_config(device_arch(q8.device), D) if config is None else config
+    if Nk % config.TILE_N:
+        # A half tile wholly past Nk would be a load outside the array (undefined on a GPU).
+        raise ValueError(f"this experiment needs Nk a multiple of TILE_N = {config.TILE_N}, "
+                         f"got {Nk}")
+    out = torch.empty((B, Hq, Nq, D), dtype=out_dtype or torch.bfloat16, device=q8.device)
+    consts = dict(TILE_M=config.TILE_M, TILE_N=config.TILE_N, TILE_D=D, CAUSAL=bool(causal),
+                  EVEN_K=Nk % config.TILE_N == 0, EMU=FWD_VARIANTS[variant])
+    args = FWD_SPEC.args(dict(Q=q8, K=k8, V=v8t, Out=out, QDescale=q_descale,
+                              KDescale=k_descale, VDescale=v_descale),
+                         dict(qk_scale=1.0 / math.sqrt(D), input_pos=0, num_heads=Hq,
+                              group_size=Hq // Hkv), consts)
+    with on_device(q8.device):
+        launch_kernel(q8.device, (-(-Nq // config.TILE_M), B * Hq, 1),
+                      hinted(FWD_SPEC.kernel(), config.hints()), args)
+    return out
+
 # --- check: the interpreter against the references (CPU) ---------------------------------------
 def check_rows(*, B=2, Hq=8, Hkv=2, D=64, L=300, seed=0) -> list[dict]:
     """Every kernel on one small case (GQA 4:1, two sequences, the second shorter with NaN in
@@ -437,10 +597,30 @@ def compile_cases(archs=("sm_90", "sm_100"), D=128, rows=4):
     return cases
 
 
-def compile_report(archs=("sm_90", "sm_100"), keep_dir: Path | None = None) -> list[dict]:
+def forward_compile_cases(archs=("sm_90", "sm_100"), D=128):
+    """The library's FP8 forward (V^T, its default tile) beside fwd-split and fwd-emu, causal
+    and not, at the arch's FP8 configuration."""
+    from flashattn.kernels.fp8_spec import FMHA_FP8, fp8_config, fp8_constants
+    cases = []
+    for arch in archs:
+        cfg = fp8_config(arch, D)
+        for causal in (False, True):
+            tag = f"{'causal' if causal else 'full'} {cfg.label()}"
+            cases.append((arch, f"fwd fp8 (library) {tag}", FMHA_FP8, fp8_constants(
+                cfg, head_dim=D, causal=causal, even_k=True, v_transposed=True), cfg.hints()))
+            for name, emu in FWD_VARIANTS.items():
+                cases.append((arch, f"{name} {tag}", FWD_SPEC, dict(
+                    TILE_M=cfg.TILE_M, TILE_N=cfg.TILE_N, TILE_D=D, CAUSAL=causal, EVEN_K=True,
+                    EMU=emu), cfg.hints()))
+    return cases
+
+
+def compile_report(archs=("sm_90", "sm_100"), keep_dir: Path | None = None,
+                   forward: bool = True) -> list[dict]:
     from flashattn.aot import compile_spec
     rows = []
-    for arch, label, spec, consts, hints in compile_cases(archs):
+    cases = compile_cases(archs) + (forward_compile_cases(archs) if forward else [])
+    for arch, label, spec, consts, hints in cases:
         r = compile_spec(spec, arch, consts, hints=hints, dtype="float16", align=16,
                          label=label, step=spec.name, keep_sass=True)
         text = getattr(r, "sass_text", "")
@@ -448,6 +628,7 @@ def compile_report(archs=("sm_90", "sm_100"), keep_dir: Path | None = None) -> l
             fn = re.sub(r"[^A-Za-z0-9]+", "-", f"{arch}-{label}").strip("-") + ".sass"
             (keep_dir / fn).write_text(text)
         rows.append(dict(arch=arch, kernel=label, tile=f"{consts['TILE_M']}x{consts['TILE_N']}",
+                         ffma=sum(1 for ln in text.splitlines() if re.search(r"\bFFMA\b", ln)),
                          registers=r.registers, stack=r.stack_bytes, shared=r.shared_bytes,
                          error=r.error, hints=hints, loop_table=loop_table(text),
                          **sass_counts(text)))
@@ -517,6 +698,45 @@ def decode_calls(B, L, device, *, Hq=32, Hkv=8, D=128, variants=tuple(VARIANTS))
     return fns, errs
 
 
+def forward_calls(B, H, N, D, causal, device, *, Hkv=None):
+    """{row: fn} for the FP8 forward at one shape, and each row's max |error| (one head):
+    fwd-fp16 (flashattn.attention on fp16, the base) against fp32 attention of the fp16 inputs;
+    the FP8 rows against ``reference_fp8`` (fp32 attention of the dequantised inputs)."""
+    import torch
+    import flashattn
+    from flashattn.fp8 import attention_fp8, quantize_fp8, reference_fp8
+    Hkv = Hkv or H
+    g = torch.Generator(device=device).manual_seed(0)
+    q = torch.randn(B, H, N, D, generator=g, device=device, dtype=torch.float16)
+    k = torch.randn(B, Hkv, N, D, generator=g, device=device, dtype=torch.float16)
+    v = torch.randn(B, Hkv, N, D, generator=g, device=device, dtype=torch.float16)
+    q8, qd = quantize_fp8(q, num_kv_heads=Hkv)
+    k8, kd = quantize_fp8(k, num_kv_heads=Hkv)
+    v8t, vd = quantize_fp8(v, num_kv_heads=Hkv, transpose_v=True)
+    kw = dict(q_descale=qd, k_descale=kd, v_descale=vd, causal=causal)
+    cfg = None
+    if device.type == "cpu":
+        from flashattn.steps import Config
+        cfg = Config.parse("64x64")
+    fns = {
+        "fwd-fp16": lambda: flashattn.attention(q, k, v, causal=causal),
+        "fwd-fp8": lambda: attention_fp8(q8, k8, v8t, v_transposed=True, config=cfg, **kw),
+        "fwd-fp8#2": lambda: attention_fp8(q8, k8, v8t, v_transposed=True, config=cfg, **kw),
+    }
+    for name in FWD_VARIANTS:
+        fns[name] = (lambda n=name: attention_fp8_v2(q8, k8, v8t, variant=n, config=cfg, **kw))
+    hs = slice(0, 1)
+    ref8 = reference_fp8(q8[:1, hs], k8[:1, hs], v8t[:1, hs].transpose(-1, -2), qd[:1, hs],
+                         kd[:1, hs], vd[:1, hs], causal=causal).float().cpu()
+    ref16 = flashattn.reference.attention(q[:1, hs].float(), k[:1, hs].float(),
+                                          v[:1, hs].float(), causal=causal).float().cpu()
+    errs = {}
+    for name, fn in fns.items():
+        o = fn()
+        errs[name] = (o[:1, hs].float().cpu() - (ref16 if "fp16" in name else ref8)).abs().max().item()
+    return fns, errs
+
+
 def _timer(dry: bool):
     """{name: fn} -> {name: {median_ms, ...}}: flashattn.timing.time_rounds on the GPU (CUDA
     graphs, L2 flush and idle before each sample, random order per round); in the dry run the
@@ -547,9 +767,15 @@ def _timer(dry: bool):
 # q rounded to e4m3 (unit roundoff 2^-4) changes scores of size ~1 by up to ~0.1, and P in e4m3;
 # the CPU check measured ~3e-2 at 300 keys, less at long caches (outputs average more keys).
 TOL = {"fp16": 2e-3, "fp8": 2e-3, "v2": 0.1}
+FWD_RESERVE_S = 40.0   # the forward part's share of --budget-s when both parts run
+
+
+TOL["fwd"] = 0.1      # P in e4m3: the library FP8 forward's own error class (E31: <= ~4e-2)
 
 
 def _tol(name):
+    if name.startswith("fwd"):
+        return TOL["fwd"] if ("fp8" in name or name in FWD_VARIANTS) else TOL["fp16"]
     return TOL["v2"] if name.startswith("v2") else TOL["fp8" if "fp8" in name else "fp16"]
 
 
@@ -571,10 +797,14 @@ def time_main(a) -> int:
         hq, hkv, d = 32, 8, 128
     timer = _timer(a.dry_run)
     rows, skipped, failed = [], [], []
+    if a.part == "forward":
+        shapes = []
+    # With both parts the decode shapes leave FWD_RESERVE_S of the budget to the forward.
+    dec_budget = a.budget_s - (FWD_RESERVE_S if a.part == "both" else 0)
     with ctx, torch.no_grad():
         for B, L in shapes:
-            shape = dict(B=B, L=L, Hq=hq, Hkv=hkv, D=d)
-            if time.time() - t_start > a.budget_s:
+            shape = dict(part="decode", B=B, L=L, Hq=hq, Hkv=hkv, D=d)
+            if time.time() - t_start > dec_budget:
                 skipped.append(shape)
                 continue
             fns, errs = decode_calls(B, L, device, Hq=hq, Hkv=hkv, D=d, variants=a.variants)
@@ -594,8 +824,35 @@ def time_main(a) -> int:
             del fns
             if device.type == "cuda":
                 torch.cuda.empty_cache()
+        fwd_shapes = [] if a.part == "decode" else (
+            [(1, 2, 128, 64, c) for c in (False, True)] if a.dry_run else
+            [(1, 16, N, 128, c) for N in a.fwd_n for c in (False, True)])
+        for B, H, N, D, causal in fwd_shapes:
+            shape = dict(part="forward", B=B, H=H, N=N, D=D, causal=causal)
+            if time.time() - t_start > a.budget_s:
+                skipped.append(shape)
+                continue
+            fns, errs = forward_calls(B, H, N, D, causal, device)
+            for n in [n for n, e in errs.items() if not e <= _tol(n)]:
+                failed.append(dict(shape, impl=n, max_err=errs[n]))
+                del fns[n]
+            res = timer(fns, a.rounds)
+            flops = 4.0 * B * H * N * N * D / (2 if causal else 1)
+            for name, r in res.items():
+                rows.append(dict(shape, impl=name, max_err=errs[name],
+                                 tflops=flops / r["median_ms"] / 1e9,
+                                 vs_fp16=res["fwd-fp16"]["median_ms"] / r["median_ms"],
+                                 vs_fp8=res["fwd-fp8"]["median_ms"] / r["median_ms"], **r))
+            del fns
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
     lines = []
     for r in rows:
+        if r["part"] == "forward":
+            lines.append(f"fwd N={r['N']:<6} {'causal' if r['causal'] else 'full  '} "
+                         f"{r['impl']:12} {r['median_ms']:9.4f} ms {r['tflops']:7.1f} TFLOPS "
+                         f"x{r['vs_fp16']:.3f} fp16 x{r['vs_fp8']:.3f} fp8 err {r['max_err']:.2e}")
+            continue
         lines.append(f"B={r['B']:<3} L={r['L']:<7} {r['impl']:16} {r['median_ms']:9.4f} ms "
                      f"{r['gbps']:8.1f} GB/s x{r['vs_fp16']:.3f} fp16 "
                      + (f"x{r['vs_fp8']:.3f} fp8 " if r["vs_fp8"] else "")
@@ -611,7 +868,7 @@ def time_main(a) -> int:
                 device=(torch.cuda.get_device_name(device) if device.type == "cuda"
                         else "cpu (interpreter dry run, fake timing)"),
                 rounds=a.rounds, dry_run=a.dry_run, budget_s=a.budget_s,
-                variants=list(a.variants), tolerance=TOL, seconds=round(time.time() - t_start, 1),
+                variants=list(a.variants), tolerance=TOL, part=a.part, seconds=round(time.time() - t_start, 1),
                 method=("fake: CPU host time of one call" if a.dry_run else
                         "flashattn.timing.time_rounds: CUDA graphs, L2 flush + idle per sample, "
                         "random order per round"))
@@ -637,6 +894,9 @@ def main(argv=None) -> int:
     t.add_argument("--cache", type=int, nargs="+",
                    default=[4096, 16384, 32768, 65536, 131072])
     t.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    t.add_argument("--part", choices=("decode", "forward", "both"), default="both")
+    t.add_argument("--fwd-n", type=int, nargs="+", default=[16384],
+                   help="forward lengths (B=1, H=16, D=128, causal and not)")
     t.add_argument("--dry-run", action="store_true",
                    help="CPU: tiny shapes through the interpreter, fake timing")
     c = sub.add_parser("compile", help="SASS report (tileiras + cuobjdump, no GPU)")
