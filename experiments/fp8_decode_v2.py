@@ -222,6 +222,11 @@ VARIANTS = {
     "v2-qk8": dict(QK8=True, PV8=False, tile_m=None),
     "v2-qk8-pv8": dict(QK8=True, PV8=True, tile_m=None),
     "v2-qk8-pv8-m16": dict(QK8=True, PV8=True, tile_m=16),
+    # idea (d): the key tile sized for fp8 bytes (the plan's 128 keys are 32 KB of fp8 K+V
+    # against 64 KB of fp16): 64 keys (more pipeline stages or CTAs) and 256 keys (the fp16
+    # tile's bytes, half the per-tile overhead).
+    "v2-qk8-pv8-n64": dict(QK8=True, PV8=True, tile_m=None, tile_n=64),
+    "v2-qk8-pv8-n256": dict(QK8=True, PV8=True, tile_m=None, tile_n=256),
 }
 
 
@@ -232,6 +237,8 @@ def variant_constants(split_constants: dict, arch: str | None, variant: str) -> 
     c = fp8_decode_constants(split_constants, arch)
     if v["tile_m"] is not None:
         c["TILE_M"] = max(int(split_constants["TILE_M"]), v["tile_m"])
+    if v.get("tile_n"):
+        c["TILE_N"] = v["tile_n"]          # the split count (grid) stays the plan's
     return dict(TILE_M=c["TILE_M"], TILE_N=c["TILE_N"], TILE_D=c["TILE_D"],
                 FINAL=bool(c.get("FINAL", False)), FUSED=bool(c.get("FUSED", False)),
                 PDL=bool(c.get("PDL", False)), QK8=v["QK8"], PV8=v["PV8"])
