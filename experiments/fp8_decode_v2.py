@@ -28,7 +28,8 @@ lengths) is the library's fp16 plan (``decode.decode_plan``), so only the tile w
 Contiguous caches only (a paged V^T cache would transpose within each page; not written).
 
 Variants (``VARIANTS``): ``v2-qk8`` (QK8, V widened, 64 rows), ``v2-qk8-pv8`` (QK8 + PV8, 64
-rows), ``v2-qk8-pv8-m16`` (QK8 + PV8, 16 rows). Rows of ``time``: ``decode-fp16`` (the base),
+rows), ``v2-qk8-pv8-m16`` (QK8 + PV8, 16 rows), ``v2-qk8-pv8-n64`` / ``-n256`` (key tiles of
+64 / 256 keys instead of the plan's 128). Rows of ``time``: ``decode-fp16`` (the base),
 ``decode-fp16#2``, ``decode-fp8`` and ``decode-fp8#2`` (the library's fp8 cache, twice: the
 control) and each variant; B = 1, 8, 64, caches 4K-128K, Hq=32, Hkv=8, Nq=1, D=128 (the shapes of
 ``experiments/fp8_bench.py``). Every row is checked against its reference before timing.
@@ -37,6 +38,11 @@ Accuracy: QK8 adds e4m3 rounding of q (unit roundoff 2^-4) to the scores, the FP
 error class; the reference is ``flashattn.fp8.decode_reference_fp8`` (fp32 attention of fp16 q
 and the dequantised caches), so the variants' error against it is larger than the library
 kernel's (which keeps q in fp16): ``check`` prints both.
+
+The forward part (``--part forward``; ``both`` by default): ``fmha_fp8_emu_kernel``, the
+library's FP8 forward with each key tile in two halves (``fwd-split``) and the second half's
+exponentials computed on the FMA pipe (``fwd-emu``, ``exp2_fma``), against the library's FP8
+forward (twice: the control) and the fp16 forward (the base), B=1 H=16 N=16K D=128.
 
 Prediction and SASS: experiments/LOG.md E32, experiments/data/46-fp8-decode-v2/.
 """
