@@ -826,7 +826,7 @@ def time_main(a) -> int:
                 failed.append(dict(shape, impl=n, max_err=errs[n]))
                 del fns[n]
             res = timer(fns, a.rounds)
-            base = res["decode-fp16"]["median_ms"]
+            base = res.get("decode-fp16", {}).get("median_ms", math.nan)
             fp8 = res.get("decode-fp8", {}).get("median_ms")
             for name, r in res.items():
                 nbytes = kv_bytes(B, L, Hkv=hkv, D=d, elem=2 if "fp16" in name else 1)
@@ -851,11 +851,12 @@ def time_main(a) -> int:
                 del fns[n]
             res = timer(fns, a.rounds)
             flops = 4.0 * B * H * N * N * D / (2 if causal else 1)
+            b16 = res.get("fwd-fp16", {}).get("median_ms", math.nan)
+            b8 = res.get("fwd-fp8", {}).get("median_ms", math.nan)
             for name, r in res.items():
                 rows.append(dict(shape, impl=name, max_err=errs[name],
                                  tflops=flops / r["median_ms"] / 1e9,
-                                 vs_fp16=res["fwd-fp16"]["median_ms"] / r["median_ms"],
-                                 vs_fp8=res["fwd-fp8"]["median_ms"] / r["median_ms"], **r))
+                                 vs_fp16=b16 / r["median_ms"], vs_fp8=b8 / r["median_ms"], **r))
             del fns
             if device.type == "cuda":
                 torch.cuda.empty_cache()
