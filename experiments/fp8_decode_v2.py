@@ -356,7 +356,6 @@ def fmha_fp8_emu_kernel(Q, K, V, Out, QDescale, KDescale, VDescale,
     shifted by 2^8) with each key tile taken as two halves of TILE_N // 2 keys: S in two
     products, one row max, P of the first half by MUFU.EX2 and of the second by ``exp2_fma``
     when EMU (else MUFU too: the split alone), O += P_0 V_0 + P_1 V_1."""
-    HALF: ct.Constant[int] = TILE_N // 2
     bid_x = ct.bid(0)
     bid_y = ct.bid(1)
     batch_idx = bid_y // num_heads
