@@ -16,7 +16,8 @@ they read:
     bm = create_block_mask(mask, None, None, N, N, device="cuda")
     out = flashattn.flex_attention(q, k, v, score_mod=mods.softcap(30.0), block_mask=bm)
 
-Shipped: ``causal``, ``sliding_window`` (causal or two-sided), ``prefix_lm``, ``document``
+Shipped: ``causal``, ``sliding_window`` (causal or two-sided), ``chunked`` (local attention in
+fixed chunks), ``prefix_lm``, ``document``
 (per-token document ids, optionally causal), ``softcap``, ``alibi`` (with ``alibi_slopes``),
 ``relative_bias`` (a per-head table of biases by key - query distance), ``dense_mask`` (any mask
 given as a (B, Nq, Nk) tensor, e.g. padding). The learnable attention
@@ -37,7 +38,7 @@ from .interpret import install_shim
 install_shim()                     # where cuda-tile is not installed, the interpreter's stand-in
 import cuda.tile as ct             # noqa: E402  (the tile functions below are cuTile code)
 
-__all__ = ["ScoreMod", "MaskMod", "causal", "sliding_window", "prefix_lm", "document", "dense_mask",
+__all__ = ["ScoreMod", "MaskMod", "causal", "sliding_window", "chunked", "prefix_lm", "document", "dense_mask",
            "softcap", "alibi", "alibi_slopes", "relative_bias", "sink_reference", "as_mod"]
 
 
@@ -194,6 +195,31 @@ def sliding_window(left: int, right: int = 0, *, offset: int = 0) -> MaskMod:
                          f"({left}, {right})")
     return MaskMod(f"sliding_window({left},{right})", _window_tile(left, right, offset),
                    params=dict(left=left, right=right, offset=offset))
+
+
+@functools.lru_cache(maxsize=None)
+def _chunk_tile(chunk: int, causal: bool):
+    # Integer division by a constant: a shift when the chunk is a power of two.
+    if causal:
+        def chunked_causal(b, h, q_idx, kv_idx):
+            return (q_idx // chunk == kv_idx // chunk) & (q_idx >= kv_idx)
+        return chunked_causal
+
+    def chunked(b, h, q_idx, kv_idx):
+        return q_idx // chunk == kv_idx // chunk
+    return chunked
+
+
+def chunked(chunk: int, *, causal: bool = True) -> MaskMod:
+    """Chunked local attention (Llama 4's local layers): positions are cut into chunks of
+    ``chunk`` tokens and a query sees only keys of its own chunk (causally by default): unlike
+    a sliding window, the first query of a chunk sees one key. Chapter 13."""
+    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+        raise TypeError(f"chunked: chunk must be an int >= 1, got {chunk!r}")
+    if not isinstance(causal, bool):
+        raise TypeError(f"chunked: causal must be a bool, got {type(causal).__name__}")
+    return MaskMod(f"chunked({chunk},{'causal' if causal else 'full'})",
+                   _chunk_tile(chunk, causal), params=dict(chunk=chunk, causal=causal))
 
 
 @functools.lru_cache(maxsize=None)

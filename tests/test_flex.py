@@ -44,6 +44,9 @@ def _case(name, Hq, Nq, Nk, causal):
         return None, c
     if name == "window":
         return None, mods.sliding_window(7) if causal else mods.sliding_window(5, 9)
+    if name == "chunked":
+        return None, mods.chunked(8, causal=causal) if Nq != 45 else mods.chunked(12,
+                                                                                 causal=causal)
     if name == "prefix_lm":
         return None, mods.prefix_lm(11) if causal else mods.prefix_lm(torch.tensor([3, 20],
                                                                                    dtype=torch.int32))
@@ -61,7 +64,7 @@ def _case(name, Hq, Nq, Nk, causal):
     raise KeyError(name)
 
 
-MODS = ["none", "window", "prefix_lm", "document", "softcap", "alibi", "relative_bias", "sink"]
+MODS = ["none", "window", "chunked", "prefix_lm", "document", "softcap", "alibi", "relative_bias", "sink"]
 
 
 def _run_pair(q, k, v, score, mask, *, block, sinks=None, gqa=True):

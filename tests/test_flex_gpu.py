@@ -33,7 +33,7 @@ pytestmark = pytest.mark.gpu
 warnings.filterwarnings("ignore", message=".*flex_attention.*")
 
 B, HQ, HKV, NQ, NK, D = 2, 8, 2, 300, 517, 64
-MODS = ["none", "window", "prefix_lm", "document", "softcap", "alibi", "relative_bias", "sink"]
+MODS = ["none", "window", "chunked", "prefix_lm", "document", "softcap", "alibi", "relative_bias", "sink"]
 DTYPES = ("float16", "bfloat16")
 
 
@@ -59,6 +59,8 @@ def _case(name, causal):
         return None, c, None
     if name == "window":
         return None, (mods.sliding_window(100) if causal else mods.sliding_window(70, 150)), None
+    if name == "chunked":
+        return None, mods.chunked(192, causal=causal), None
     if name == "prefix_lm":
         return None, mods.prefix_lm(130 if causal else 40), None
     if name == "document":
