@@ -299,3 +299,27 @@ def test_bad_options_and_arguments():
         mods.sliding_window(-3)
     with pytest.raises(ValueError, match="softcap"):
         mods.softcap(0.0)
+
+
+def test_chunked_mask_forward_and_backward_against_a_dense_mask():
+    """mods.chunked: keys of the query's own chunk only (causal inside); gradients too."""
+    N, C = 96, 32
+    g = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(1, 2, N, 32, generator=g, dtype=torch.float64).requires_grad_()
+               for _ in range(3))
+    bm = create_block_mask(mods.chunked(C), None, None, N, N, device="cpu", BLOCK_SIZE=32)
+    qh, kh, vh = (t.detach().half().requires_grad_() for t in (q, k, v))
+    with interpret.enabled():
+        out = flex_attention(qh, kh, vh, block_mask=bm)
+        out.sum().backward()
+    i = torch.arange(N)
+    allowed = (i[:, None] // C == i[None, :] // C) & (i[:, None] >= i[None, :])
+    s = (q @ k.transpose(-1, -2) / 32 ** 0.5).masked_fill(~allowed, -float("inf"))
+    (torch.softmax(s, -1) @ v).sum().backward()
+    assert (out.double() - torch.softmax(s, -1) @ v).abs().max() < 5e-3
+    for a, b in ((qh, q), (kh, k), (vh, v)):
+        assert (a.grad.double() - b.grad).abs().max() < 1e-2
+    with pytest.raises(TypeError, match="chunk"):
+        mods.chunked(0)
+    with pytest.raises(TypeError, match="causal"):
+        mods.chunked(8, causal=1)
