@@ -1,5 +1,5 @@
 """Where a launch runs: on the GPU through ``ct.launch``, or, for CPU tensors with the
-interpreter opted in, through ``flashattn.interpret.launch`` (issue 20).
+interpreter opted in, through ``flashattn.interpret.launch`` (the interpreter: see CONTRIBUTING).
 
     launch_kernel(q.device, grid, kernel, args)     # every launch site of the package
     device_arch(q.device), device_sm_count(q.device)   # "sm_90", 132 for an interpreted H200

@@ -1,4 +1,4 @@
-"""``flashattn.flex_attention``: PyTorch's FlexAttention interface on the cuTile kernel (issue 23).
+"""``flashattn.flex_attention``: PyTorch's FlexAttention interface on the cuTile kernel (chapter 13).
 
     from torch.nn.attention.flex_attention import create_block_mask
     from flashattn import flex_attention, mods

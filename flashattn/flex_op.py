@@ -1,4 +1,4 @@
-"""flex_attention as torch.library operators (issue 23): ``flashattn::flex_fwd`` and
+"""flex_attention as torch.library operators (chapter 13): ``flashattn::flex_fwd`` and
 ``flashattn::flex_bwd``, so autograd and ``torch.compile`` see one opaque operator each.
 
 A mod is a Python object and cannot be an operator argument (its tensors can): the operator

@@ -7,7 +7,7 @@
     v8, vd = quantize_fp8(v)
     o = flashattn.attention(q8, k8, v8, causal=True, q_descale=qd, k_descale=kd, v_descale=vd)
     # V quantised straight into (B, Hkv, D, N), the layout Hopper's FP8 P V reads: the forward
-    # then skips its transpose pass (6-10 % of the forward at 16K, GPU probe 1)
+    # then skips its transpose pass (a pass of its own over V: chapter 14)
     v8t, vd = quantize_fp8(v, transpose_v=True)
     o = flashattn.fp8.attention_fp8(q8, k8, v8t, causal=True, q_descale=qd, k_descale=kd,
                                     v_descale=vd, v_transposed=True)
@@ -73,8 +73,7 @@ def quantize_fp8(x, *, num_kv_heads: int | None = None, dtype=None, margin: floa
         transpose_v: for V: return x_fp8 transposed, (B, H, D, N), the layout the FP8
             forward's P V product reads (``attention_fp8(..., v_transposed=True)``), written
             by this quantising pass itself: a caller who quantises V anyway gets V^T without
-            the forward's separate transpose pass (6-10 % of the forward at 16K on an H200,
-            GPU probe 1). The result is a view of the first N columns of a (B, H, D, N16)
+            the forward's separate transpose pass (chapter 14 measures it). The result is a view of the first N columns of a (B, H, D, N16)
             buffer, N16 = N rounded up to 16 (16-byte row pitches for the TMA).
 
     Returns:

@@ -6,8 +6,8 @@ the timed region), each after the GPU has idled for ``idle_ms``, in many rounds,
 implementations in a fresh random order every round, and reports the median per launch with a
 bootstrap 95 % confidence interval. The idle gap is what makes samples reproducible: under a
 sustained tensor-core load an H200 sits at its power limit and its SM clock wanders between
-states, so back-to-back samples of one kernel vary by 4-7 % (E11 in ``experiments/LOG.md``);
-after 25 ms of idle every sample starts at the same clock, and they agree to about 0.5 %. The
+states, so back-to-back samples of one kernel vary by several percent; after an idle gap every
+sample starts at the same clock, and they agree far more closely (chapter 3 measures both). The
 sustained regime (``idle_ms=0``, ``warm_ms`` > 0) is measured too, as an experiment: it ranks
 kernels by how much power they draw as well as by how much work they do (chapter 3). The host
 time of a call (how long it takes to return on an idle GPU) is measured separately
@@ -186,7 +186,7 @@ def time_rounds(fns: dict, *, rounds: int = 30, inner=10, graph: bool = True,
     "graph" or "batch".
 
     Before each sample the GPU idles for ``idle_ms`` (after the L2 flush), so every sample
-    starts in the same power and clock state whatever ran before it (E11). With ``warm_ms`` > 0
+    starts in the same power and clock state whatever ran before it (chapter 3). With ``warm_ms`` > 0
     the batch instead first runs untimed (whole replays, at least ``warm_ms`` milliseconds, at
     most 50; none for a batch of 100 ms or more): the sustained, power-limited regime.
 

@@ -12,14 +12,14 @@ packed tensors head-major (a free view, ``q.permute(1, 0, 2)``)::
 Grid: ``(cdiv(cdiv(max_seqlen_q, TILE_M), Q_TILES), Hq, B)``: one program per ``Q_TILES``
 query tiles of one head of one sequence, taken one after the other, the heads of one sequence
 side by side in launch order, so the query heads of a GQA group run at the same time and share
-their K/V tiles through L2 (E18: with the sequences side by side instead, the H200 read the K/V
-of 32 sequences of 1K from DRAM 2.1 times over). A program reads its sequence's offsets from the
+their K/V tiles through L2 (sequences side by side instead read the K/V from DRAM several
+times over: chapter 12). A program reads its sequence's offsets from the
 device tensors, views the sequence's rows with ``Array.slice`` (so a tile past the sequence's
 end reads zeros from the padding, never the next sequence's tokens, and a store past it is
 dropped), and exits at once when the sequence has no query tile at its first grid index:
 shorter sequences leave idle programs of a few instructions each. Those views are tensor maps
-built by the program at run time (E17: four per program, against none for the square kernel,
-whose maps come with the launch); ``Q_TILES > 1`` builds them once for several tiles (E22).
+built by the program at run time (four per program, against none for the square kernel,
+whose maps come with the launch); ``Q_TILES > 1`` builds them once for several tiles.
 Causal programs take their sequence's tiles in reverse (the longest, bottom tiles first, as
 the REMAP step of chapter 8).
 
@@ -91,7 +91,7 @@ def varlen_fwd_kernel(Q, K, V, Out, CuSeqlensQ, CuSeqlensK,
     first = ct.bid(0) * Q_TILES                                      # this program's first
 
     if first < n_m:                                                  # else: past the end, exit
-        # The sequence's rows as arrays of their own (built once per program, E17/E22: their
+        # The sequence's rows as arrays of their own (built once per program: their
         # tensor maps are the per-program cost): tiles past the end read zeros.
         q_seq = Q.slice(axis=1, start=q_start, stop=q_end)           # (Hq, len_q, D)
         o_seq = Out.slice(axis=1, start=q_start, stop=q_end)         # (Hq, len_q, D)
@@ -102,7 +102,7 @@ def varlen_fwd_kernel(Q, K, V, Out, CuSeqlensQ, CuSeqlensK,
         shift = len_k - len_q                                        # causal: bottom-right
         offs_n_tile = ct.arange(TILE_N, dtype=ct.int32)[None, :]     # [1, TILE_N]
 
-        for t in range(Q_TILES):                     # E22: the views above serve Q_TILES tiles
+        for t in range(Q_TILES):                     # the views above serve Q_TILES tiles
             if first + t < n_m:
                 if CAUSAL:
                     bid_m = n_m - 1 - (first + t)    # chapter 8: the longest query tiles first
