@@ -52,7 +52,11 @@ import time
 from flashattn.contract import DTYPE_SHORT, dtype_name, parse_gqa
 from ..data.schema import (DECODE_PARTS, SKIPPED, add_decode_derived, format_decode_table,
                            kv_bytes, make_decode_row)
-from .workload import SAMPLE_MS, check_gqa, emit, require_gpu
+from .harness import (IDLE_MS, INNER, SAMPLE_MS, check_once, error_text, finite,
+                      method_meta, qkv_inputs, random_inputs, rotating, rounds_per_sample,
+                      time_in_rounds)
+from .harness import LIBRARIES as HARNESS_LIBRARIES
+from .workload import check_gqa, emit, require_gpu
 from .workload import csv as _csv
 
 # HBM peak bandwidth per GPU (TB/s = 1e12 bytes/s), with where the number comes from: the
@@ -74,8 +78,9 @@ DEFAULT_PAGE_SIZES = (16, 64)
 # B x Nk of one cache copy: at B=64, Nk=128K a copy of K and V is 34 GB (and the paged caches
 # are two more): the sweep stops B=64 at 32K.
 MAX_CACHE_TOKENS = 64 * 32768
-LIBRARIES = {"sdpa_flash": "FLASH_ATTENTION", "sdpa_efficient": "EFFICIENT_ATTENTION",
-             "sdpa_cudnn": "CUDNN_ATTENTION", "sdpa_math": "MATH", "flex": "flex"}
+# The libraries of the decode part (backends from ``harness.LIBRARIES``), in this order.
+LIBRARIES = {n: HARNESS_LIBRARIES[n]
+             for n in ("sdpa_flash", "sdpa_efficient", "sdpa_cudnn", "sdpa_math", "flex")}
 DECODE_IMPLS = ("decode", "decode_paged16", "decode_paged64", "square_best", *LIBRARIES)
 FLEX_SHAPES = ((8, 4096, 1), (8, 32768, 1))          # (B, Nk, Nq) where --flex default runs it
 FLEX_CHOICES = ("default", "all", "none")
@@ -89,9 +94,7 @@ VARLEN_TOTAL = 32768
 VARLEN_MIXES = ("equal_8x4096", "equal_32x1024", "uniform_1_4096", "skewed")
 VARLEN_IMPLS = ("varlen", "square_padded")
 
-ROUNDS = 15
-INNER = 10
-IDLE_MS = 25.0            # timing.IDLE_MS: the GPU idles this long before each sample
+ROUNDS = 15               # half the forward's: the sweep has many more shapes
 SETUP_S = 0.5             # per implementation and shape: check, capture, host time (estimate)
 FLEX_COMPILE_S = 30.0     # torch.compile of flex_attention for a new shape (estimate)
 CUTILE_COMPILE_S = 5.0    # tileiras, one new kernel variant (estimate)
@@ -261,9 +264,7 @@ class Entry:
         self.call = call or fns[0]
 
 
-def _err(e: BaseException) -> str:
-    lines = [ln for ln in str(e).strip().splitlines() if ln.strip()]
-    return f"{type(e).__name__}: {lines[0] if lines else ''}"[:300]
+_err = error_text
 
 
 def _l2_bytes(dev) -> int:
@@ -287,10 +288,7 @@ def input_sets_for(set_bytes: int, *, inner: int, l2_bytes: int, free_bytes: int
 def _decode_set(B, Hq, Hkv, Nq, Nk, D, dtype, dev, seed, pages):
     """q, the contiguous cache, full lengths, and a paged copy per page size (pages shuffled)."""
     import torch
-    g = torch.Generator(device=dev).manual_seed(seed)
-    q = torch.randn((B, Hq, Nq, D), generator=g, device=dev, dtype=dtype)
-    k = torch.randn((B, Hkv, Nk, D), generator=g, device=dev, dtype=dtype)
-    v = torch.randn((B, Hkv, Nk, D), generator=g, device=dev, dtype=dtype)
+    q, k, v = qkv_inputs(B, Hq, Hkv, Nq, Nk, D, dtype, dev, seed)
     lens = torch.full((B,), Nk, dtype=torch.int32, device=dev)
     paged = {}
     for p in pages:
@@ -401,20 +399,7 @@ def decode_entries(impls, sets, *, scale, skip) -> dict:
 
 def _check(entry: Entry, ref_fn) -> dict:
     """Compile and warm up, compare batch 0 with the fp32 reference, estimate one call (ms)."""
-    import torch
-    with entry.ctx():
-        entry.fns[0]()
-        torch.cuda.synchronize()
-        o = entry.fns[0]()
-        torch.cuda.synchronize()
-        err = ref_fn(o)
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        entry.fns[0]()
-        e.record()
-        e.synchronize()
-    return dict(max_abs_err=err if math.isfinite(err) else float("nan"),
-                est_ms=max(s.elapsed_time(e), 1e-3))
+    return check_once(entry.fns[0], lambda o: dict(max_abs_err=finite(ref_fn(o))), entry.ctx)
 
 
 def _wall_time(fn, *, reps: int = 20) -> float:
@@ -470,22 +455,10 @@ def measure(entries: dict, ref_fn, *, rounds: int, inner: int, max_inner: int, s
         except Exception as ex:
             res[name] = _err(ex)
 
-    def in_ctx(e):
-        it = itertools.cycle(e.fns)
-
-        def call():
-            with e.ctx():
-                return next(it)()
-        return call
-    per = {n: max(1, min(inner, max_inner, round(SAMPLE_MS / c["est_ms"])))
-           for n, (e, c) in live.items()}
-    try:
-        timed = timing.time_rounds({n: in_ctx(e) for n, (e, _) in live.items()},
-                                   rounds=rounds, inner=per, seed=seed) if live else {}
-    except Exception as ex:
-        timed, fail = {}, _err(ex)
-    else:
-        fail = "not timed"
+    per = rounds_per_sample({n: c["est_ms"] for n, (e, c) in live.items()}, inner, max_inner)
+    timed, fail = time_in_rounds({n: rotating(e.fns, e.ctx) for n, (e, _) in live.items()},
+                                 rounds=rounds, inner=per, seed=seed)
+    fail = fail or "not timed"
     for n, (e, chk) in live.items():
         if n not in timed:
             res[n] = fail
@@ -604,10 +577,7 @@ def _run_varlen(plan, *, Hq, Hkv, D, dtype, rounds, inner, prog, dev):
         shape_kw = dict(B=B, Hq=Hq, Hkv=Hkv, Nq=N, Nk=N, D=D, dtype=dtype)
         extra = dict(total_tokens=T, lens=list(lens))
         prog(f"varlen {s['mix']}: {B} sequences, {T} tokens, longest {N}")
-        g = torch.Generator(device=dev).manual_seed(7 + i)
-        q = torch.randn((T, Hq, D), generator=g, device=dev, dtype=tdt)
-        k = torch.randn((T, Hkv, D), generator=g, device=dev, dtype=tdt)
-        v = torch.randn((T, Hkv, D), generator=g, device=dev, dtype=tdt)
+        q, k, v = random_inputs([(T, Hq, D), (T, Hkv, D), (T, Hkv, D)], tdt, dev, seed=7 + i)
         cu = torch.tensor([0, *itertools.accumulate(lens)], dtype=torch.int32, device=dev)
         out = torch.empty_like(q)
         qp, kp, vp = (unpack(t, cu, N) for t in (q, k, v))          # (B, H, N, D), zeros
@@ -706,12 +676,10 @@ def run_decode_bench(parts=DEFAULT_PARTS, *, batches=DEFAULT_BATCHES,
                 estimate_s=round(estimate_seconds(plans, rounds=rounds)),
                 workload=dict(name=f"{DTYPE_SHORT[dtype]}-decode-d{head_dim}-gqa{Hq}x{Hkv}",
                               Hq=Hq, Hkv=Hkv, D=head_dim, dtype=dtype),
-                method=dict(name="rounds", rounds=rounds, inner=inner, idle_ms=IDLE_MS,
-                            sample_ms=SAMPLE_MS, order="random per round",
-                            ci="bootstrap 95 % of the median",
-                            what="GPU time per call started on an idle GPU, batches replayed "
-                                 "from CUDA graphs, L2 flushed, no call reading K/V another "
-                                 "call of its batch left in L2"),
+                method=method_meta(rounds=rounds, inner=inner,
+                                   what="GPU time per call started on an idle GPU, batches "
+                                        "replayed from CUDA graphs, L2 flushed, no call reading "
+                                        "K/V another call of its batch left in L2"),
                 plans={p: [{k: v for k, v in s.items() if k != "lens"} for s in plan]
                        for p, plan in plans.items()})
 
