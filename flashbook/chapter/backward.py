@@ -23,6 +23,7 @@ import numpy as np
 
 from ..data.results import experiments_root, results_root
 from ..data.schema import read_json, to_frame
+from ..impls import color_of, label_of
 from . import plots
 
 GPU = "h200"
@@ -30,11 +31,8 @@ OURS = "fmha_bwd"                       # our backward: three kernels, determini
 ATOMIC = "fmha_bwd_atomic"              # the opt-in variant: dQ by atomic adds
 LIBS = ("sdpa_cudnn", "sdpa_flash", "sdpa_efficient")
 IMPLS = (OURS, *LIBS)
-LABELS = {OURS: "flashattn (ours)", ATOMIC: "flashattn, dQ by atomics",
-          "sdpa_cudnn": "cuDNN", "sdpa_flash": "FlashAttention-2", "sdpa_efficient":
-          "memory-efficient"}
-COLORS = {OURS: plots.color_of("best"), ATOMIC: "#6baed6",
-          **{k: plots.color_of(k) for k in LIBS}}
+LABELS = {n: label_of(n, "backward") for n in (OURS, ATOMIC, *LIBS)}   # the registry's
+COLORS = {n: color_of(n) for n in (OURS, ATOMIC, *LIBS)}
 PASS_NAMES = {"bwd": "backward alone", "fwd_bwd": "forward + backward", "fwd": "forward"}
 WORKLOADS = {(dtype, causal): f"{dtype}-{'causal' if causal else 'full'}-d128-bwd"
              for dtype in ("fp16", "bf16") for causal in (True, False)}
@@ -151,10 +149,8 @@ def products_table(N="N", D="D"):
 def listing(name: str) -> str:
     """The source of ``name`` in ``flashattn/kernels/fmha_bwd.py`` (a kernel with its
     ``@ct.kernel`` line, or a plain function such as ``dkdv_program``), read from the file."""
-    import inspect
-    from flashattn.kernels import fmha_bwd
-    from ..source import _function_source, shipped_source
-    return _function_source(shipped_source(inspect.getsource(fmha_bwd)), name)
+    from ..source import shipped_listing
+    return shipped_listing("flashattn.kernels.fmha_bwd", name)
 
 
 # --- the recorded benchmarks -----------------------------------------------------------------------

@@ -52,6 +52,7 @@ import time
 from flashattn.contract import DTYPE_SHORT, dtype_name, parse_gqa
 from ..data.schema import (DECODE_PARTS, SKIPPED, add_decode_derived, format_decode_table,
                            kv_bytes, make_decode_row)
+from ..hardware import HBM_TBS
 from .harness import (IDLE_MS, INNER, SAMPLE_MS, check_once, error_text, finite,
                       method_meta, qkv_inputs, random_inputs, rotating, rounds_per_sample,
                       time_in_rounds)
@@ -62,7 +63,7 @@ from .workload import csv as _csv
 # HBM peak bandwidth per GPU (TB/s = 1e12 bytes/s), with where the number comes from: the
 # vendor's datasheet, not a measurement. frac_peak divides by it; other GPUs get no fraction.
 HBM_PEAK_TBPS = {
-    "h200": (4.8, "NVIDIA H200 Tensor Core GPU datasheet: 141 GB HBM3e at 4.8 TB/s"),
+    "h200": (HBM_TBS, "NVIDIA H200 Tensor Core GPU datasheet: 141 GB HBM3e at 4.8 TB/s"),
     "h100": (3.35, "NVIDIA H100 Tensor Core GPU datasheet, SXM5: 80 GB HBM3 at 3.35 TB/s"),
     "b200": (8.0, "NVIDIA Blackwell (HGX B200) datasheet: 8 TB/s HBM3e per GPU"),
 }
