@@ -35,8 +35,9 @@ from .harness import (INNER, INPUT_SETS, ROUNDS, SEED_STRIDE, check_once, error_
                       max_abs_err, method_meta, qkv_inputs, rel_rms_err, rotating,
                       time_in_rounds)
 from .workload import (DEFAULT_BATCH, DEFAULT_HEAD_DIM, DEFAULT_HEADS, DEFAULT_SEQLENS,
-                       SAMPLE_MS, add_output_args, add_workload_args, check_baselines, check_gqa,
-                       check_seqlens, emit, require_gpu)
+                       SAMPLE_MS, add_output_args, add_workload_args, baseline_list,
+                       check_baselines, check_gqa, check_names, check_seqlens, emit,
+                       require_gpu)
 from .workload import csv as _csv
 
 DEFAULT_STEPS = (*STEP_IMPLS, "best")
@@ -234,7 +235,8 @@ def run_bench(steps=None, seqlens=None, *, causal: bool = True, dtype: str = "fl
               heads: int = DEFAULT_HEADS, baselines=None, reps: int = 20,
               progress: bool = True, naive_max_n: int = 4096, command: str | None = None,
               name: str | None = None, prewarm_procs: int = 0, method: str = "rounds",
-              rounds: int = ROUNDS, inner: int = INNER, input_sets: int = INPUT_SETS) -> dict:
+              rounds: int = ROUNDS, inner: int = INNER,
+              input_sets: int = INPUT_SETS) -> dict:
     """Time steps and library baselines on one workload; return the bench document.
 
     Args:
@@ -267,13 +269,7 @@ def run_bench(steps=None, seqlens=None, *, causal: bool = True, dtype: str = "fl
     for s in steps:
         check_impl_name(s)
     seqlens = [int(n) for n in (DEFAULT_SEQLENS if seqlens is None else seqlens)]
-    if baselines is None:
-        baselines = list(DEFAULT_BASELINES)
-    elif isinstance(baselines, str):
-        baselines = [] if baselines in ("", "none") else baselines.split(",")
-    for b in baselines:
-        if b not in LIBRARY_OPTIONS:
-            raise ValueError(f"unknown baseline {b!r}; choose from {', '.join(LIBRARY_OPTIONS)}")
+    baselines = baseline_list(baselines, LIBRARY_OPTIONS, DEFAULT_BASELINES)
     dtype = dtype_name(dtype)
     Hq, Hkv = parse_gqa(gqa) or (heads, heads)
     B, D = batch, head_dim
@@ -426,12 +422,7 @@ def parse_args(argv: list[str] | None = None) -> dict:
     a = p.parse_args(argv)
     if a.backward:
         p.error("--backward is handled by flashbook.measure.bench_bwd.parse_args")
-    steps = [] if a.steps.strip() == "none" else _csv(a.steps)
-    for s in steps:
-        try:
-            check_impl_name(s)
-        except ValueError as e:
-            p.error(str(e))
+    steps = check_names(p, [] if a.steps.strip() == "none" else _csv(a.steps), check_impl_name)
     seqlens = check_seqlens(p, a.seqlens)
     baselines = check_baselines(p, a.baselines, LIBRARY_OPTIONS)
     gqa = check_gqa(p, a.gqa)

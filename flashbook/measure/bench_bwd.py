@@ -55,8 +55,8 @@ from .harness import (INNER, INPUT_SETS, ROUNDS, SEED_STRIDE, check_once, error_
                       max_abs_err, method_meta, qkv_inputs, rotating, rounds_per_sample,
                       time_in_rounds)
 from .workload import (DEFAULT_BATCH, DEFAULT_HEAD_DIM, DEFAULT_HEADS, DEFAULT_SEQLENS,
-                       add_output_args, add_workload_args, check_baselines, check_gqa,
-                       check_seqlens, emit, require_gpu)
+                       add_output_args, add_workload_args, baseline_list, check_baselines,
+                       check_gqa, check_seqlens, emit, require_gpu)
 from .workload import csv as _csv
 
 BWD_FLOP_FACTOR = 2.5           # backward FLOPs per forward FLOP (five matmuls to two)
@@ -181,8 +181,8 @@ def run_bench_backward(seqlens=None, *, causal: bool = True, dtype: str = "float
                        head_dim: int = DEFAULT_HEAD_DIM, batch: int = DEFAULT_BATCH,
                        heads: int = DEFAULT_HEADS, baselines=None, passes=PASSES,
                        fwd_step: str = "best", rounds: int = ROUNDS, inner: int = INNER,
-                       input_sets: int = INPUT_SETS, progress: bool = True, command: str | None = None,
-                       name: str | None = None) -> dict:
+                       input_sets: int = INPUT_SETS, progress: bool = True,
+                       command: str | None = None, name: str | None = None) -> dict:
     """Time the backward (and forward + backward) of ours and the libraries; a bench document.
 
     Args:
@@ -208,14 +208,7 @@ def run_bench_backward(seqlens=None, *, causal: bool = True, dtype: str = "float
     seqlens = [int(n) for n in (DEFAULT_SEQLENS if seqlens is None else seqlens)]
     if not seqlens or min(seqlens) < 1:
         raise ValueError(f"seqlens must be positive lengths, got {seqlens}")
-    if baselines is None:
-        baselines = list(BWD_BASELINES)
-    elif isinstance(baselines, str):
-        baselines = [] if baselines in ("", "none") else baselines.split(",")
-    for b in baselines:
-        if b not in BWD_BASELINES:
-            raise ValueError(f"unknown backward baseline {b!r}; choose from "
-                             f"{', '.join(BWD_BASELINES)}")
+    baselines = baseline_list(baselines, BWD_BASELINES, BWD_BASELINES, "backward baseline")
     passes = [passes] if isinstance(passes, str) else list(passes)
     if not passes or any(p not in PASSES for p in passes):
         raise ValueError(f"passes must be a non-empty subset of {', '.join(PASSES)}, got "

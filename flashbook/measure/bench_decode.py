@@ -57,7 +57,7 @@ from .harness import (IDLE_MS, INNER, SAMPLE_MS, check_once, error_text, finite,
                       method_meta, qkv_inputs, random_inputs, rotating, rounds_per_sample,
                       time_in_rounds)
 from .harness import LIBRARIES as HARNESS_LIBRARIES
-from .workload import check_gqa, emit, require_gpu
+from .workload import check_gqa, check_names, emit, require_gpu
 from .workload import csv as _csv
 
 # HBM peak bandwidth per GPU (TB/s = 1e12 bytes/s), with where the number comes from: the
@@ -798,12 +798,7 @@ def parse_args(argv: list[str] | None = None) -> dict:
         p.error(f"--page-sizes must be multiples of 16, got {a.page_sizes!r}")
     impls = None
     if a.impls is not None:
-        impls = _csv(a.impls)
-        for n in impls:
-            try:
-                check_decode_impl(n)
-            except ValueError as e:
-                p.error(str(e))
+        impls = check_names(p, _csv(a.impls), check_decode_impl)
     gqa = check_gqa(p, a.gqa)
     if not 1 <= a.head_dim <= 256:
         p.error(f"--head-dim must be in [1, 256], got {a.head_dim}")

@@ -9,9 +9,9 @@ from ...impls import color_of, label_of
 from .arith import _fmt_n, ridge
 from .data import OURS, TORCH, DecodeData
 
-LABELS = {n: label_of(n, "decode") for n in ("decode", "decode_paged16", "decode_paged64", "square_best", *TORCH)}
-COLORS = {n: color_of(n) for n in ("decode", "decode_paged16", "decode_paged64", "square_best", "sdpa_flash",
-                                   "sdpa_cudnn", "sdpa_math", "flex")}
+LABELS = {n: label_of(n, "decode") for n in (*OURS, "square_best", *TORCH)}
+COLORS = {n: color_of(n) for n in (*OURS, "square_best", "sdpa_flash", "sdpa_cudnn", "sdpa_math",
+                                   "flex")}
 
 
 def _plt():
