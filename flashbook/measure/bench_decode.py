@@ -52,7 +52,7 @@ import time
 from flashattn.contract import DTYPE_SHORT, dtype_name, parse_gqa
 from ..data.schema import (DECODE_PARTS, SKIPPED, add_decode_derived, format_decode_table,
                            kv_bytes, make_decode_row)
-from ..hardware import HBM_TBS
+from ..hardware import HBM_TBS, L2_BYTES
 from .harness import (IDLE_MS, INNER, SAMPLE_MS, check_once, error_text, finite,
                       method_meta, qkv_inputs, random_inputs, rotating, rounds_per_sample,
                       time_in_rounds)
@@ -100,7 +100,6 @@ SETUP_S = 0.5             # per implementation and shape: check, capture, host t
 FLEX_COMPILE_S = 30.0     # torch.compile of flex_attention for a new shape (estimate)
 CUTILE_COMPILE_S = 5.0    # tileiras, one new kernel variant (estimate)
 AUTOTUNE_S = 1.5          # the square kernel's search on a new shape: 4 configs x 8 rounds
-L2_BYTES = 50 << 20       # H200's L2 (torch reports the real one where it can)
 MEMORY_FRACTION = 0.6     # input sets may take this much of the free GPU memory
 
 __all__ = ["run_decode_bench", "default_impls", "plan_decode", "plan_crossover", "plan_varlen", "plan_host",

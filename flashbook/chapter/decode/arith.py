@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pandas as pd
 
-from ...hardware import HBM_TBS, PEAK_TFLOPS
+from ...hardware import HBM_TBS, PEAK_TFLOPS, SM_COUNT
 from ..plots import fmt_n
 from .data import DecodeData
 
@@ -38,7 +38,7 @@ def gqa_bytes(B: int, Hq: int, Hkv: int, Nk: int, D: int, elem_bytes: int = 2) -
 
 
 def split_plan(B: int, Nk: int, Nq: int, *, Hq: int = 32, Hkv: int = 8, D: int = 128,
-               sm_count: int = 132, page_size: int | None = None, arch: str = "sm_90") -> dict:
+               sm_count: int = SM_COUNT, page_size: int | None = None, arch: str = "sm_90") -> dict:
     """The split kernel's launch for one shape, by ``flashattn.kernels``' rules (no GPU)."""
     from flashattn.kernels import decode_num_splits, decode_row_blocks, decode_tiles
     from flashattn.kernels import DECODE_WAVES
@@ -58,7 +58,7 @@ def split_plan(B: int, Nk: int, Nq: int, *, Hq: int = 32, Hkv: int = 8, D: int =
 def split_table(d: DecodeData | None = None, *, Nq: int = 1, arch: str = "sm_90") -> pd.DataFrame:
     """What ``decode_num_splits`` picks at the measured shapes (B x Nk, one Nq), with the grid
     it gives; ``waves`` = programs / SMs (one program per SM fits: see the profile)."""
-    sm = d.sm_count if d is not None else 132
+    sm = d.sm_count if d is not None else SM_COUNT
     if d is not None:
         shapes = sorted({(int(b), int(n)) for b, n in zip(d.ok["B"], d.ok["Nk"])})
     else:

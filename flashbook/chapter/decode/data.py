@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from ...hardware import HBM_TBS
+from ...hardware import HBM_TBS, SM_COUNT
 from ..page import DEFAULT_GPU
 
 SWEEP_RUN = "26-decode-sweep"  # experiments/data/<run>/: split count, combine, varlen grid
@@ -48,7 +48,7 @@ class DecodeData:
 
     @property
     def sm_count(self) -> int:
-        return int(self.meta.get("sm_count") or 132)
+        return int(self.meta.get("sm_count") or SM_COUNT)
 
     @property
     def gpu(self) -> str:

@@ -7,6 +7,7 @@ import re
 import numpy as np
 import pandas as pd
 
+from ...hardware import SM_COUNT
 from .arith import _fmt_n, split_plan
 from .data import SWEEP_RUN, DecodeData
 
@@ -28,7 +29,7 @@ def split_sweep(run: str = SWEEP_RUN, name: str = "splits.json", root=None) -> p
     """
     from ...data.results import load_experiment_file
     doc = load_experiment_file(run, name, root)
-    sm = int(doc.get("meta", {}).get("sm_count") or 132)
+    sm = int(doc.get("meta", {}).get("sm_count") or SM_COUNT)
     rows = []
     for r in doc["rows"]:
         impl = str(r["impl"])

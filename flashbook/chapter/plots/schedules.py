@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...hardware import SM_COUNT
 from .style import KIND_COLORS, KIND_NAMES, _plt, _title
 
 def causal_tiles(kinds, tile_m=64, tile_n=64, ax=None, title=None, meta=None):
@@ -39,7 +40,7 @@ def causal_tiles(kinds, tile_m=64, tile_n=64, ax=None, title=None, meta=None):
     return fig
 
 
-def work_per_program(work, order=None, sm_count=132, occupancy=1, ax=None, title=None,
+def work_per_program(work, order=None, sm_count=SM_COUNT, occupancy=1, ax=None, title=None,
                      meta=None):
     """Key tiles each program visits, in launch order, with the wave boundaries marked.
 
