@@ -30,10 +30,10 @@ from ..data.schema import (SKIPPED, add_derived, dumps, format_table, make_row, 
 from ..impls import LIBRARY_OPTIONS, STEP_IMPLS
 from flashattn.steps import Config, get_step, resolve_name, with_config
 from .libraries import _FLEX, _causal_mod, _flex_fn, library_fn  # noqa: F401 (bench's names)
-from flashattn.timing import attention_flops, tflops
+from flashattn.timing import attention_flops
 from .harness import (INNER, INPUT_SETS, ROUNDS, SEED_STRIDE, check_once, error_text,
                       max_abs_err, method_meta, qkv_inputs, rel_rms_err, rotating,
-                      time_in_rounds)
+                      time_in_rounds, timed_values)
 from .workload import (DEFAULT_BATCH, DEFAULT_HEAD_DIM, DEFAULT_HEADS, DEFAULT_SEQLENS,
                        SAMPLE_MS, add_output_args, add_workload_args, baseline_list,
                        check_baselines, check_gqa, check_names, check_seqlens, emit,
@@ -367,17 +367,15 @@ def run_bench(steps=None, seqlens=None, *, causal: bool = True, dtype: str = "fl
                 if n not in timed:
                     rows.append(make_row(n, kind, N=N, error=fail, **shape))
                 else:
-                    vals = dict(timed[n].as_dict(), max_abs_err=chk["max_abs_err"],
-                                rel_rms_err=chk["rel_rms_err"])
+                    vals = timed_values(timed[n], chk, flops=flops,
+                                        errors=("max_abs_err", "rel_rms_err"))
                     if method == "rounds":
                         try:
                             with ctx():
                                 vals["host_ms"] = host_time(call)
                         except Exception as e:   # the timing stands; say why this is missing
                             print(f"host time of {n} failed: {_err(e)}", file=sys.stderr)
-                    rows.append(make_row(n, kind, N=N, config=label,
-                                         tflops=tflops(flops, vals["median_ms"]), **vals,
-                                         **shape))
+                    rows.append(make_row(n, kind, N=N, config=label, **vals, **shape))
                 prog.done(rows[-1])
             del q, k, v, sets, outs, ref, entries
             torch.cuda.empty_cache()

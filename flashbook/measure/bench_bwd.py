@@ -50,10 +50,10 @@ import time
 from flashattn.contract import dtype_name, parse_gqa
 from ..data.schema import add_derived, format_table, make_row, workload_name
 from ..impls import LIBRARY_OPTIONS
-from flashattn.timing import attention_flops, tflops
+from flashattn.timing import attention_flops
 from .harness import (INNER, INPUT_SETS, ROUNDS, SEED_STRIDE, check_once, error_text,
                       max_abs_err, method_meta, qkv_inputs, rotating, rounds_per_sample,
-                      time_in_rounds)
+                      time_in_rounds, timed_values)
 from .workload import (DEFAULT_BATCH, DEFAULT_HEAD_DIM, DEFAULT_HEADS, DEFAULT_SEQLENS,
                        add_output_args, add_workload_args, baseline_list, check_baselines,
                        check_gqa, check_seqlens, emit, require_gpu)
@@ -276,11 +276,10 @@ def run_bench_backward(seqlens=None, *, causal: bool = True, dtype: str = "float
                 rows.append(make_row(impl, kind, N=N, error=fail or "not timed", **shape,
                                      **{"pass": p}))
                 continue
-            vals = timed[key].as_dict()
-            rows.append(make_row(impl, kind, N=N, config=config,
-                                 tflops=tflops(flops[p], vals["median_ms"]),
-                                 max_abs_err=chk["max_abs_err"], grad_errs=chk["grad_errs"],
-                                 **vals, **shape, **{"pass": p}))
+            vals = timed_values(timed[key], chk, flops=flops[p],
+                                errors=("max_abs_err", "grad_errs"))
+            rows.append(make_row(impl, kind, N=N, config=config, **vals, **shape,
+                                 **{"pass": p}))
         if progress:
             for r in rows:
                 if r["Nq"] == N:

@@ -55,7 +55,7 @@ from ..data.schema import (DECODE_PARTS, SKIPPED, add_decode_derived, format_dec
 from ..hardware import HBM_TBS, L2_BYTES
 from .harness import (IDLE_MS, INNER, SAMPLE_MS, check_once, error_text, finite,
                       method_meta, qkv_inputs, random_inputs, rotating, rounds_per_sample,
-                      time_in_rounds)
+                      time_in_rounds, timed_values)
 from .harness import LIBRARIES as HARNESS_LIBRARIES
 from .workload import check_gqa, check_names, emit, require_gpu
 from .workload import csv as _csv
@@ -463,8 +463,7 @@ def measure(entries: dict, ref_fn, *, rounds: int, inner: int, max_inner: int, s
         if n not in timed:
             res[n] = fail
             continue
-        vals = dict(timed[n].as_dict(), max_abs_err=chk["max_abs_err"], config=e.config,
-                    kind=e.kind)
+        vals = dict(timed_values(timed[n], chk), config=e.config, kind=e.kind)
         try:
             with e.ctx():
                 vals["host_ms"] = timing.host_time(e.call)

@@ -14,6 +14,9 @@ a flex-mask bench, does the same)::
     timed, fail = time_in_rounds({name: rotating(fns, ctx)}, rounds=ROUNDS,
                                  inner=rounds_per_sample(checks, INNER), seed=N)
     meta["method"] = method_meta(rounds=ROUNDS, inner=INNER, input_sets=3, what="...")
+    rows = [make_row(name, kind, N=N, **timed_values(timed[name], checks[name], flops=f),
+                     **shape) if name in timed else make_row(name, kind, N=N, error=fail, **shape)
+            for name in checks]
 
 A failing implementation becomes a row whose ``error`` is ``error_text(e)``: a benchmark never
 stops for one implementation. The rows themselves are ``data.schema.make_row`` (forward and
@@ -44,7 +47,8 @@ LIBRARIES: dict[str, str] = {n: IMPLS[n].backend for n in LIBRARY_IMPLS}
 
 __all__ = ["IDLE_MS", "SAMPLE_MS", "ROUNDS", "INNER", "INPUT_SETS", "SEED_STRIDE", "LIBRARIES",
            "error_text", "finite", "random_inputs", "qkv_inputs", "max_abs_err", "rel_rms_err",
-           "check_once", "rotating", "rounds_per_sample", "time_in_rounds", "method_meta"]
+           "check_once", "rotating", "rounds_per_sample", "time_in_rounds", "timed_values",
+           "method_meta"]
 
 
 def error_text(e: BaseException) -> str:
@@ -133,6 +137,18 @@ def time_in_rounds(calls: dict, *, rounds: int, inner, seed: int) -> tuple[dict,
         return timing.time_rounds(calls, rounds=rounds, inner=inner, seed=seed), ""
     except Exception as e:
         return {}, error_text(e)
+
+
+def timed_values(timing, check: dict, *, flops: float | None = None,
+                 errors=("max_abs_err",)) -> dict:
+    """A measured row's values (the row writer's part every bench shares): the Timing's fields,
+    the ``errors`` of its check, and ``tflops`` when the row's useful ``flops`` are given. The
+    bench passes them to ``schema.make_row`` or ``make_decode_row`` with its own fields."""
+    vals = dict(timing.as_dict(), **{k: check[k] for k in errors if k in check})
+    if flops is not None:
+        from flashattn.timing import tflops
+        vals["tflops"] = tflops(flops, vals["median_ms"])
+    return vals
 
 
 def method_meta(*, rounds: int, inner: int, what: str, input_sets: int | None = None,
