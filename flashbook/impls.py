@@ -4,6 +4,9 @@
     IMPLS["sdpa_cudnn"]     Impl(name, kind, order, label, color, linestyle, option, backend)
     ORDER                   names in book order (rows of every table and legend)
     color_of(name)          the plot colour (steps in one family, each library its own)
+    PATHS["decode"]         the backward and decode benchmarks' own rows (our kernels under
+                            the names those documents give them), each its label and colour
+    label_of(name, chapter) a legend label: the chapter's short one where it has one
 
 The benchmarks (``measure.bench``) call a library through its ``backend`` (a
 ``torch.nn.attention.SDPBackend`` member, or ``"flex"`` for FlexAttention) and a step through
@@ -70,6 +73,32 @@ ALIASES = {"cudnn": "sdpa_cudnn", "flash": "sdpa_flash", "fa2": "sdpa_flash",
            "efficient": "sdpa_efficient", "math": "sdpa_math", "torch_naive": "sdpa_math",
            "flexattention": "flex", "flex_attention": "flex"}
 
+# The rows of the backward (``measure.bench_bwd``) and decode (``measure.bench_decode``)
+# documents that are not forward implementations: kept out of ORDER, so the forward tables and
+# legends are unchanged, but labelled and coloured here like every other implementation.
+_PATHS = (
+    # name, kind, label, colour
+    ("fmha_bwd", "backward", "flashattn (ours)", _STEP_COLORS["arch_tuned"]),
+    ("fmha_bwd_atomic", "backward", "flashattn, dQ by atomics", "#6baed6"),
+    ("fmha_fwd", "backward", "flashattn forward (no LSE)", _STEP_COLORS["arch_tuned"]),
+    ("fmha_fwd_lse", "backward", "flashattn forward (with LSE)", "#6a3d9a"),
+    ("decode", "decode", "decode (ours, contiguous)", "#1f77b4"),
+    ("decode_paged16", "decode", "decode (ours, pages of 16)", "#9ecae1"),
+    ("decode_paged64", "decode", "decode (ours, pages of 64)", "#6baed6"),
+    ("square_best", "decode", "square kernel (attention, best step)", _STEP_COLORS["arch_tuned"]),
+    ("varlen", "decode", "varlen (ours, packed)", "#1f77b4"),
+    ("square_padded", "decode", "square kernel, padded", _STEP_COLORS["arch_tuned"]),
+)
+PATHS: dict[str, Impl] = {n: Impl(n, kind, label, c) for n, kind, label, c in _PATHS}
+# Chapters that name the libraries more briefly than the forward legends do.
+SHORT_LABELS = {
+    "decode": {"sdpa_flash": "SDPA flash", "sdpa_cudnn": "SDPA cuDNN",
+               "sdpa_efficient": "SDPA efficient", "sdpa_math": "SDPA math",
+               "flex": "FlexAttention"},
+    "backward": {"sdpa_cudnn": "cuDNN", "sdpa_flash": "FlashAttention-2",
+                 "sdpa_efficient": "memory-efficient"},
+}
+
 assert set(_STEP_COLORS) <= set(STEPS) and set(_EXPERIMENT_COLORS) <= set(EXPERIMENTS)
 
 
@@ -101,9 +130,22 @@ def color_of(name: str) -> str:
     b = base_name(name)
     if b in IMPLS:
         return IMPLS[b].color
+    if b in PATHS:
+        return PATHS[b].color
     low = b.lower()
     for key, impl in (("cudnn", "sdpa_cudnn"), ("flex", "flex"), ("flash", "sdpa_flash"),
                       ("efficient", "sdpa_efficient"), ("math", "sdpa_math")):
         if key in low:
             return IMPLS[impl].color
     return _EXTRA[sum(map(ord, name)) % len(_EXTRA)]
+
+
+def label_of(name: str, chapter: str | None = None) -> str:
+    """The legend label of an implementation: ``chapter``'s short one (``SHORT_LABELS``) where
+    it has one, else the registry's; the name itself when unknown."""
+    b = base_name(name)
+    short = SHORT_LABELS.get(chapter, {}) if chapter is not None else {}
+    if b in short:
+        return short[b]
+    impl = IMPLS.get(b) or PATHS.get(b)
+    return impl.label if impl is not None else str(name)

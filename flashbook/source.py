@@ -405,6 +405,19 @@ def _function_source(src: str, name: str) -> str:
     raise KeyError(name)
 
 
+def shipped_listing(module: str, name: str) -> str:
+    """One function (with its decorators) of a library module as it ships (``shipped_source``),
+    read as text, not imported: no compiler needed. KeyError if the module has no such
+    function."""
+    spec = importlib.util.find_spec(module)
+    with open(spec.origin, encoding="utf-8") as f:
+        src = shipped_source(f.read())
+    try:
+        return _function_source(src, name)
+    except KeyError:
+        raise KeyError(f"no function {name!r} in {module}") from None
+
+
 def step_source(name: str, *, causal: bool | None = None, even_k: bool | None = None,
                 functions: tuple[str, ...] | None = None, write_lse: bool = False,
                 prune: bool = False) -> str:

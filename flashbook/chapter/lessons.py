@@ -240,16 +240,21 @@ def techniques(listings: dict[str, str]):
     return pd.DataFrame(rows).set_index("technique")
 
 
+def _hex_operands(text: str, op: str, pattern: str) -> set[int]:
+    """The distinct hex numbers ``pattern``'s first group matches in the ``op`` instructions."""
+    out = set()
+    for i in instructions(text):
+        if i.op.startswith(op):
+            m = re.search(pattern, i.text)
+            if m:
+                out.add(int(m[1], 16))
+    return out
+
+
 def mbarrier_slots(text: str) -> int:
     """Distinct mbarriers the kernel waits on (``SYNCS.PHASECHK`` addresses): one per buffer
     stage and direction (full / empty), plus the output's."""
-    offs = set()
-    for i in instructions(text):
-        if i.op.startswith("SYNCS.PHASECHK"):
-            m = re.search(r"\[[^\]]*?(0x[0-9a-f]+)\]", i.text)
-            if m:
-                offs.add(int(m[1], 16))
-    return len(offs)
+    return len(_hex_operands(text, "SYNCS.PHASECHK", r"\[[^\]]*?(0x[0-9a-f]+)\]"))
 
 
 def register_split(text: str) -> dict[str, list[int]]:
@@ -425,13 +430,7 @@ def hopper_schedule(text: str):
 def shuffle_lanes(text: str) -> list[int]:
     """The lane masks of the butterfly shuffles (``SHFL.BFLY ..., MASK, 0x1f``): which threads
     a reduction combines."""
-    out = set()
-    for i in instructions(text):
-        if i.op.startswith("SHFL.BFLY"):
-            m = re.search(r",\s*0x([0-9a-f]+),\s*0x1f\s*$", i.text)
-            if m:
-                out.add(int(m[1], 16))
-    return sorted(out)
+    return sorted(_hex_operands(text, "SHFL.BFLY", r",\s*0x([0-9a-f]+),\s*0x1f\s*$"))
 
 
 def chained_registers(text: str) -> dict:

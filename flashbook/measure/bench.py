@@ -19,24 +19,25 @@ outside the timing, then timed in alternation with the others (``measure.timing`
 from __future__ import annotations
 
 import contextlib
-import itertools
-import json
 import math
 import os
 import sys
 import time
-from pathlib import Path
 
 from flashattn.contract import dtype_name, parse_gqa
 from ..data.schema import (SKIPPED, add_derived, dumps, format_table, make_row, to_frame,
                            workload_name, write_json)
-from ..impls import IMPLS, LIBRARY_OPTIONS, STEP_IMPLS
+from ..impls import LIBRARY_OPTIONS, STEP_IMPLS
 from flashattn.steps import Config, get_step, resolve_name, with_config
 from .libraries import _FLEX, _causal_mod, _flex_fn, library_fn  # noqa: F401 (bench's names)
-from flashattn.timing import attention_flops, tflops
+from flashattn.timing import attention_flops
+from .harness import (INNER, INPUT_SETS, ROUNDS, SEED_STRIDE, check_once, error_text,
+                      max_abs_err, method_meta, qkv_inputs, rel_rms_err, rotating,
+                      time_in_rounds, timed_values)
 from .workload import (DEFAULT_BATCH, DEFAULT_HEAD_DIM, DEFAULT_HEADS, DEFAULT_SEQLENS,
-                       SAMPLE_MS, add_output_args, add_workload_args, check_baselines, check_gqa,
-                       check_seqlens, emit, require_gpu)
+                       SAMPLE_MS, add_output_args, add_workload_args, baseline_list,
+                       check_baselines, check_gqa, check_names, check_seqlens, emit,
+                       require_gpu)
 from .workload import csv as _csv
 
 DEFAULT_STEPS = (*STEP_IMPLS, "best")
@@ -150,19 +151,12 @@ def resolve_impl(name: str, q, k, causal: bool):
     return resolve(name.split("#", 1)[0], q, k, causal)
 
 
-def _err(e: BaseException) -> str:
-    lines = [ln for ln in str(e).strip().splitlines() if ln.strip()]
-    return f"{type(e).__name__}: {lines[0] if lines else ''}"[:300]
+_err = error_text
 
 
 def _inputs(B, Hq, Hkv, N, D, dtype, device, seed):
-    """Fresh standard-normal q, k, v (never zeros: exp of equal scores hides masking bugs)."""
-    import torch
-    g = torch.Generator(device=device).manual_seed(seed)
-    q = torch.randn((B, Hq, N, D), generator=g, device=device, dtype=dtype)
-    k = torch.randn((B, Hkv, N, D), generator=g, device=device, dtype=dtype)
-    v = torch.randn((B, Hkv, N, D), generator=g, device=device, dtype=dtype)
-    return q, k, v
+    """Fresh standard-normal q, k, v of length N (``harness.qkv_inputs``)."""
+    return qkv_inputs(B, Hq, Hkv, N, N, D, dtype, device, seed)
 
 
 def ref_heads(Hq: int, Hkv: int, N: int) -> int:
@@ -182,27 +176,14 @@ def reference_output(q, k, v, *, causal: bool, scale: float):
 def _check(fn, ref, hr: int, reps: int) -> dict:
     """Compile/warm up, check once against the fp64 ``ref``, estimate one call's time.
 
-    Returns {"max_abs_err", "rel_rms_err", "reps"}: the largest absolute error, the RMS error
-    over the RMS of the reference (it discriminates where the max error is set by the output's
-    rounding), and how many timed calls fit MEASURE_BUDGET_S (method "interleaved").
+    Returns {"max_abs_err", "rel_rms_err", "est_ms", "reps"}: the largest absolute error, the
+    RMS error over the RMS of the reference (``harness.rel_rms_err``), and how many timed calls
+    fit MEASURE_BUDGET_S (method "interleaved").
     """
-    import torch
-    fn()                                   # JIT compile, module load, autotune caches
-    torch.cuda.synchronize()
-    o = fn()                               # the checked output
-    torch.cuda.synchronize()
-    d = o[:1, :hr].double() - ref
-    err = d.abs().max().item()
-    rms = (d.square().mean().sqrt() / ref.square().mean().sqrt()).item()
-    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    s.record()
-    fn()
-    e.record()
-    e.synchronize()
-    est_ms = max(s.elapsed_time(e), 1e-3)
-    n = max(MIN_REPS, min(reps, int(MEASURE_BUDGET_S * 1e3 / est_ms)))
-    return dict(max_abs_err=err if math.isfinite(err) else float("nan"), est_ms=est_ms,
-                rel_rms_err=rms if math.isfinite(rms) else float("nan"), reps=n)
+    chk = check_once(fn, lambda o: dict(max_abs_err=max_abs_err(o[:1, :hr], ref),
+                                        rel_rms_err=rel_rms_err(o[:1, :hr], ref)))
+    chk["reps"] = max(MIN_REPS, min(reps, int(MEASURE_BUDGET_S * 1e3 / chk["est_ms"])))
+    return chk
 
 
 def _warm_job(job) -> str:
@@ -254,7 +235,8 @@ def run_bench(steps=None, seqlens=None, *, causal: bool = True, dtype: str = "fl
               heads: int = DEFAULT_HEADS, baselines=None, reps: int = 20,
               progress: bool = True, naive_max_n: int = 4096, command: str | None = None,
               name: str | None = None, prewarm_procs: int = 0, method: str = "rounds",
-              rounds: int = 30, inner: int = 10, input_sets: int = 3) -> dict:
+              rounds: int = ROUNDS, inner: int = INNER,
+              input_sets: int = INPUT_SETS) -> dict:
     """Time steps and library baselines on one workload; return the bench document.
 
     Args:
@@ -280,20 +262,14 @@ def run_bench(steps=None, seqlens=None, *, causal: bool = True, dtype: str = "fl
 
     from flashattn.env import metadata
     from flashattn.launch import launch
-    from flashattn.timing import IDLE_MS, host_time, time_interleaved, time_rounds
+    from flashattn.timing import host_time, time_interleaved
     if method not in METHODS:
         raise ValueError(f"method must be one of {', '.join(METHODS)}, got {method!r}")
     steps = list(DEFAULT_STEPS if steps is None else steps)
     for s in steps:
         check_impl_name(s)
     seqlens = [int(n) for n in (DEFAULT_SEQLENS if seqlens is None else seqlens)]
-    if baselines is None:
-        baselines = list(DEFAULT_BASELINES)
-    elif isinstance(baselines, str):
-        baselines = [] if baselines in ("", "none") else baselines.split(",")
-    for b in baselines:
-        if b not in LIBRARY_OPTIONS:
-            raise ValueError(f"unknown baseline {b!r}; choose from {', '.join(LIBRARY_OPTIONS)}")
+    baselines = baseline_list(baselines, LIBRARY_OPTIONS, DEFAULT_BASELINES)
     dtype = dtype_name(dtype)
     Hq, Hkv = parse_gqa(gqa) or (heads, heads)
     B, D = batch, head_dim
@@ -311,19 +287,17 @@ def run_bench(steps=None, seqlens=None, *, causal: bool = True, dtype: str = "fl
     if prewarm_procs:
         prewarm(steps, causal=causal, N=min(seqlens), B=B, Hq=Hq, Hkv=Hkv, D=D, dtype=dtype,
                 procs=prewarm_procs)
-    meta["method"] = dict(name=method, rounds=rounds, inner=inner, input_sets=input_sets,
-                          order="random per round", ci="bootstrap 95 % of the median",
-                          sample_ms=SAMPLE_MS, idle_ms=IDLE_MS,
-                          what=("GPU time per launch started on an idle GPU, batches replayed "
-                                "from CUDA graphs"
-                                if method == "rounds" else "events around each launch"))
+    meta["method"] = method_meta(
+        name=method, rounds=rounds, inner=inner, input_sets=input_sets,
+        what=("GPU time per launch started on an idle GPU, batches replayed from CUDA graphs"
+              if method == "rounds" else "events around each launch"))
     rows: list[dict] = []
     prog = _Progress(len(seqlens) * (len(steps) + len(baselines)), progress)
     grad = torch.is_grad_enabled()
     torch.set_grad_enabled(False)
     try:
         for N in seqlens:
-            sets = [_inputs(B, Hq, Hkv, N, D, tdt, dev, seed=N + 7919 * i)
+            sets = [_inputs(B, Hq, Hkv, N, D, tdt, dev, seed=N + SEED_STRIDE * i)
                     for i in range(input_sets if method == "rounds" else 1)]
             q, k, v = sets[0]
             hr = ref_heads(Hq, Hkv, N)
@@ -376,40 +350,32 @@ def run_bench(steps=None, seqlens=None, *, causal: bool = True, dtype: str = "fl
                     prog.done(rows[-1])
 
             # Phase 2: time them all in alternation, so drift of a shared GPU hits all alike.
-            def in_ctx(fns, ctx):
-                it = itertools.cycle(fns)       # consecutive calls read other inputs
-
-                def call():
-                    with ctx():
-                        return next(it)()
-                return call
-            fail = ""
-            try:
-                if method == "rounds":
-                    per = batch_sizes({n: e[4]["est_ms"] for n, e in entries.items()}, inner)
-                    timed = time_rounds({n: in_ctx(e[2], e[3]) for n, e in entries.items()},
-                                        rounds=rounds, inner=per, seed=N)
-                else:
-                    timed = time_interleaved({n: in_ctx(e[2][:1], e[3])
+            if method == "rounds":
+                per = batch_sizes({n: e[4]["est_ms"] for n, e in entries.items()}, inner)
+                timed, fail = time_in_rounds({n: rotating(e[2], e[3])
                                               for n, e in entries.items()},
-                                             {n: e[4]["reps"] for n, e in entries.items()})
-            except Exception as e:
-                timed, fail = {}, _err(e)
+                                             rounds=rounds, inner=per, seed=N)
+            else:
+                try:
+                    timed, fail = time_interleaved({n: rotating(e[2][:1], e[3])
+                                                    for n, e in entries.items()},
+                                                   {n: e[4]["reps"]
+                                                    for n, e in entries.items()}), ""
+                except Exception as e:
+                    timed, fail = {}, _err(e)
             for n, (kind, label, _, ctx, chk, call) in entries.items():
                 if n not in timed:
                     rows.append(make_row(n, kind, N=N, error=fail, **shape))
                 else:
-                    vals = dict(timed[n].as_dict(), max_abs_err=chk["max_abs_err"],
-                                rel_rms_err=chk["rel_rms_err"])
+                    vals = timed_values(timed[n], chk, flops=flops,
+                                        errors=("max_abs_err", "rel_rms_err"))
                     if method == "rounds":
                         try:
                             with ctx():
                                 vals["host_ms"] = host_time(call)
                         except Exception as e:   # the timing stands; say why this is missing
                             print(f"host time of {n} failed: {_err(e)}", file=sys.stderr)
-                    rows.append(make_row(n, kind, N=N, config=label,
-                                         tflops=tflops(flops, vals["median_ms"]), **vals,
-                                         **shape))
+                    rows.append(make_row(n, kind, N=N, config=label, **vals, **shape))
                 prog.done(rows[-1])
             del q, k, v, sets, outs, ref, entries
             torch.cuda.empty_cache()
@@ -434,8 +400,8 @@ def build_parser():
     p.add_argument("--method", choices=METHODS, default="rounds",
                    help="rounds: CUDA-graph batches in random order, with 95%% intervals "
                         "(default); interleaved: events around each launch (first version)")
-    p.add_argument("--rounds", type=int, default=30, help="rounds (method rounds)")
-    p.add_argument("--inner", type=int, default=10, help="launches per sample (method rounds)")
+    p.add_argument("--rounds", type=int, default=ROUNDS, help="rounds (method rounds)")
+    p.add_argument("--inner", type=int, default=INNER, help="launches per sample (method rounds)")
     p.add_argument("--reps", type=int, default=20,
                    help="timed calls per measurement (method interleaved)")
     p.add_argument("--naive-max-n", type=int, default=4096,
@@ -454,12 +420,7 @@ def parse_args(argv: list[str] | None = None) -> dict:
     a = p.parse_args(argv)
     if a.backward:
         p.error("--backward is handled by flashbook.measure.bench_bwd.parse_args")
-    steps = [] if a.steps.strip() == "none" else _csv(a.steps)
-    for s in steps:
-        try:
-            check_impl_name(s)
-        except ValueError as e:
-            p.error(str(e))
+    steps = check_names(p, [] if a.steps.strip() == "none" else _csv(a.steps), check_impl_name)
     seqlens = check_seqlens(p, a.seqlens)
     baselines = check_baselines(p, a.baselines, LIBRARY_OPTIONS)
     gqa = check_gqa(p, a.gqa)

@@ -43,7 +43,6 @@ round: above 1 is faster.
 from __future__ import annotations
 
 import contextlib
-import itertools
 import math
 import sys
 import time
@@ -51,10 +50,13 @@ import time
 from flashattn.contract import dtype_name, parse_gqa
 from ..data.schema import add_derived, format_table, make_row, workload_name
 from ..impls import LIBRARY_OPTIONS
-from flashattn.timing import attention_flops, tflops
+from flashattn.timing import attention_flops
+from .harness import (INNER, INPUT_SETS, ROUNDS, SEED_STRIDE, check_once, error_text,
+                      max_abs_err, method_meta, qkv_inputs, rotating, rounds_per_sample,
+                      time_in_rounds, timed_values)
 from .workload import (DEFAULT_BATCH, DEFAULT_HEAD_DIM, DEFAULT_HEADS, DEFAULT_SEQLENS,
-                       SAMPLE_MS, add_output_args, add_workload_args, check_baselines, check_gqa,
-                       check_seqlens, emit, require_gpu)
+                       add_output_args, add_workload_args, baseline_list, check_baselines,
+                       check_gqa, check_seqlens, emit, require_gpu)
 from .workload import csv as _csv
 
 BWD_FLOP_FACTOR = 2.5           # backward FLOPs per forward FLOP (five matmuls to two)
@@ -109,19 +111,13 @@ def _grad_errs(grads, ref, hq: int, partial_group: bool) -> dict:
         if name not in names:
             continue
         n = hq if name == "dq" else 1
-        e = (g[:1, :n].double() - r).abs().max().item()
-        out[name] = e if math.isfinite(e) else float("nan")
+        out[name] = max_abs_err(g[:1, :n], r)
     return out
 
 
 def _inputs(B, Hq, Hkv, N, D, dtype, device, seed):
-    import torch
-    g = torch.Generator(device=device).manual_seed(seed)
-    q = torch.randn((B, Hq, N, D), generator=g, device=device, dtype=dtype)
-    k = torch.randn((B, Hkv, N, D), generator=g, device=device, dtype=dtype)
-    v = torch.randn((B, Hkv, N, D), generator=g, device=device, dtype=dtype)
-    dout = torch.randn((B, Hq, N, D), generator=g, device=device, dtype=dtype)
-    return q, k, v, dout
+    """q, k, v and dout of length N (``harness.qkv_inputs``)."""
+    return qkv_inputs(B, Hq, Hkv, N, N, D, dtype, device, seed, dout=True)
 
 
 def _capture_stream():
@@ -165,40 +161,28 @@ def _ours_backward_fns(sets, outs, *, causal, scale, deterministic=True):
 def _out_errs(res, ref_out, hq: int) -> dict:
     """Max |error| of the forward's output (``res`` or ``res[0]``) on the checked slice."""
     out = res[0] if isinstance(res, (tuple, list)) else res
-    e = (out[:1, :hq].double() - ref_out).abs().max().item()
-    return dict(out=e if math.isfinite(e) else float("nan"))
+    return dict(out=max_abs_err(out[:1, :hq], ref_out))
 
 
 def _check_once(fn, ref, hq, partial, ref_out=None) -> dict:
     """Warm up (compile), check the gradients (or with ``ref_out``, the output) once, estimate
     one call's time (ms)."""
-    import torch
-    fn()
-    torch.cuda.synchronize()
-    res = fn()
-    torch.cuda.synchronize()
-    errs = _out_errs(res, ref_out, hq) if ref_out is not None else \
-        _grad_errs(res, ref, hq, partial)
-    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    s.record()
-    fn()
-    e.record()
-    e.synchronize()
-    return dict(grad_errs=errs, max_abs_err=max(errs.values()) if errs else None,
-                est_ms=max(s.elapsed_time(e), 1e-3))
+    chk = check_once(fn, lambda res: dict(grad_errs=_out_errs(res, ref_out, hq)
+                                          if ref_out is not None else
+                                          _grad_errs(res, ref, hq, partial)))
+    errs = chk["grad_errs"]
+    return dict(chk, max_abs_err=max(errs.values()) if errs else None)
 
 
-def _err(e: BaseException) -> str:
-    lines = [ln for ln in str(e).strip().splitlines() if ln.strip()]
-    return f"{type(e).__name__}: {lines[0] if lines else ''}"[:300]
+_err = error_text
 
 
 def run_bench_backward(seqlens=None, *, causal: bool = True, dtype: str = "float16", gqa=None,
                        head_dim: int = DEFAULT_HEAD_DIM, batch: int = DEFAULT_BATCH,
                        heads: int = DEFAULT_HEADS, baselines=None, passes=PASSES,
-                       fwd_step: str = "best", rounds: int = 30, inner: int = 10,
-                       input_sets: int = 3, progress: bool = True, command: str | None = None,
-                       name: str | None = None) -> dict:
+                       fwd_step: str = "best", rounds: int = ROUNDS, inner: int = INNER,
+                       input_sets: int = INPUT_SETS, progress: bool = True,
+                       command: str | None = None, name: str | None = None) -> dict:
     """Time the backward (and forward + backward) of ours and the libraries; a bench document.
 
     Args:
@@ -221,18 +205,10 @@ def run_bench_backward(seqlens=None, *, causal: bool = True, dtype: str = "float
     import torch
 
     from flashattn.env import metadata
-    from flashattn import timing
     seqlens = [int(n) for n in (DEFAULT_SEQLENS if seqlens is None else seqlens)]
     if not seqlens or min(seqlens) < 1:
         raise ValueError(f"seqlens must be positive lengths, got {seqlens}")
-    if baselines is None:
-        baselines = list(BWD_BASELINES)
-    elif isinstance(baselines, str):
-        baselines = [] if baselines in ("", "none") else baselines.split(",")
-    for b in baselines:
-        if b not in BWD_BASELINES:
-            raise ValueError(f"unknown backward baseline {b!r}; choose from "
-                             f"{', '.join(BWD_BASELINES)}")
+    baselines = baseline_list(baselines, BWD_BASELINES, BWD_BASELINES, "backward baseline")
     passes = [passes] if isinstance(passes, str) else list(passes)
     if not passes or any(p not in PASSES for p in passes):
         raise ValueError(f"passes must be a non-empty subset of {', '.join(PASSES)}, got "
@@ -253,11 +229,9 @@ def run_bench_backward(seqlens=None, *, causal: bool = True, dtype: str = "float
                             passes=passes, fwd_step=fwd_step)
     meta["flops"] = (f"forward 4*B*H*N^2*D (halved when causal); backward {BWD_FLOP_FACTOR} x "
                      f"that, forward + backward {1 + BWD_FLOP_FACTOR} x")
-    meta["method"] = dict(name="rounds", rounds=rounds, inner=inner, input_sets=input_sets,
-                          order="random per round", ci="bootstrap 95 % of the median",
-                          sample_ms=SAMPLE_MS, idle_ms=timing.IDLE_MS,
-                          what="GPU time per call started on an idle GPU, batches replayed "
-                               "from CUDA graphs (method 'batch': eager, capture refused)")
+    meta["method"] = method_meta(rounds=rounds, inner=inner, input_sets=input_sets,
+                                 what="GPU time per call started on an idle GPU, batches replayed "
+                                      "from CUDA graphs (method 'batch': eager, capture refused)")
     shape = dict(B=B, Hq=Hq, Hkv=Hkv, D=D, dtype=dtype, causal=causal)
     libs = [LIBRARY_OPTIONS[b] for b in baselines]
     ours_of = {"fwd": [OURS_FWD, OURS_FWD_LSE], "bwd": [OURS, OURS_ATOMIC], "fwd_bwd": [OURS]}
@@ -266,7 +240,7 @@ def run_bench_backward(seqlens=None, *, causal: bool = True, dtype: str = "float
     t_all = time.perf_counter()
     for N in seqlens:
         t0 = time.perf_counter()
-        sets = [_inputs(B, Hq, Hkv, N, D, tdt, dev, seed=N + 7919 * i)
+        sets = [_inputs(B, Hq, Hkv, N, D, tdt, dev, seed=N + SEED_STRIDE * i)
                 for i in range(input_sets)]
         sets = [tuple(t.requires_grad_(i < 3) for i, t in enumerate(s)) for s in sets]
         hq, _ = ref_group(Hq, Hkv, N)
@@ -290,23 +264,11 @@ def run_bench_backward(seqlens=None, *, causal: bool = True, dtype: str = "float
                 except Exception as e:    # a failing implementation is a row, not a crash
                     rows.append(make_row(impl, _kind(impl), N=N, error=_err(e), **shape,
                                          **{"pass": p}))
-        timed, fail = {}, ""
-        if entries:
-            def in_ctx(fns, ctx):
-                it = itertools.cycle(fns)
-
-                def call():
-                    with ctx():
-                        return next(it)()
-                return call
-            per = {f"{i}|{p}": max(1, min(inner, round(SAMPLE_MS / e[2]["est_ms"])))
-                   for (i, p), e in entries.items()}
-            try:
-                timed = timing.time_rounds({f"{i}|{p}": in_ctx(e[0], e[1])
-                                            for (i, p), e in entries.items()},
-                                           rounds=rounds, inner=per, seed=N)
-            except Exception as e:
-                fail = _err(e)
+        timed, fail = time_in_rounds(
+            {f"{i}|{p}": rotating(e[0], e[1]) for (i, p), e in entries.items()},
+            rounds=rounds, inner=rounds_per_sample({f"{i}|{p}": e[2]["est_ms"]
+                                                    for (i, p), e in entries.items()}, inner),
+            seed=N)
         for (impl, p), (_, _, chk, config) in entries.items():
             kind = _kind(impl)
             key = f"{impl}|{p}"
@@ -314,11 +276,10 @@ def run_bench_backward(seqlens=None, *, causal: bool = True, dtype: str = "float
                 rows.append(make_row(impl, kind, N=N, error=fail or "not timed", **shape,
                                      **{"pass": p}))
                 continue
-            vals = timed[key].as_dict()
-            rows.append(make_row(impl, kind, N=N, config=config,
-                                 tflops=tflops(flops[p], vals["median_ms"]),
-                                 max_abs_err=chk["max_abs_err"], grad_errs=chk["grad_errs"],
-                                 **vals, **shape, **{"pass": p}))
+            vals = timed_values(timed[key], chk, flops=flops[p],
+                                errors=("max_abs_err", "grad_errs"))
+            rows.append(make_row(impl, kind, N=N, config=config, **vals, **shape,
+                                 **{"pass": p}))
         if progress:
             for r in rows:
                 if r["Nq"] == N:
@@ -477,8 +438,8 @@ def build_parser():
     p.add_argument("--backward", action="store_true", required=True,
                    help="the backward benchmarks (this parser)")
     add_workload_args(p, baselines=BWD_BASELINES)
-    p.add_argument("--rounds", type=int, default=30, help="rounds of time_rounds")
-    p.add_argument("--inner", type=int, default=10, help="calls per sample, at most")
+    p.add_argument("--rounds", type=int, default=ROUNDS, help="rounds of time_rounds")
+    p.add_argument("--inner", type=int, default=INNER, help="calls per sample, at most")
     add_output_args(p)
     p.add_argument("--passes", default=",".join(PASSES),
                    help="comma-separated of %s (default: all)" % ",".join(PASSES))

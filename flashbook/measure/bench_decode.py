@@ -52,201 +52,25 @@ import time
 from flashattn.contract import DTYPE_SHORT, dtype_name, parse_gqa
 from ..data.schema import (DECODE_PARTS, SKIPPED, add_decode_derived, format_decode_table,
                            kv_bytes, make_decode_row)
-from .workload import SAMPLE_MS, check_gqa, emit, require_gpu
+from ..hardware import L2_BYTES
+# The sweep as data (no GPU) lives in decode_plan; its names are this module's too.
+from .decode_plan import *  # noqa: F401,F403
+from .decode_plan import (_impl_page, DEFAULT_BATCHES, DEFAULT_CACHE_LENS, DEFAULT_GQA,
+                          DEFAULT_HEAD_DIM, DEFAULT_NQ, DEFAULT_PAGE_SIZES, DEFAULT_PARTS,
+                          DECODE_IMPLS, FLEX_CHOICES, FLEX_SHAPES, HOST_SHAPE, LIBRARIES,
+                          MAX_CACHE_TOKENS, ROUNDS, VARLEN_MIXES, VARLEN_TOTAL,
+                          check_decode_impl, default_impls, estimate_seconds, hbm_peak,
+                          plan_crossover, plan_decode, plan_host, plan_varlen, varlen_mix)
+from .harness import (IDLE_MS, INNER, SAMPLE_MS, check_once, error_text, finite,  # noqa: F401
+                      method_meta, qkv_inputs, random_inputs, rotating, rounds_per_sample,
+                      time_in_rounds, timed_values)
+from .workload import check_gqa, check_names, emit, require_gpu
 from .workload import csv as _csv
 
-# HBM peak bandwidth per GPU (TB/s = 1e12 bytes/s), with where the number comes from: the
-# vendor's datasheet, not a measurement. frac_peak divides by it; other GPUs get no fraction.
-HBM_PEAK_TBPS = {
-    "h200": (4.8, "NVIDIA H200 Tensor Core GPU datasheet: 141 GB HBM3e at 4.8 TB/s"),
-    "h100": (3.35, "NVIDIA H100 Tensor Core GPU datasheet, SXM5: 80 GB HBM3 at 3.35 TB/s"),
-    "b200": (8.0, "NVIDIA Blackwell (HGX B200) datasheet: 8 TB/s HBM3e per GPU"),
-}
-H200_HBM_PEAK_TBPS = HBM_PEAK_TBPS["h200"][0]
-
-DEFAULT_PARTS = ("decode", "host")
-DEFAULT_BATCHES = (1, 8, 64)
-DEFAULT_CACHE_LENS = (1024, 4096, 16384, 32768, 131072)
-DEFAULT_NQ = (1, 4)
-DEFAULT_GQA = (32, 8)
-DEFAULT_HEAD_DIM = 128
-DEFAULT_PAGE_SIZES = (16, 64)
-# B x Nk of one cache copy: at B=64, Nk=128K a copy of K and V is 34 GB (and the paged caches
-# are two more): the sweep stops B=64 at 32K.
-MAX_CACHE_TOKENS = 64 * 32768
-LIBRARIES = {"sdpa_flash": "FLASH_ATTENTION", "sdpa_efficient": "EFFICIENT_ATTENTION",
-             "sdpa_cudnn": "CUDNN_ATTENTION", "sdpa_math": "MATH", "flex": "flex"}
-DECODE_IMPLS = ("decode", "decode_paged16", "decode_paged64", "square_best", *LIBRARIES)
-FLEX_SHAPES = ((8, 4096, 1), (8, 32768, 1))          # (B, Nk, Nq) where --flex default runs it
-FLEX_CHOICES = ("default", "all", "none")
-HOST_SHAPE = dict(B=8, Nk=32768, Nq=1)
-HOST_IMPLS = ("decode", "decode_paged64", "square_best", "sdpa_flash")
-CROSSOVER_NQ = (1, 4, 16)
-CROSSOVER_LENS = (128, 256, 512, 1024, 2048, 4096, 8192)
-CROSSOVER_BATCH = 8
-CROSSOVER_IMPLS = ("decode", "square_best")
-VARLEN_TOTAL = 32768
-VARLEN_MIXES = ("equal_8x4096", "equal_32x1024", "uniform_1_4096", "skewed")
-VARLEN_IMPLS = ("varlen", "square_padded")
-
-ROUNDS = 15
-INNER = 10
-IDLE_MS = 25.0            # timing.IDLE_MS: the GPU idles this long before each sample
-SETUP_S = 0.5             # per implementation and shape: check, capture, host time (estimate)
-FLEX_COMPILE_S = 30.0     # torch.compile of flex_attention for a new shape (estimate)
-CUTILE_COMPILE_S = 5.0    # tileiras, one new kernel variant (estimate)
-AUTOTUNE_S = 1.5          # the square kernel's search on a new shape: 4 configs x 8 rounds
-L2_BYTES = 50 << 20       # H200's L2 (torch reports the real one where it can)
 MEMORY_FRACTION = 0.6     # input sets may take this much of the free GPU memory
 
 __all__ = ["run_decode_bench", "default_impls", "plan_decode", "plan_crossover", "plan_varlen", "plan_host",
            "estimate_seconds", "varlen_mix", "hbm_peak", "HBM_PEAK_TBPS", "H200_HBM_PEAK_TBPS"]
-
-
-# ---------------------------------------------------------------------------------------------
-# The sweep, as data (no GPU)
-# ---------------------------------------------------------------------------------------------
-def _impl_page(name: str) -> int | None:
-    return int(name[len("decode_paged"):]) if name.startswith("decode_paged") else None
-
-
-def default_impls(page_sizes=DEFAULT_PAGE_SIZES) -> list[str]:
-    """The decode part's implementations: decode, a paged decode per page size, the square
-    kernel, the libraries."""
-    return ["decode", *(f"decode_paged{p}" for p in page_sizes), "square_best", *LIBRARIES]
-
-
-def check_decode_impl(name: str) -> None:
-    """ValueError unless ``name`` is a decode-part implementation: decode, decode_pagedP (P a
-    positive multiple of 16), square_best, sdpa_flash/efficient/cudnn/math, flex."""
-    page = None
-    if name.startswith("decode_paged"):
-        try:
-            page = _impl_page(name)
-        except ValueError:
-            page = -1
-        if page is None or page < 16 or page % 16:
-            raise ValueError(f"{name!r}: a paged decode is decode_pagedP with P a positive "
-                             "multiple of 16 (decode_paged16, decode_paged64)")
-        return
-    if name not in ("decode", "square_best", *LIBRARIES):
-        raise ValueError(f"unknown decode implementation {name!r}; choose from "
-                         f"{', '.join(DECODE_IMPLS)} (or decode_pagedP)")
-
-
-def plan_decode(batches=DEFAULT_BATCHES, cache_lens=DEFAULT_CACHE_LENS, nqs=DEFAULT_NQ,
-                impls=DECODE_IMPLS, *, flex: str = "default",
-                max_cache_tokens: int = MAX_CACHE_TOKENS) -> list[dict]:
-    """The decode part's shapes, each {"B", "Nk", "Nq", "impls", "skip"}: ``skip`` maps an
-    implementation to why it is not measured at that shape (a skip row is written for it).
-
-    A shape with ``B x Nk > max_cache_tokens`` is left out entirely (memory and time); a paged
-    implementation whose page size does not divide Nk is skipped; FlexAttention runs on
-    ``FLEX_SHAPES`` (``flex="default"``), everywhere (``"all"``) or nowhere (``"none"``).
-    """
-    if flex not in FLEX_CHOICES:
-        raise ValueError(f"flex must be one of {', '.join(FLEX_CHOICES)}, got {flex!r}")
-    for name in impls:
-        check_decode_impl(name)
-    out = []
-    for B, Nk, Nq in itertools.product(batches, cache_lens, nqs):
-        if B < 1 or Nk < 1 or not 1 <= Nq <= 16:
-            raise ValueError(f"a decode shape needs B >= 1, Nk >= 1 and 1 <= Nq <= 16, got "
-                             f"B={B} Nk={Nk} Nq={Nq}")
-        if B * Nk > max_cache_tokens:
-            continue
-        skip = {}
-        for name in impls:
-            page = _impl_page(name)
-            if page is not None and Nk % page:
-                skip[name] = f"{SKIPPED}: page size {page} does not divide Nk = {Nk}"
-            if name == "flex" and (flex == "none" or
-                                   (flex == "default" and (B, Nk, Nq) not in FLEX_SHAPES)):
-                skip[name] = f"{SKIPPED}: flex runs on {FLEX_SHAPES} (B, Nk, Nq) only (--flex)"
-        out.append(dict(B=B, Nk=Nk, Nq=Nq, impls=list(impls), skip=skip))
-    return out
-
-
-def plan_crossover(batch: int = CROSSOVER_BATCH, nqs=CROSSOVER_NQ,
-                   cache_lens=CROSSOVER_LENS) -> list[dict]:
-    """The crossover part's shapes: decode against the square kernel, short caches."""
-    return [dict(B=batch, Nk=nk, Nq=nq, impls=list(CROSSOVER_IMPLS), skip={})
-            for nq in nqs for nk in cache_lens if nk >= nq]
-
-
-def plan_host(shape=None) -> list[dict]:
-    s = dict(HOST_SHAPE, **(shape or {}))
-    return [dict(s, impls=list(HOST_IMPLS), skip={})]
-
-
-def varlen_mix(name: str, total: int = VARLEN_TOTAL, seed: int = 0) -> list[int]:
-    """Sequence lengths of a varlen mix, summing to ``total``.
-
-    equal_BxN: B sequences of N (B x N must be ``total``); uniform_A_B: lengths uniform in
-    [A, B] (seeded), the last one cut to the total; skewed: one sequence of total/4 and the rest
-    in sequences of total/32.
-    """
-    import random
-    if name.startswith("equal_"):
-        b, n = (int(x) for x in name[len("equal_"):].split("x"))
-        if b * n != total:
-            raise ValueError(f"{name}: {b} x {n} != total {total}")
-        return [n] * b
-    if name.startswith("uniform_"):
-        lo, hi = (int(x) for x in name[len("uniform_"):].split("_"))
-        rng = random.Random(seed)
-        lens = []
-        while sum(lens) < total:
-            lens.append(min(rng.randint(lo, hi), total - sum(lens)))
-        return lens
-    if name == "skewed":
-        return [total // 4] + [total // 32] * 24
-    raise ValueError(f"unknown varlen mix {name!r}; one of {', '.join(VARLEN_MIXES)}, "
-                     "equal_BxN or uniform_A_B")
-
-
-def plan_varlen(mixes=VARLEN_MIXES, total: int = VARLEN_TOTAL) -> list[dict]:
-    out = []
-    for m in mixes:
-        lens = varlen_mix(m, total)
-        out.append(dict(mix=m, lens=lens, B=len(lens), Nq=max(lens), Nk=max(lens),
-                        impls=list(VARLEN_IMPLS), skip={}))
-    return out
-
-
-def estimate_seconds(plans: dict, *, rounds: int = ROUNDS) -> float:
-    """Seconds a run of these plans ({part: plan}) should take on an H200, from the method's
-    constants: each measured implementation and shape ``rounds x (IDLE_MS + SAMPLE_MS)`` plus
-    ``SETUP_S``; FlexAttention ``FLEX_COMPILE_S`` per shape; the square kernel's autotune
-    search ``AUTOTUNE_S`` per shape; ``CUTILE_COMPILE_S`` per distinct
-    cuTile variant (decode: split + combine per (rows, page size); varlen: one per mix's
-    kernel; the square kernel: one per Nq). An estimate, not a measurement."""
-    per = rounds * (IDLE_MS + SAMPLE_MS) / 1e3 + SETUP_S
-    total, variants = 0.0, set()
-    for part, plan in plans.items():
-        for s in plan:
-            for name in s["impls"]:
-                if name in s["skip"]:
-                    continue
-                total += per
-                if name == "flex":
-                    total += FLEX_COMPILE_S
-                if name.startswith("decode"):
-                    variants.add(("decode", s["Nq"], _impl_page(name)))
-                elif name in ("square_best", "square_padded"):
-                    variants.add(("square", part, s["Nq"] if part != "varlen" else 0))
-                    total += AUTOTUNE_S
-                elif name == "varlen":
-                    variants.add(("varlen",))
-        if part == "host":
-            total += 4 * 0.5                     # host and wall times of the graph variants
-    return total + CUTILE_COMPILE_S * 2 * len(variants)
-
-
-def hbm_peak(gpu_name: str | None) -> tuple[float | None, str | None]:
-    """(TB/s, source) of the GPU's HBM peak from ``HBM_PEAK_TBPS``, (None, None) if unknown."""
-    from flashattn.env import gpu_slug
-    return HBM_PEAK_TBPS.get(gpu_slug(gpu_name), (None, None))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -261,9 +85,7 @@ class Entry:
         self.call = call or fns[0]
 
 
-def _err(e: BaseException) -> str:
-    lines = [ln for ln in str(e).strip().splitlines() if ln.strip()]
-    return f"{type(e).__name__}: {lines[0] if lines else ''}"[:300]
+_err = error_text
 
 
 def _l2_bytes(dev) -> int:
@@ -287,10 +109,7 @@ def input_sets_for(set_bytes: int, *, inner: int, l2_bytes: int, free_bytes: int
 def _decode_set(B, Hq, Hkv, Nq, Nk, D, dtype, dev, seed, pages):
     """q, the contiguous cache, full lengths, and a paged copy per page size (pages shuffled)."""
     import torch
-    g = torch.Generator(device=dev).manual_seed(seed)
-    q = torch.randn((B, Hq, Nq, D), generator=g, device=dev, dtype=dtype)
-    k = torch.randn((B, Hkv, Nk, D), generator=g, device=dev, dtype=dtype)
-    v = torch.randn((B, Hkv, Nk, D), generator=g, device=dev, dtype=dtype)
+    q, k, v = qkv_inputs(B, Hq, Hkv, Nq, Nk, D, dtype, dev, seed)
     lens = torch.full((B,), Nk, dtype=torch.int32, device=dev)
     paged = {}
     for p in pages:
@@ -401,20 +220,7 @@ def decode_entries(impls, sets, *, scale, skip) -> dict:
 
 def _check(entry: Entry, ref_fn) -> dict:
     """Compile and warm up, compare batch 0 with the fp32 reference, estimate one call (ms)."""
-    import torch
-    with entry.ctx():
-        entry.fns[0]()
-        torch.cuda.synchronize()
-        o = entry.fns[0]()
-        torch.cuda.synchronize()
-        err = ref_fn(o)
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        entry.fns[0]()
-        e.record()
-        e.synchronize()
-    return dict(max_abs_err=err if math.isfinite(err) else float("nan"),
-                est_ms=max(s.elapsed_time(e), 1e-3))
+    return check_once(entry.fns[0], lambda o: dict(max_abs_err=finite(ref_fn(o))), entry.ctx)
 
 
 def _wall_time(fn, *, reps: int = 20) -> float:
@@ -470,28 +276,15 @@ def measure(entries: dict, ref_fn, *, rounds: int, inner: int, max_inner: int, s
         except Exception as ex:
             res[name] = _err(ex)
 
-    def in_ctx(e):
-        it = itertools.cycle(e.fns)
-
-        def call():
-            with e.ctx():
-                return next(it)()
-        return call
-    per = {n: max(1, min(inner, max_inner, round(SAMPLE_MS / c["est_ms"])))
-           for n, (e, c) in live.items()}
-    try:
-        timed = timing.time_rounds({n: in_ctx(e) for n, (e, _) in live.items()},
-                                   rounds=rounds, inner=per, seed=seed) if live else {}
-    except Exception as ex:
-        timed, fail = {}, _err(ex)
-    else:
-        fail = "not timed"
+    per = rounds_per_sample({n: c["est_ms"] for n, (e, c) in live.items()}, inner, max_inner)
+    timed, fail = time_in_rounds({n: rotating(e.fns, e.ctx) for n, (e, _) in live.items()},
+                                 rounds=rounds, inner=per, seed=seed)
+    fail = fail or "not timed"
     for n, (e, chk) in live.items():
         if n not in timed:
             res[n] = fail
             continue
-        vals = dict(timed[n].as_dict(), max_abs_err=chk["max_abs_err"], config=e.config,
-                    kind=e.kind)
+        vals = dict(timed_values(timed[n], chk), config=e.config, kind=e.kind)
         try:
             with e.ctx():
                 vals["host_ms"] = timing.host_time(e.call)
@@ -604,10 +397,7 @@ def _run_varlen(plan, *, Hq, Hkv, D, dtype, rounds, inner, prog, dev):
         shape_kw = dict(B=B, Hq=Hq, Hkv=Hkv, Nq=N, Nk=N, D=D, dtype=dtype)
         extra = dict(total_tokens=T, lens=list(lens))
         prog(f"varlen {s['mix']}: {B} sequences, {T} tokens, longest {N}")
-        g = torch.Generator(device=dev).manual_seed(7 + i)
-        q = torch.randn((T, Hq, D), generator=g, device=dev, dtype=tdt)
-        k = torch.randn((T, Hkv, D), generator=g, device=dev, dtype=tdt)
-        v = torch.randn((T, Hkv, D), generator=g, device=dev, dtype=tdt)
+        q, k, v = random_inputs([(T, Hq, D), (T, Hkv, D), (T, Hkv, D)], tdt, dev, seed=7 + i)
         cu = torch.tensor([0, *itertools.accumulate(lens)], dtype=torch.int32, device=dev)
         out = torch.empty_like(q)
         qp, kp, vp = (unpack(t, cu, N) for t in (q, k, v))          # (B, H, N, D), zeros
@@ -706,12 +496,10 @@ def run_decode_bench(parts=DEFAULT_PARTS, *, batches=DEFAULT_BATCHES,
                 estimate_s=round(estimate_seconds(plans, rounds=rounds)),
                 workload=dict(name=f"{DTYPE_SHORT[dtype]}-decode-d{head_dim}-gqa{Hq}x{Hkv}",
                               Hq=Hq, Hkv=Hkv, D=head_dim, dtype=dtype),
-                method=dict(name="rounds", rounds=rounds, inner=inner, idle_ms=IDLE_MS,
-                            sample_ms=SAMPLE_MS, order="random per round",
-                            ci="bootstrap 95 % of the median",
-                            what="GPU time per call started on an idle GPU, batches replayed "
-                                 "from CUDA graphs, L2 flushed, no call reading K/V another "
-                                 "call of its batch left in L2"),
+                method=method_meta(rounds=rounds, inner=inner,
+                                   what="GPU time per call started on an idle GPU, batches "
+                                        "replayed from CUDA graphs, L2 flushed, no call reading "
+                                        "K/V another call of its batch left in L2"),
                 plans={p: [{k: v for k, v in s.items() if k != "lens"} for s in plan]
                        for p, plan in plans.items()})
 
@@ -745,7 +533,7 @@ def _plans(parts, *, batches, cache_lens, nqs, impls, flex, max_cache_tokens, va
             plans[p] = plan_decode(batches, cache_lens, nqs, impls, flex=flex,
                                    max_cache_tokens=max_cache_tokens)
         elif p == "host":
-            plans[p] = plan_host()
+            plans[p] = plan_host(HOST_SHAPE)
         elif p == "crossover":
             plans[p] = plan_crossover()
         elif p == "varlen":
@@ -829,12 +617,7 @@ def parse_args(argv: list[str] | None = None) -> dict:
         p.error(f"--page-sizes must be multiples of 16, got {a.page_sizes!r}")
     impls = None
     if a.impls is not None:
-        impls = _csv(a.impls)
-        for n in impls:
-            try:
-                check_decode_impl(n)
-            except ValueError as e:
-                p.error(str(e))
+        impls = check_names(p, _csv(a.impls), check_decode_impl)
     gqa = check_gqa(p, a.gqa)
     if not 1 <= a.head_dim <= 256:
         p.error(f"--head-dim must be in [1, 256], got {a.head_dim}")

@@ -17,7 +17,7 @@ SAMPLE_MS = 5.0     # method rounds: target length of one sample (a batch of lau
 
 __all__ = ["DEFAULT_SEQLENS", "DEFAULT_BATCH", "DEFAULT_HEADS", "DEFAULT_HEAD_DIM", "SAMPLE_MS",
            "csv", "add_workload_args", "add_output_args", "check_seqlens", "check_baselines",
-           "check_gqa", "require_gpu", "emit"]
+           "check_gqa", "check_names", "baseline_list", "require_gpu", "emit"]
 
 
 def csv(s: str) -> list[str]:
@@ -70,6 +70,29 @@ def check_baselines(p, text: str, allowed, what: str = "baseline") -> list[str]:
         if b not in allowed:
             p.error(f"unknown {what} {b!r}; choose from {', '.join(allowed)} or none")
     return names
+
+
+def check_names(p, names, check) -> list[str]:
+    """``names``, each passed through ``check`` (a ValueError from it becomes a parser error)."""
+    for n in names:
+        try:
+            check(n)
+        except ValueError as e:
+            p.error(str(e))
+    return list(names)
+
+
+def baseline_list(baselines, allowed, default, what: str = "baseline") -> list[str]:
+    """A run function's ``baselines`` argument as a list: None -> ``default``; a string is
+    comma-separated ('none' or '' for none); ValueError for a name not in ``allowed``."""
+    if baselines is None:
+        baselines = list(default)
+    elif isinstance(baselines, str):
+        baselines = [] if baselines in ("", "none") else baselines.split(",")
+    for b in baselines:
+        if b not in allowed:
+            raise ValueError(f"unknown {what} {b!r}; choose from {', '.join(allowed)}")
+    return list(baselines)
 
 
 def check_gqa(p, text):
