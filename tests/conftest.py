@@ -14,6 +14,11 @@ os.environ.setdefault("FLASHATTN_AUTOTUNE", "0")
 # the library's launch (flashattn.attention(..., step=NAME)).
 import flashbook  # noqa: E402,F401
 
+# torch._dynamo imported whole now, in a clean process: some tests fake CUDA (torch.cuda patched),
+# and a first import of torch._dynamo under those fakes (create_block_mask imports it lazily)
+# left it half initialised for every later test in the process.
+import torch._dynamo  # noqa: E402,F401
+
 
 @pytest.fixture(scope="module")
 def one_thread():
