@@ -129,3 +129,25 @@ def test_profile_targets_run_on_cpu_in_the_interpreter():
     assert all(o.shape == q.shape for o in outs.values()) and o8.shape == q.shape
     assert (outs["flex_causal"] - outs["flex_softcap"]).abs().max() > 0
     assert (o8.float() - outs["flex_causal"].float()).abs().max() < 0.25   # e4m3: 3 mantissa bits
+
+
+def test_gpu_timers_go_through_the_shared_harness(monkeypatch):
+    """On a GPU both benches time with harness.time_in_rounds (faked here): the launches per
+    sample come from one call's estimate, and a timing failure is an error, not a row."""
+    from flashattn.timing import Timing
+    from flashbook.measure import bench_fp8, harness
+    seen = {}
+    monkeypatch.setattr(harness, "check_once", lambda f, errors, ctx=None: {"est_ms": 0.25})
+
+    def fake_rounds(calls, *, rounds, inner, seed):
+        seen.update(inner)
+        return {n: Timing(1.0, 0.9, 1.1, 0.95, 1.05, rounds, samples=[1.0] * rounds,
+                          ci_lo_ms=0.98, ci_hi_ms=1.02, method="graph") for n in calls}, ""
+    monkeypatch.setattr(harness, "time_in_rounds", fake_rounds)
+    res = bench_flex._timer(False)({"a": lambda: None}, rounds=3)
+    assert res["a"]["median_ms"] == 1.0 and res["a"]["method"] == "graph" and seen["a"] == 5
+    res = bench_fp8.Timer(torch.device("cuda")).rounds({"b": lambda: None}, 4)
+    assert res["b"]["ci_hi_ms"] == 1.02 and res["b"]["inner"] == seen["b"]
+    monkeypatch.setattr(harness, "time_in_rounds", lambda calls, **kw: ({}, "RuntimeError: x"))
+    with pytest.raises(RuntimeError, match="timing failed"):
+        bench_flex._timer(False)({"a": lambda: None})

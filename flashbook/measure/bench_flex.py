@@ -46,6 +46,8 @@ import time
 import warnings
 from pathlib import Path
 
+from .harness import error_text, max_abs_err
+
 
 def workloads(N: int, quick: bool):
     """(name, score_mod, mask_mod, causal_dense_equivalent) for sequence length N."""
@@ -77,7 +79,8 @@ def workloads(N: int, quick: bool):
 
 
 def _timer(dry: bool):
-    """time_rounds-compatible timer: the project's, CUDA events, or (dry run) host time."""
+    """Timing of ``{name: fn}``: the benches' shared harness on a GPU (launches per sample from
+    one call's estimate), or (dry run) host time with the same result keys."""
     if dry:
         def fake(fns, rounds=2, **_):
             res = {}
@@ -89,35 +92,17 @@ def _timer(dry: bool):
                               method="fake (CPU host time)")
             return res
         return fake
-    try:
-        from flashattn.timing import time_rounds
 
-        def project(fns, rounds=10, **_):
-            return {n: dict(median_ms=t.median_ms, ci_lo_ms=t.ci_lo_ms, ci_hi_ms=t.ci_hi_ms,
-                            method=t.method, samples=t.samples)
-                    for n, t in time_rounds(fns, rounds=rounds, inner=5).items()}
-        return project
-    except ImportError:
-        import torch
-
-        def events(fns, rounds=10, **_):
-            import random
-            samples = {n: [] for n in fns}
-            for _ in range(rounds):
-                order = list(fns)
-                random.shuffle(order)
-                for n in order:
-                    torch.cuda.synchronize()
-                    a, b = (torch.cuda.Event(enable_timing=True) for _ in range(2))
-                    a.record()
-                    for _ in range(5):
-                        fns[n]()
-                    b.record()
-                    b.synchronize()
-                    samples[n].append(a.elapsed_time(b) / 5)
-            return {n: dict(median_ms=sorted(s)[len(s) // 2], method="events", samples=s)
-                    for n, s in samples.items()}
-        return events
+    def project(fns, rounds=10, **_):
+        from .harness import check_once, rounds_per_sample, time_in_rounds
+        est = {n: check_once(f, lambda o: {})["est_ms"] for n, f in fns.items()}
+        timed, fail = time_in_rounds(fns, rounds=rounds, inner=rounds_per_sample(est, 5),
+                                     seed=0)
+        if fail:
+            raise RuntimeError(f"timing failed: {fail}")
+        return {n: dict(median_ms=t.median_ms, ci_lo_ms=t.ci_lo_ms, ci_hi_ms=t.ci_hi_ms,
+                        method=t.method, samples=t.samples) for n, t in timed.items()}
+    return project
 
 
 BWD_FLOP_FACTOR = 2.5           # backward FLOPs per forward FLOP (five matmuls to two)
@@ -265,13 +250,13 @@ def _flex_row(pas, name, score, mask, q, k, v, dout, *, N, dry, ctx, tflex, time
                     time.perf_counter() - t0, 2)
                 row["impls"][n]["out"] = o
             except Exception as e:   # record, keep going
-                errors[n] = f"{type(e).__name__}: {str(e)[:300]}"
+                errors[n] = error_text(e)
                 ok.pop(n, None)
         ref = row["impls"].get("flashattn.flex", {}).pop("out", None)
         for n in list(row["impls"]):
             o = row["impls"][n].pop("out", None)
             if ref is not None and o is not None and n != "flashattn.causal":
-                row["impls"][n]["max_diff_vs_ours"] = (o.float() - ref.float()).abs().max().item()
+                row["impls"][n]["max_diff_vs_ours"] = max_abs_err(o, ref)
         res = timer(ok, rounds=rounds) if ok else {}
     for n, t in res.items():
         row["impls"][n].update(t)
@@ -427,7 +412,7 @@ def main_blasst(a, argv) -> int:
                         try:
                             o = f()
                         except Exception as e:
-                            errors[name] = f"{type(e).__name__}: {str(e)[:300]}"
+                            errors[name] = error_text(e)
                             continue
                         if ref is None:
                             ref = o

@@ -29,70 +29,49 @@ Decode: B in 1, 8, 64; caches 4K to 128K (every sequence full), GQA 32:8, Nq=1, 
 ``decode-fp8`` (e4m3 cache with descales). Reported with the bytes of K and V read per step
 and the bandwidth that makes.
 
-Timing is self-contained (CUDA events): each round runs every row once in a fresh random order,
-each sample a batch of back-to-back launches after an L2 flush and a short idle; the median over
-rounds. A budget (``--budget-s``, default 270) stops adding shapes when spent and says which
+Timing is the benches' shared harness (``harness.time_in_rounds``, chapter 3's method: CUDA-graph
+batches after an L2 flush and an idle GPU, every row once per round in a fresh random order, the
+median over rounds with a bootstrap interval). The recordings before 2026-12-02's second run
+used an equivalent self-contained CUDA-event loop (no graphs, no intervals). A budget (``--budget-s``, default 270) stops adding shapes when spent and says which
 were skipped. Every row is checked once against a reference first (max |error| in the JSON).
 """
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
-import random
-import statistics
 import sys
 import time
 from pathlib import Path
 
 
-# --- timing (self-contained: CUDA events, rounds in random order) -------------------------------
+# --- timing: the benches' shared harness (chapter 3's method) ---------------------------------
 class Timer:
-    def __init__(self, device, *, idle_ms=10.0, flush_mb=256):
-        import torch
-        self.torch = torch
-        self.device = device
-        self.idle_s = idle_ms / 1e3
+    """``rounds(fns, rounds)``: on a GPU the harness's timing (``timing.time_rounds``: CUDA-graph
+    batches on an idle GPU, a fresh random order every round, bootstrap intervals), launches per
+    sample from one call's estimate; on the CPU (the dry run) wall time per call."""
+
+    def __init__(self, device):
         self.cuda = device.type == "cuda"
-        self.flush_buf = (torch.empty(flush_mb << 20, dtype=torch.uint8, device=device)
-                          if self.cuda else None)
-
-    def sample_ms(self, fn, inner: int) -> float:
-        torch = self.torch
-        if not self.cuda:                            # the dry run: wall time on the CPU
-            t = time.perf_counter()
-            for _ in range(inner):
-                fn()
-            return (time.perf_counter() - t) * 1e3 / inner
-        self.flush_buf.zero_()                       # evict L2
-        torch.cuda.synchronize(self.device)
-        time.sleep(self.idle_s)                      # let the clock settle after the flush
-        a = torch.cuda.Event(enable_timing=True)
-        b = torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(inner):
-            fn()
-        b.record()
-        b.synchronize()
-        return a.elapsed_time(b) / inner
-
-    def inner_for(self, fn, target_ms=3.0) -> int:
-        """Launches per sample: about target_ms of work (1 to 50)."""
-        fn()
-        one = self.sample_ms(fn, 1)
-        return max(1, min(50, int(target_ms / max(one, 1e-3))))
 
     def rounds(self, fns: dict, rounds: int) -> dict:
-        inner = {k: self.inner_for(f) for k, f in fns.items()}
-        samples = {k: [] for k in fns}
-        for _ in range(rounds):
-            order = list(fns)
-            random.shuffle(order)
-            for k in order:
-                samples[k].append(self.sample_ms(fns[k], inner[k]))
-        return {k: dict(median_ms=statistics.median(v), min_ms=min(v), max_ms=max(v),
-                        samples=v, inner=inner[k]) for k, v in samples.items()}
+        if not self.cuda:
+            out = {}
+            for k, f in fns.items():
+                t = time.perf_counter()
+                f()
+                ms = (time.perf_counter() - t) * 1e3
+                out[k] = dict(median_ms=ms, min_ms=ms, max_ms=ms, samples=[ms], inner=1)
+            return out
+        from .harness import INNER, check_once, rounds_per_sample, time_in_rounds
+        est = {k: check_once(f, lambda o: {})["est_ms"] for k, f in fns.items()}
+        inner = rounds_per_sample(est, INNER)
+        timed, fail = time_in_rounds(fns, rounds=rounds, inner=inner, seed=0)
+        if fail:
+            raise RuntimeError(f"timing failed: {fail}")
+        return {k: dict(median_ms=t.median_ms, min_ms=t.min_ms, max_ms=t.max_ms,
+                        ci_lo_ms=t.ci_lo_ms, ci_hi_ms=t.ci_hi_ms, samples=t.samples,
+                        method=t.method, inner=inner[k]) for k, t in timed.items()}
 
 
 def attention_flops(B, H, N, D, causal):
