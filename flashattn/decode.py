@@ -36,24 +36,21 @@ from __future__ import annotations
 
 import math
 
-from . import kernels as _kernels
 from .contract import check_decode_tensors, check_optional_int, check_out
 from .dispatch import (device_arch, device_sm_count, expect, interpreting, launch_kernel,
                        on_device)
 from .kernels import (DECODE_COMBINE, DECODE_COMBINE_ROW, DECODE_SPLIT, DECODE_SPLIT_HINTS,
                       decode_combine_constants, decode_combine_grid, decode_combine_kind,
                       decode_combine_row_constants, decode_num_splits, decode_partial_shapes,
-                      decode_row_blocks, decode_split_constants, decode_split_grid, hinted)
+                      decode_split_constants, decode_split_grid, hinted)
 
 __all__ = ["decode", "decode_plan", "prefer_decode", "attention_via_decode",
            "DECODE_PATH_MAX_NQ", "DECODE_PATH_MIN_NK"]
 
 
-def decode_plan(dims, *, num_splits=None, max_seqlen=None, sm_count: int, arch=None,
-                fused=None) -> dict:
+def decode_plan(dims, *, num_splits=None, max_seqlen=None, sm_count: int, arch=None) -> dict:
     """The launch plan of a decode call (pure: no GPU): constants, grids, split count, scratch
-    shapes. ``dims``: a ``contract.DecodeDims``; ``fused``: the merge in the split kernel
-    (default ``kernels.DECODE_FUSED_COMBINE``)."""
+    shapes. ``dims``: a ``contract.DecodeDims``."""
     rows = (dims.Hq // dims.Hkv) * dims.Nq
     page = dims.page_size if dims.paged else None
     split_c = decode_split_constants(rows=rows, head_dim=dims.D, page_size=page, arch=arch)
@@ -69,23 +66,14 @@ def decode_plan(dims, *, num_splits=None, max_seqlen=None, sm_count: int, arch=N
     num_splits = int(num_splits)
     if num_splits > 65535:
         raise ValueError(f"num_splits must be at most 65535 (a grid axis), got {num_splits}")
-    kind = decode_combine_kind(B=dims.B, Hkv=dims.Hkv, rows=rows, num_splits=num_splits,
-                               fused=fused, paged=dims.paged)
+    kind = decode_combine_kind(B=dims.B, Hkv=dims.Hkv, rows=rows, num_splits=num_splits)
     if kind is None:
         # One split: its normalised partial is the answer; the split kernel writes it.
         split_c = dict(split_c, FINAL=True)
-    if kind == "fused":
-        # The last split of each row block merges; a counter per row block says which is last.
-        split_c = dict(split_c, FUSED=True)
-    # The combine as a programmatic dependent of the split kernel (kernels.DECODE_PDL).
-    pdl = bool(_kernels.DECODE_PDL and kind in ("row", "block") and arch in _kernels.PDL_ARCHS)
-    if pdl and _kernels.DECODE_PDL_TRIGGER and not dims.paged:   # tileiras 13.4.92: SIGSEGV paged
-        split_c = dict(split_c, PDL=True)
     if kind == "row":
-        comb_c = decode_combine_row_constants(head_dim=dims.D, num_splits=num_splits, pdl=pdl)
+        comb_c = decode_combine_row_constants(head_dim=dims.D, num_splits=num_splits)
     else:
-        comb_c = decode_combine_constants(split_tile_m=split_c["TILE_M"], head_dim=dims.D,
-                                          pdl=pdl)
+        comb_c = decode_combine_constants(split_tile_m=split_c["TILE_M"], head_dim=dims.D)
     if dims.B * dims.Hkv > 65535:
         raise ValueError(f"B x Hkv = {dims.B * dims.Hkv} exceeds 65535 (a grid axis): decode "
                          "the batch in parts")
@@ -96,11 +84,9 @@ def decode_plan(dims, *, num_splits=None, max_seqlen=None, sm_count: int, arch=N
                 combine_constants=comb_c,
                 split_grid=decode_split_grid(B=dims.B, Hkv=dims.Hkv, rows=rows,
                                              tile_m=split_c["TILE_M"], num_splits=num_splits),
-                combine=kind, pdl=pdl,
-                combine_grid=(None if kind in (None, "fused") else decode_combine_grid(
+                combine=kind,
+                combine_grid=(None if kind is None else decode_combine_grid(
                     B=dims.B, Hkv=dims.Hkv, rows=rows, tile_m=comb_c.get("TILE_M", 1))),
-                counter_shape=((dims.B * dims.Hkv, decode_row_blocks(rows, split_c["TILE_M"]))
-                               if kind == "fused" else None),
                 opart_shape=opart_shape, lse_shape=lse_shape)
 
 
@@ -173,9 +159,6 @@ def decode(q, k_cache, v_cache, cache_seqlens, *, block_table=None, scale=None,
     arch, sm_count = device_arch(q.device), device_sm_count(q.device)   # interpreted: its GPU
     plan = decode_plan(dims, num_splits=num_splits, max_seqlen=max_seqlen, sm_count=sm_count,
                        arch=arch)
-    counter = None
-    if plan["combine"] == "fused":
-        counter = _counters(q.device, plan["counter_shape"])   # zeros, (B * Hkv, row blocks)
     rows = plan["rows"]
     # The query heads of one GQA group, packed as rows: (B, Hq, Nq, D) -> (B, Hkv, G*Nq, D).
     q_rows = q.contiguous().view(B, Hkv, rows, D)
@@ -192,21 +175,19 @@ def decode(q, k_cache, v_cache, cache_seqlens, *, block_table=None, scale=None,
                         device=q.device)
     lse = torch.empty((1, 1, 1) if final else plan["lse_shape"], dtype=torch.float32,
                       device=q.device)
-    if counter is None:                       # not FUSED: a placeholder, never touched
-        counter = torch.empty((1, 1), dtype=torch.int32, device=q.device)
     split_kernel = hinted(DECODE_SPLIT.kernel(), DECODE_SPLIT_HINTS.get(arch, {}))
     with expect(q.device, lambda: decode_steps(plan, seqlens, dims), "flashattn.decode"):
         launch_kernel(q.device, plan["split_grid"], split_kernel,
                       DECODE_SPLIT.args(dict(Q=q_rows, K=k_cache, V=v_cache, BlockTable=table,
                                              SeqLens=seqlens, Opart=opart, Lse=lse,
-                                             Out=out_rows, Counter=counter),
+                                             Out=out_rows),
                                         dict(qk_scale=scale, num_q=Nq),
                                         plan["split_constants"]))
         if plan["combine"] in ("row", "block"):
             spec = DECODE_COMBINE_ROW if plan["combine"] == "row" else DECODE_COMBINE
             launch_kernel(q.device, plan["combine_grid"], spec.kernel(),
                           spec.args(dict(Opart=opart, Lse=lse, Out=out_rows), {},
-                                    plan["combine_constants"]), pdl=plan["pdl"])
+                                    plan["combine_constants"]))
     return out
 
 
@@ -218,31 +199,6 @@ def decode_steps(plan, cache_seqlens, dims) -> int:
     lens = [min(max(int(n), 0), dims.capacity) for n in cache_seqlens.tolist()]
     blocks = plan["split_grid"][0] * dims.Hkv
     return blocks * sum(-(-n // c["TILE_N"]) + plan["num_splits"] for n in lens)
-
-
-# The fused merge's counters: one int32 per (sequence, kv head, row block), 0 at launch (the
-# last program of a row block sets its counter back to 0). Eager calls use one buffer per
-# (device, stream): calls on one stream run one after another, so they never share a counter
-# in flight, and calls on two streams never share a buffer. A buffer outgrown is kept, not
-# freed. A call being captured into a CUDA graph gets a buffer of its own, zeroed inside the
-# graph (a memset node), so graphs replayed at the same time never share counters either.
-_COUNTERS: dict = {}
-
-
-def _counters(device, shape):
-    """A zeroed (B * Hkv, row blocks) int32 counter tensor for the fused merge."""
-    import torch
-    if getattr(device, "type", None) == "cpu" or torch.cuda.is_current_stream_capturing():
-        # A CPU call (the interpreter) or a capture: a fresh zeroed buffer of its own.
-        return torch.zeros(tuple(shape), dtype=torch.int32, device=device)
-    stream = torch.cuda.current_stream(device)
-    n = int(shape[0]) * int(shape[1])
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    bufs = _COUNTERS.setdefault((index, stream.cuda_stream), [])
-    if not bufs or bufs[-1].numel() < n:
-        size = max(n, 2 * bufs[-1].numel() if bufs else 4096)
-        bufs.append(torch.zeros(size, dtype=torch.int32, device=device))
-    return bufs[-1][:n].view(int(shape[0]), int(shape[1]))
 
 
 # --- the decode path of flashattn.attention --------------------------------------------------------

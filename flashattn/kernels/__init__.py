@@ -152,36 +152,27 @@ DECODE_COMBINE_CHUNK = 4096   # fp32 partial-output values one step of the one-r
 # and the splits are many, else the multi-row combine, whose programs walk the splits (ch. 12).
 DECODE_ROW_COMBINE_MAX = 128
 DECODE_ROW_COMBINE_MIN_SPLITS = 8
-# The merge fused into the split kernel (FUSED): off, correct but slower on long caches (its
-# shared memory doubles); contiguous caches only (tileiras 13.4.92 fails on atomics when paged).
-DECODE_FUSED_COMBINE = False
-# Programmatic dependent launch (sm_90+): the combine is launched as a dependent of the split
-# kernel, so its launch overlaps the split's run (the kernels' PDL constant). Off by default
-# until measured (experiments/LOG.md).
-DECODE_PDL = False
-# ... and the split kernel signals the combine's launch once its partial is stored (without
-# it the launch is signalled when the split grid exits). The signal reshapes the split
-# kernel's compiled loop (more shared memory), so it is a separate switch.
-DECODE_PDL_TRIGGER = False
+# The book's ladder (flashbook/ladder/decode.py) adds the merge fused into the split kernel and
+# a dependent launch of the combine: both off in what ships (chapter 12).
 
 
 DECODE_SPLIT = KernelSpec(
     "decode_split", "flashattn.kernels.decode", "decode_split_kernel",
     arrays=(Array("Q", 4), Array("K", 4), Array("V", 4), Array("BlockTable", 2, "int32"),
             Array("SeqLens", 1, "int32"), Array("Opart", 4, "float32"),
-            Array("Lse", 3, "float32"), Array("Out", 4), Array("Counter", 2, "int32")),
+            Array("Lse", 3, "float32"), Array("Out", 4)),
     scalars=(("qk_scale", float), ("num_q", int)),
-    constants=("TILE_M", "TILE_N", "TILE_D", "PAGED", "FINAL", "FUSED", "PDL"))
+    constants=("TILE_M", "TILE_N", "TILE_D", "PAGED", "FINAL"))
 
 DECODE_COMBINE = KernelSpec(
     "decode_combine", "flashattn.kernels.decode", "decode_combine_kernel",
     arrays=(Array("Opart", 4, "float32"), Array("Lse", 3, "float32"), Array("Out", 4)),
-    scalars=(), constants=("TILE_M", "TILE_D", "PDL"))
+    scalars=(), constants=("TILE_M", "TILE_D"))
 
 DECODE_COMBINE_ROW = KernelSpec(
     "decode_combine_row", "flashattn.kernels.decode", "decode_combine_row_kernel",
     arrays=(Array("Opart", 4, "float32"), Array("Lse", 3, "float32"), Array("Out", 4)),
-    scalars=(), constants=("TILE_D", "TILE_S", "PDL"))
+    scalars=(), constants=("TILE_D", "TILE_S"))
 
 DECODE = {"decode_split": DECODE_SPLIT, "decode_combine": DECODE_COMBINE,
           "decode_combine_row": DECODE_COMBINE_ROW}
@@ -225,27 +216,23 @@ def decode_tiles(*, rows: int, head_dim: int, page_size: int | None = None,
 
 
 def decode_split_constants(*, rows: int, head_dim: int, page_size: int | None,
-                           arch: str | None = None, final: bool = False,
-                           fused: bool = False, pdl: bool = False) -> dict:
+                           arch: str | None = None, final: bool = False) -> dict:
     """The constants of ``decode_split_kernel`` by name; ``page_size=None``: contiguous cache;
-    ``final``: one split, the kernel writes the output (no combine); ``fused``: the last split
-    of a row block merges (no combine launch)."""
+    ``final``: one split, the kernel writes the output (no combine)."""
     tile_m, tile_n = decode_tiles(rows=rows, head_dim=head_dim, page_size=page_size, arch=arch)
     return dict(TILE_M=tile_m, TILE_N=tile_n, TILE_D=tile_d_for(head_dim),
-                PAGED=page_size is not None, FINAL=bool(final), FUSED=bool(fused),
-                PDL=bool(pdl))
+                PAGED=page_size is not None, FINAL=bool(final))
 
 
-def decode_combine_constants(*, split_tile_m: int, head_dim: int, pdl: bool = False) -> dict:
+def decode_combine_constants(*, split_tile_m: int, head_dim: int) -> dict:
     """The constants of ``decode_combine_kernel`` by name: the split kernel's row tile
     (``split_tile_m``), or fewer rows (a power of two, so a divisor of it) so that a tile holds
     at most ``DECODE_COMBINE_ELEMS`` fp32 values."""
     td = tile_d_for(head_dim)
-    return dict(TILE_M=max(1, min(int(split_tile_m), DECODE_COMBINE_ELEMS // td)), TILE_D=td,
-                PDL=bool(pdl))
+    return dict(TILE_M=max(1, min(int(split_tile_m), DECODE_COMBINE_ELEMS // td)), TILE_D=td)
 
 
-def decode_combine_row_constants(*, head_dim: int, num_splits: int, pdl: bool = False) -> dict:
+def decode_combine_row_constants(*, head_dim: int, num_splits: int) -> dict:
     """The constants of ``decode_combine_row_kernel`` by name. TILE_S: the splits merged per
     step, the split count rounded up to a power of two, as many as keep the ``TILE_S x TILE_D``
     partial outputs within ``DECODE_COMBINE_CHUNK`` fp32 values (at least 1)."""
@@ -253,23 +240,18 @@ def decode_combine_row_constants(*, head_dim: int, num_splits: int, pdl: bool = 
     if int(num_splits) < 1:
         raise ValueError(f"num_splits must be positive, got {num_splits}")
     tile_s = min(1 << (int(num_splits) - 1).bit_length(), max(1, DECODE_COMBINE_CHUNK // td))
-    return dict(TILE_D=td, TILE_S=tile_s, PDL=bool(pdl))
+    return dict(TILE_D=td, TILE_S=tile_s)
 
 
 def decode_combine_kind(*, B: int, Hkv: int, rows: int, num_splits: int,
-                        row_max: int | None = None, min_splits: int | None = None,
-                        fused: bool | None = None, paged: bool = False) -> str | None:
+                        row_max: int | None = None, min_splits: int | None = None) -> str | None:
     """Which merge a decode call runs: None (one split: the split kernel writes the output),
-    "fused" (the split kernel's last program per row block merges, no second launch) when
-    ``fused`` (default ``DECODE_FUSED_COMBINE``) and the cache is not ``paged``, "row" (``decode_combine_row_kernel``, one
-    program per packed row) when ``B x Hkv x rows <= row_max`` (default
-    ``DECODE_ROW_COMBINE_MAX``) and ``num_splits >= min_splits`` (default
+    "row" (``decode_combine_row_kernel``, one program per packed row) when ``B x Hkv x rows <=
+    row_max`` (default ``DECODE_ROW_COMBINE_MAX``) and ``num_splits >= min_splits`` (default
     ``DECODE_ROW_COMBINE_MIN_SPLITS``), else "block" (``decode_combine_kernel``, one program
     per row block)."""
     if int(num_splits) == 1:
         return None
-    if (DECODE_FUSED_COMBINE if fused is None else fused) and not paged:
-        return "fused"
     limit = DECODE_ROW_COMBINE_MAX if row_max is None else int(row_max)
     least = DECODE_ROW_COMBINE_MIN_SPLITS if min_splits is None else int(min_splits)
     if int(B) * int(Hkv) * int(rows) <= limit and int(num_splits) >= least:
@@ -362,7 +344,7 @@ BWD_PREPROCESS = KernelSpec(
     "bwd_preprocess", "flashattn.kernels.fmha_bwd", "bwd_preprocess_kernel",
     arrays=(Array("Out", 4), Array("dO", 4), Array("Delta", 3, "float32")),
     scalars=(("num_heads", int),),
-    constants=("TILE_M", "TILE_D", "PDL"))
+    constants=("TILE_M", "TILE_D"))
 
 BWD_DKDV = KernelSpec(
     "bwd_dkdv", "flashattn.kernels.fmha_bwd", "bwd_dkdv_kernel",
@@ -371,7 +353,7 @@ BWD_DKDV = KernelSpec(
             Array("dV", 4)),
     scalars=(("qk_scale", float), ("input_pos", int), ("num_kv_heads", int),
              ("group_size", int)),
-    constants=("TILE_M", "TILE_N", "TILE_D", "CAUSAL", "EVEN_K", "PDL"))
+    constants=("TILE_M", "TILE_N", "TILE_D", "CAUSAL", "EVEN_K"))
 
 BWD_DQ = KernelSpec(
     "bwd_dq", "flashattn.kernels.fmha_bwd", "bwd_dq_kernel",
@@ -379,7 +361,7 @@ BWD_DQ = KernelSpec(
             Array("LSE", 3, "float32"), Array("Delta", 3, "float32"), Array("dQ", 4)),
     scalars=(("qk_scale", float), ("input_pos", int), ("num_heads", int),
              ("group_size", int)),
-    constants=("TILE_M", "TILE_N", "TILE_D", "CAUSAL", "EVEN_K", "PDL"))
+    constants=("TILE_M", "TILE_N", "TILE_D", "CAUSAL", "EVEN_K"))
 
 BWD = {"bwd_preprocess": BWD_PREPROCESS, "bwd_dkdv": BWD_DKDV, "bwd_dq": BWD_DQ}  # launch order
 
@@ -393,11 +375,6 @@ BWD_DKDV_DQ_ATOMIC = KernelSpec(
     constants=("TILE_M", "TILE_N", "TILE_D", "CAUSAL", "EVEN_K"))
 BWD_ATOMIC = {"bwd_preprocess": BWD_PREPROCESS, "bwd_dkdv_dq_atomic": BWD_DKDV_DQ_ATOMIC}
 BWD_PREPROCESS_CONFIG = Config(64, 64)     # 64 rows of Delta per program (TILE_N unused)
-# Programmatic dependent launch of dK/dV after the preprocess and of dQ after dK/dV (the
-# kernels' PDL constant): 0 off; 1 each waits for the previous kernel at its start; 2 early
-# signals, and dQ runs beside the end of dK/dV (only its store waits). Off: measured, no gain.
-BWD_PDL = 0
-PDL_ARCHS = ("sm_90", "sm_100", "sm_103", "sm_110", "sm_120", "sm_121")  # griddepcontrol: sm_90+
 
 # (bwd_dkdv, bwd_dq) configurations per architecture and padded head dim (TILE_D up to the key).
 # bwd_dkdv's TILE_M is its inner query tile and TILE_N its own K/V tile; bwd_dq's TILE_M is its
@@ -432,20 +409,17 @@ def bwd_configs(arch: str | None, head_dim: int) -> dict[str, Config]:
 
 
 def bwd_constants(kernel: str, config: Config, *, head_dim: int, causal: bool,
-                  even_k: bool, pdl: int = 0) -> dict:
+                  even_k: bool) -> dict:
     """The ``ct.Constant`` values of one backward kernel, by name. ``even_k``: Nk is a multiple
     of ``config.TILE_N`` (the key tile of both bwd_dkdv and bwd_dq)."""
     td = tile_d_for(head_dim)
     if kernel == "bwd_preprocess":
-        return dict(TILE_M=config.TILE_M, TILE_D=td, PDL=int(pdl))
+        return dict(TILE_M=config.TILE_M, TILE_D=td)
     if kernel not in ("bwd_dkdv", "bwd_dq", "bwd_dkdv_dq_atomic"):
         raise ValueError(f"unknown backward kernel {kernel!r}; choose from "
                          f"{', '.join([*BWD, *BWD_ATOMIC])}")
-    c = dict(TILE_M=config.TILE_M, TILE_N=config.TILE_N, TILE_D=td, CAUSAL=bool(causal),
-             EVEN_K=bool(even_k))
-    if kernel != "bwd_dkdv_dq_atomic":
-        c["PDL"] = int(pdl)
-    return c
+    return dict(TILE_M=config.TILE_M, TILE_N=config.TILE_N, TILE_D=td, CAUSAL=bool(causal),
+                EVEN_K=bool(even_k))
 
 
 def bwd_grid(kernel: str, config: Config, *, B: int, Hq: int, Hkv: int, Nq: int,
