@@ -846,11 +846,12 @@ def crossover_figure(d: DecodeData):
 # Listings, the CPU demo, the live step
 # ---------------------------------------------------------------------------------------------
 def kernel_listing(name: str) -> str:
-    """The source of one function of ``flashattn/kernels/decode.py`` (read as text: the module
-    is parsed, not imported, so no compiler is needed)."""
+    """The source of one function of ``flashbook/ladder/decode.py`` (the library's kernel with
+    the fused merge the chapter discusses; read as text: the module is parsed, not imported, so
+    no compiler is needed)."""
     import importlib.util
     from pathlib import Path
-    path = Path(importlib.util.find_spec("flashattn.kernels.decode").origin)
+    path = Path(importlib.util.find_spec("flashbook.ladder.decode").origin)
     from ..source import shipped_source
     src = shipped_source(path.read_text(encoding="utf-8"))
     tree = ast.parse(src)
@@ -859,7 +860,7 @@ def kernel_listing(name: str) -> str:
         if isinstance(node, ast.FunctionDef) and node.name == name:
             start = min([node.lineno] + [dec.lineno for dec in node.decorator_list])
             return "\n".join(lines[start - 1:node.end_lineno])
-    raise KeyError(f"no function {name!r} in flashattn/kernels/decode.py")
+    raise KeyError(f"no function {name!r} in flashbook/ladder/decode.py")
 
 
 def merge_demo(seed: int = 0, length: int = 300, cuts=(128, 128)) -> dict:

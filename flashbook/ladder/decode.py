@@ -1,5 +1,8 @@
 """Split-KV decoding (flash-decoding) over a contiguous or paged KV cache: two kernels.
 
+(The book's ladder file: the library's ``flashattn/kernels/decode.py`` with its off
+switches kept, see ``flashbook/ladder/variants.py``; the library folds them away.)
+
 A decode step has a few query rows per sequence (Nq = 1 for plain decoding, up to 16 for
 speculative decoding) and a long KV cache, so one program per (batch, head) leaves most SMs idle
 and each query head of a GQA group would read the same K/V again. Here:

@@ -1,5 +1,8 @@
 """The FlashAttention backward pass: three kernels, no atomics, deterministic.
 
+(The book's ladder file: the library's ``flashattn/kernels/fmha_bwd.py`` with its off
+switches kept, see ``flashbook/ladder/variants.py``; the library folds them away.)
+
 The forward (``fmha.py``) keeps only O and, per query row, the log-sum-exp of its scaled scores
 (``LSE``, natural log, fp32). The backward recomputes P from Q, K and the LSE instead of
 storing the (Nq, Nk) matrix, and computes the five matrix products::
