@@ -27,10 +27,8 @@ the split count was fixed at capture: pass ``num_splits`` (or let it default fro
 capacity, which does not change), and keep the host checks off (``check_values`` defaults to
 off for CUDA tensors).
 
-``attention()``'s decode path: ``prefer_decode`` says when a call of ``flashattn.attention`` is a
-decode step that this path should take (few query rows, a long cache), and
-``attention_via_decode`` runs ``attention``'s arguments through ``decode``;
-``flashattn.attention(step="best")`` takes that path when ``prefer_decode`` says so.
+When ``flashattn.attention(step="best")`` is a decode step it routes here
+(``flashattn.api.prefer_decode``, chapter 12).
 """
 from __future__ import annotations
 
@@ -44,8 +42,7 @@ from .kernels import (DECODE_COMBINE, DECODE_COMBINE_ROW, DECODE_SPLIT, DECODE_S
                       decode_combine_row_constants, decode_num_splits, decode_partial_shapes,
                       decode_split_constants, decode_split_grid, hinted)
 
-__all__ = ["decode", "decode_plan", "prefer_decode", "attention_via_decode",
-           "DECODE_PATH_MAX_NQ", "DECODE_PATH_MIN_NK"]
+__all__ = ["decode", "decode_plan"]
 
 
 def decode_plan(dims, *, num_splits=None, max_seqlen=None, sm_count: int, arch=None) -> dict:
@@ -199,95 +196,3 @@ def decode_steps(plan, cache_seqlens, dims) -> int:
     lens = [min(max(int(n), 0), dims.capacity) for n in cache_seqlens.tolist()]
     blocks = plan["split_grid"][0] * dims.Hkv
     return blocks * sum(-(-n // c["TILE_N"]) + plan["num_splits"] for n in lens)
-
-
-# --- the decode path of flashattn.attention --------------------------------------------------------
-# When attention(q, k, v, ...) is a decode step, the split-KV kernels win: the square kernel's
-# grid has B x Hq x cdiv(Nq, TILE_M) programs, one per (batch, head) for Nq <= TILE_M, which
-# leaves most SMs idle and reads each K/V tile once per query head of a GQA group (issue 12:
-# 0.12x PyTorch at B=1, 128K keys). ``python -m flashbook decode-bench --part crossover`` times
-# both for Nq in {1, 4, 16} and Nk from 128 to 8K. Measured on the H200
-# (results/h200/decode/crossover-varlen.json, B=8, GQA 32:8, D=128, fp16, the one-wave split
-# rule; recorded in sessions 5 and 6): the decode path is faster than the square kernel for
-# Nq = 1 and 4 from Nk = 1024 up (1.09-1.54x); below 1024 Nq = 1 reads 0.90-1.00x (Nq = 4 read
-# 0.90-1.13x in session 5 and 1.20-1.49x in session 6): the rule leaves Nk < 1024 to the square
-# kernel. For Nq = 16 the square kernel is faster at 256, 512 and from 2K up (0.70-0.92x); at
-# 128 and 1K session 6 read the decode path faster (1.05x, and 1.36x where the square kernel's
-# autotuned configuration took longer at 1K than at 2K), so Nq = 16 stays with the square
-# kernel. Nq 5 .. 15 was not measured: left to the square kernel.
-DECODE_PATH_MAX_NQ = 4
-DECODE_PATH_MIN_NK = 1024
-DECODE_PATH_MAX_GRID = 65535  # B x Hkv: one grid axis of the split kernel
-
-
-def prefer_decode(q, k, causal: bool, input_pos: int = 0) -> bool:
-    """Whether ``flashattn.attention(q, k, v, causal=causal, input_pos=input_pos)`` should run
-    the split-KV decode path (``attention_via_decode``) instead of the square kernel.
-
-    True when the decode kernels compute exactly ``attention``'s answer and the shape is a
-    decode step: few query rows (``Nq <= DECODE_PATH_MAX_NQ``), a long cache
-    (``Nk >= DECODE_PATH_MIN_NK``), causal (query row ``i`` at position ``input_pos + i`` is
-    decode's row at ``cache_seqlens - Nq + i`` with ``cache_seqlens = input_pos + Nq``) or
-    non-causal with one query row (it sees every key, as decode's last row does), fp16/bf16 on
-    a GPU, and ``B x Hkv`` within a grid axis. Looks at shapes, dtypes and devices only (never
-    at values, never synchronises); inputs ``attention`` would refuse give False.
-    """
-    try:
-        B, Hq, Nq, D = (int(x) for x in q.shape)
-        Bk, Hkv, Nk, Dk = (int(x) for x in k.shape)
-    except (AttributeError, TypeError, ValueError):
-        return False
-    if str(q.dtype).replace("torch.", "") not in ("float16", "bfloat16"):
-        return False
-    on_kernel_device = (getattr(q.device, "type", None) == "cuda"
-                        or interpreting(getattr(q, "device", None)))
-    if not on_kernel_device or Bk != B or Dk != D or not 1 <= D <= 256:
-        return False
-    if Hkv < 1 or Hq % Hkv or B * Hkv > DECODE_PATH_MAX_GRID or B < 1:
-        return False
-    if not 1 <= Nq <= min(DECODE_PATH_MAX_NQ, 16) or Nk < max(DECODE_PATH_MIN_NK, 1):
-        return False
-    if causal:
-        return 0 <= int(input_pos) <= Nk - Nq
-    return Nq == 1 and not input_pos
-
-
-def attention_via_decode(q, k, v, *, causal: bool = False, scale: float | None = None,
-                         input_pos: int = 0, num_splits: int | None = None):
-    """``flashattn.attention(q, k, v, causal=..., scale=..., input_pos=...)`` computed by the
-    split-KV decode kernels, for the shapes ``prefer_decode`` accepts.
-
-    The contiguous cache is k and v themselves (every sequence has capacity Nk); every
-    sequence's length is ``input_pos + Nq`` when causal (so row ``i`` sees keys ``0 ..
-    input_pos + i``, ``attention``'s semantics) and ``Nk`` otherwise (one row, every key).
-
-    Args:
-        q: (B, Hq, Nq, D), 1 <= Nq <= 16; k, v: (B, Hkv, Nk, D); fp16/bf16 CUDA tensors.
-        num_splits: as ``decode`` (default from the shape and the GPU).
-
-    Returns:
-        (B, Hq, Nq, D) in q's dtype, a new tensor.
-
-    Raises:
-        ValueError: for a call ``prefer_decode`` refuses (non-causal with Nq > 1: decode's rows
-            are causal), or as ``attention`` / ``decode`` for bad inputs.
-    """
-    import torch
-    from .contract import check_causal, check_tensors
-    causal = check_causal(causal)
-    check_tensors(q, k, v, causal=causal, scale=scale, input_pos=input_pos,
-                  interpret=interpreting(getattr(q, "device", None)))
-    B, Hq, Nq, D = q.shape
-    Nk = k.shape[2]
-    if not causal and Nq != 1:
-        raise ValueError(f"the decode path computes causal rows: non-causal attention with "
-                         f"Nq = {Nq} > 1 query rows needs flashattn.attention's square kernel")
-    length = int(input_pos) + Nq if causal else Nk
-    if length > Nk:
-        raise ValueError(f"the decode path needs the query rows inside the cache: causal with "
-                         f"Nq = {Nq} > Nk = {Nk} keys needs flashattn.attention's square kernel")
-    k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (k, v))
-    seqlens = torch.full((B,), length, dtype=torch.int32, device=q.device)
-    with on_device(q.device):
-        return decode(q, k, v, seqlens, scale=scale, num_splits=num_splits, max_seqlen=length,
-                      check_values=False)
