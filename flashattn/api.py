@@ -2,7 +2,7 @@
 
 Validate (``contract``), choose the step's configuration and launch (``launch``). When an input
 requires grad, or under ``torch.compile``, through the differentiable operator of ``autograd``
-(the forward with its LSE, the backward kernels of issue 11).
+(the forward with its LSE, the backward kernels of chapter 11).
 """
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None,
             score; 0 or None: off. With either, the call runs on the flex kernels
             (``flashattn.flex.attention_masked``), never the dense or decode path.
 
-        q_descale, k_descale, v_descale, out_dtype: FP8 (issue 24). With float8_e4m3fn (or
+        q_descale, k_descale, v_descale, out_dtype: FP8 (chapter 14). With float8_e4m3fn (or
             float8_e5m2) q, k, v the call runs the FP8 forward (``flashattn.fp8.attention_fp8``):
             the descales, (B, Hkv) float32 as FlashAttention-3's, are required
             (``flashattn.fp8.quantize_fp8`` makes them); the output is bf16, or ``out_dtype``
@@ -69,7 +69,7 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None,
         raise TypeError(f"step must be a str (a name from flashattn.STEPS, or 'best'), got "
                         f"{type(step).__name__}")
     if _fp8_call(q, k, v, q_descale, k_descale, v_descale, out_dtype):
-        # Issue 24: the FP8 forward (its own kernel, no backward).
+        # The FP8 forward (its own kernel, no backward; chapter 14).
         if step != "best":
             raise ValueError(f"step={step!r} names an fp16/bf16 step; fp8 inputs run the FP8 "
                              "kernel (leave step='best')")
@@ -81,7 +81,7 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None,
                              v_descale=v_descale, causal=causal, scale=scale,
                              input_pos=input_pos, out_dtype=out_dtype)
     if window_size is not None or softcap is not None:
-        from .flex import attention_masked          # issue 23: never a path that drops them
+        from .flex import attention_masked          # never a path that drops them (ch. 13)
         out = attention_masked(q, k, v, causal=check_causal(causal), scale=scale,
                                input_pos=input_pos, step=step, window_size=window_size,
                                softcap=softcap)

@@ -1,4 +1,4 @@
-"""Decoding with a KV cache: split-KV attention for a few new tokens per sequence (issue 12).
+"""Decoding with a KV cache: split-KV attention for a few new tokens per sequence (chapter 12).
 
     import flashattn
     out = flashattn.decode(q, k_cache, v_cache, cache_seqlens)                  # contiguous
@@ -114,7 +114,7 @@ def decode(q, k_cache, v_cache, cache_seqlens, *, block_table=None, scale=None,
             CUDA-graph capture). Default: off for CUDA tensors, where the kernel clamps bad
             values for addressing and writes NaN for the affected sequences.
         out: optional (B, Hq, Nq, D) contiguous output tensor of q's dtype.
-        k_descale, v_descale: for fp8 caches (float8_e4m3fn or float8_e5m2, issue 24): (B, Hkv)
+        k_descale, v_descale: for fp8 caches (float8_e4m3fn or float8_e5m2, chapter 14): (B, Hkv)
             float32 descales (``flashattn.fp8.quantize_fp8``), required; the caches are read as
             fp8 (``flashattn.fp8.decode_fp8``). Given with fp16/bf16 caches: ValueError.
 
@@ -129,7 +129,7 @@ def decode(q, k_cache, v_cache, cache_seqlens, *, block_table=None, scale=None,
     import torch
     if any(str(getattr(t, "dtype", "")).replace("torch.", "") in ("float8_e4m3fn", "float8_e5m2")
            for t in (k_cache, v_cache)):
-        from .fp8 import decode_fp8          # issue 24: an fp8 KV cache
+        from .fp8 import decode_fp8          # an fp8 KV cache (chapter 14)
         return decode_fp8(q, k_cache, v_cache, cache_seqlens, k_descale=k_descale,
                           v_descale=v_descale, block_table=block_table, scale=scale,
                           num_splits=num_splits, max_seqlen=max_seqlen,

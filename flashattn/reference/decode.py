@@ -1,6 +1,6 @@
 """Decode attention over a KV cache, and the split-KV algorithm (flash-decoding), in NumPy.
 
-The references of ``flashattn.decode`` (issue 12) and of its two kernels:
+The references of ``flashattn.decode`` (chapter 12) and of its two kernels:
 
     decode_attention(q, k_cache, v_cache, cache_seqlens, block_table=None)   exact, fp32/fp64
     split_bounds(seqlen, num_splits, tile_n)       the key range of each split (the kernel's rule)
