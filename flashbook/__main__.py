@@ -9,7 +9,7 @@ from flashattn import __main__ as _cli
 
 # name -> (module, one line, an example)
 COMMANDS = {
-    "steps": ("flashattn.steps", "list the steps of the book and the experiments",
+    "steps": ("flashbook.steps", "list the steps of the book and the experiments",
               "python -m flashbook steps"),
     "bench": ("flashbook.measure.bench", "time steps and library baselines on this GPU",
               "python -m flashbook bench --steps baseline,best --seqlens 4096 --baselines cudnn"),
