@@ -183,7 +183,7 @@ def _with_row_combine(limit: int, fn):
     (restored after): 0 forces the multi-row combine, a huge limit the one-row combine."""
     from unittest import mock
 
-    from flashattn import kernels
+    from flashattn.kernels import decode_spec as kernels   # the rule's module
     with mock.patch.object(kernels, "DECODE_ROW_COMBINE_MAX", limit), \
             mock.patch.object(kernels, "DECODE_ROW_COMBINE_MIN_SPLITS", 2):
         return fn()

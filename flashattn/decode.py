@@ -37,54 +37,10 @@ import math
 from .contract import check_decode_tensors, check_optional_int, check_out
 from .dispatch import (device_arch, device_sm_count, expect, interpreting, launch_kernel,
                        on_device)
-from .kernels import (DECODE_COMBINE, DECODE_COMBINE_ROW, DECODE_SPLIT, DECODE_SPLIT_HINTS,
-                      decode_combine_constants, decode_combine_grid, decode_combine_kind,
-                      decode_combine_row_constants, decode_num_splits, decode_partial_shapes,
-                      decode_split_constants, decode_split_grid, hinted)
+from .kernels import DECODE_COMBINE, DECODE_COMBINE_ROW, DECODE_SPLIT, DECODE_SPLIT_HINTS, hinted
+from .kernels.decode_spec import decode_plan
 
 __all__ = ["decode", "decode_plan"]
-
-
-def decode_plan(dims, *, num_splits=None, max_seqlen=None, sm_count: int, arch=None) -> dict:
-    """The launch plan of a decode call (pure: no GPU): constants, grids, split count, scratch
-    shapes. ``dims``: a ``contract.DecodeDims``."""
-    rows = (dims.Hq // dims.Hkv) * dims.Nq
-    page = dims.page_size if dims.paged else None
-    split_c = decode_split_constants(rows=rows, head_dim=dims.D, page_size=page, arch=arch)
-    if num_splits is None:
-        bound = dims.capacity if max_seqlen is None else min(int(max_seqlen), dims.capacity)
-        num_splits = decode_num_splits(B=dims.B, Hkv=dims.Hkv, rows=rows, max_seqlen=bound,
-                                       head_dim=dims.D, sm_count=sm_count, page_size=page,
-                                       arch=arch)
-    import numbers
-    if (isinstance(num_splits, bool) or not isinstance(num_splits, numbers.Real)
-            or int(num_splits) != num_splits or num_splits < 1):
-        raise ValueError(f"num_splits must be a positive integer, got {num_splits!r}")
-    num_splits = int(num_splits)
-    if num_splits > 65535:
-        raise ValueError(f"num_splits must be at most 65535 (a grid axis), got {num_splits}")
-    kind = decode_combine_kind(B=dims.B, Hkv=dims.Hkv, rows=rows, num_splits=num_splits)
-    if kind is None:
-        # One split: its normalised partial is the answer; the split kernel writes it.
-        split_c = dict(split_c, FINAL=True)
-    if kind == "row":
-        comb_c = decode_combine_row_constants(head_dim=dims.D, num_splits=num_splits)
-    else:
-        comb_c = decode_combine_constants(split_tile_m=split_c["TILE_M"], head_dim=dims.D)
-    if dims.B * dims.Hkv > 65535:
-        raise ValueError(f"B x Hkv = {dims.B * dims.Hkv} exceeds 65535 (a grid axis): decode "
-                         "the batch in parts")
-    opart_shape, lse_shape = decode_partial_shapes(num_splits=num_splits, B=dims.B,
-                                                   Hkv=dims.Hkv, rows=rows,
-                                                   tile_m=split_c["TILE_M"], head_dim=dims.D)
-    return dict(rows=rows, num_splits=num_splits, split_constants=split_c,
-                combine_constants=comb_c,
-                split_grid=decode_split_grid(B=dims.B, Hkv=dims.Hkv, rows=rows,
-                                             tile_m=split_c["TILE_M"], num_splits=num_splits),
-                combine=kind,
-                combine_grid=(None if kind is None else decode_combine_grid(
-                    B=dims.B, Hkv=dims.Hkv, rows=rows, tile_m=comb_c.get("TILE_M", 1))),
-                opart_shape=opart_shape, lse_shape=lse_shape)
 
 
 def decode(q, k_cache, v_cache, cache_seqlens, *, block_table=None, scale=None,

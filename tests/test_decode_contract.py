@@ -478,7 +478,7 @@ def test_combine_kind():
 @pytest.mark.parametrize("B,Hq,Hkv,Nq,D,paged,lens,splits", CASES)
 def test_host_row_combine_computes_decode_attention(emulated_gpu, monkeypatch, B, Hq, Hkv, Nq,
                                                     D, paged, lens, splits):
-    from flashattn import kernels
+    from flashattn.kernels import decode_spec as kernels   # the rule's module
     monkeypatch.setattr(kernels, "DECODE_ROW_COMBINE_MAX", 10 ** 6)
     monkeypatch.setattr(kernels, "DECODE_ROW_COMBINE_MIN_SPLITS", 2)
     q, k, v, seqlens, table, out = host_case(emulated_gpu, B * 100 + Hq + Nq + 1, B, Hq, Hkv, Nq, D,
