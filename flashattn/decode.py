@@ -16,10 +16,9 @@ fill the GPU without splitting): the split kernel writes the output (``FINAL``).
 ``flashattn/kernels/decode.py`` for the algorithm and ``flashattn.reference.decode`` for its CPU
 reference.
 
-Public as ``flashattn.decode`` since its GPU tests (``tests/test_decode_gpu.py``: Nq 1-16,
-ragged lengths with 0 and 1, pages of 16-256 tokens, GQA 1:1 to 32:1, fp16/bf16, D 64-256, CUDA
-graph replay) passed on an H200. ``flashattn.decode`` is this function; the module is
-``sys.modules["flashattn.decode"]`` (``importlib.import_module("flashattn.decode")``).
+``flashattn.decode`` is this function; the module is ``sys.modules["flashattn.decode"]``
+(``importlib.import_module("flashattn.decode")``). The launch plan (tiles, splits, grids) is the
+pure ``kernels.decode_spec.decode_plan``; this module validates, allocates and launches.
 
 CUDA graphs: lengths and page ids are read by the kernels from the device tensors, so a captured
 call replays correctly after ``cache_seqlens`` (or ``block_table``) change in place, as long as
