@@ -183,18 +183,19 @@ def _with_row_combine(limit: int, fn):
     (restored after): 0 forces the multi-row combine, a huge limit the one-row combine."""
     from unittest import mock
 
-    from flashattn import kernels
+    from flashattn.kernels import decode_spec as kernels   # the rule's module
     with mock.patch.object(kernels, "DECODE_ROW_COMBINE_MAX", limit), \
             mock.patch.object(kernels, "DECODE_ROW_COMBINE_MIN_SPLITS", 2):
         return fn()
 
 
 def _with_fused(fn):
-    """Call ``fn`` with ``kernels.DECODE_FUSED_COMBINE = True`` (restored after)."""
+    """Call ``fn`` with the book's ``DECODE_FUSED_COMBINE = True`` (restored after); ``fn``
+    calls ``flashbook.ladder.variants.decode``, the decode with the fused merge."""
     from unittest import mock
 
-    from flashattn import kernels
-    with mock.patch.object(kernels, "DECODE_FUSED_COMBINE", True):
+    from flashbook.ladder import variants
+    with mock.patch.object(variants, "DECODE_FUSED_COMBINE", True):
         return fn()
 
 
@@ -204,6 +205,7 @@ def run_combine(rounds: int) -> list[dict]:
     import torch
 
     from flashattn.decode import decode
+    from flashbook.ladder.variants import decode as ladder_decode
     from flashattn.kernels import decode_num_splits
     from flashbook.measure.bench_decode import hbm_peak
     peak = hbm_peak(torch.cuda.get_device_name())
@@ -219,7 +221,7 @@ def run_combine(rounds: int) -> list[dict]:
                                    sm_count=sm, arch="sm_90")
         calls = {"block": lambda: _with_row_combine(0, lambda: decode(q, k, v, lens)),
                  "row": lambda: _with_row_combine(10 ** 9, lambda: decode(q, k, v, lens)),
-                 "fused": lambda: _with_fused(lambda: decode(q, k, v, lens))}
+                 "fused": lambda: _with_fused(lambda: ladder_decode(q, k, v, lens))}
         _add_libraries(calls, rows, ("sdpa_flash", "sdpa_cudnn") if nq == 1 else (), q, k, v,
                        B=B, Nq=nq, Nk=N)
         ref = calls["block"]().float()

@@ -119,14 +119,15 @@ def _decode_case(*, B, Hq, Hkv, Nq, S, lens, num_splits, paged=False, fused=Fals
         return x
 
     def run(x):
-        import flashattn.kernels as K
-        old = K.DECODE_FUSED_COMBINE
-        K.DECODE_FUSED_COMBINE = fused
+        from flashbook.ladder import variants  # the fused merge is the book's ladder kernel
+        fn = variants.decode if fused else flashattn.decode
+        old = variants.DECODE_FUSED_COMBINE
+        variants.DECODE_FUSED_COMBINE = fused
         try:
-            return [flashattn.decode(x["q"], x["k"], x["v"], x["seqlens"],
-                                     block_table=x.get("table"), num_splits=num_splits)]
+            return [fn(x["q"], x["k"], x["v"], x["seqlens"], block_table=x.get("table"),
+                       num_splits=num_splits)]
         finally:
-            K.DECODE_FUSED_COMBINE = old
+            variants.DECODE_FUSED_COMBINE = old
 
     def ref(x):
         args = (x["k"], x["v"], x["seqlens"].cpu())

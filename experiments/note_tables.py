@@ -19,7 +19,7 @@ from flashbook.data import results
 from flashbook.data.schema import read_json
 from flashbook.hardware import PEAK_TFLOPS
 from flashattn.stats import gap
-from flashattn.steps import HOPPER_LADDER
+from flashbook.steps import HOPPER_LADDER
 
 
 

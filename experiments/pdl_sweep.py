@@ -35,13 +35,13 @@ HQ, HKV, D = 32, 8, 128
 
 
 def _flags(**flags):
-    """A context setting ``flashattn.kernels`` switches (restored after)."""
+    """A context setting the book's switches (``flashbook.ladder.variants``, restored after)."""
     from contextlib import ExitStack
 
-    from flashattn import kernels
+    from flashbook.ladder import variants
     stack = ExitStack()
     for k, v in flags.items():
-        stack.enter_context(mock.patch.object(kernels, k, v))
+        stack.enter_context(mock.patch.object(variants, k, v))
     return stack
 
 
@@ -82,7 +82,8 @@ def _equal(calls: dict, ref: str) -> dict:
 def run_decode(rounds: int) -> list[dict]:
     import torch
 
-    from flashattn.decode import decode, decode_plan  # noqa: F401
+    from flashattn.decode import decode
+    from flashbook.ladder.variants import decode as ladder_decode
     from flashbook.measure.libraries import library_fn
     rows = []
     for B, N in DECODE_SHAPES:
@@ -92,9 +93,10 @@ def run_decode(rounds: int) -> list[dict]:
                 for _ in range(2))
         lens = torch.full((B,), N, dtype=torch.int32, device="cuda")
         base = lambda: decode(q, k, v, lens)                      # noqa: E731
+        ladder = lambda: ladder_decode(q, k, v, lens)             # noqa: E731
         calls = {"base": base, "base#2": lambda: decode(q, k, v, lens),
-                 "pdl": _wrap(base, DECODE_PDL=True),
-                 "pdl_trigger": _wrap(base, DECODE_PDL=True, DECODE_PDL_TRIGGER=True)}
+                 "pdl": _wrap(ladder, DECODE_PDL=True),
+                 "pdl_trigger": _wrap(ladder, DECODE_PDL=True, DECODE_PDL_TRIGGER=True)}
         same = _equal(calls, "base")
         try:
             fn, ctx = library_fn("sdpa_flash", q, k, v, causal=False, scale=1 / math.sqrt(D))
@@ -120,6 +122,7 @@ def run_bwd(rounds: int) -> list[dict]:
 
     from flashattn.autograd import attention_forward
     from flashattn.launch_bwd import attention_backward
+    from flashbook.ladder.variants import attention_backward as ladder_backward
     B, H = 4, 32
     scale = 1 / math.sqrt(D)
     rows = []
@@ -135,8 +138,11 @@ def run_bwd(rounds: int) -> list[dict]:
             def base(grads=grads, q=q, k=k, v=v, do=do, out=out, lse=lse, causal=causal):
                 return attention_backward(q, k, v, out, do, lse, causal=causal, scale=scale,
                                           grads=grads)
-            calls = {"base": base, "base#2": base, "pdl_wait": _wrap(base, BWD_PDL=1),
-                     "pdl_overlap": _wrap(base, BWD_PDL=2)}
+            def ladder(grads=grads, q=q, k=k, v=v, do=do, out=out, lse=lse, causal=causal):
+                return ladder_backward(q, k, v, out, do, lse, causal=causal, scale=scale,
+                                       grads=grads)
+            calls = {"base": base, "base#2": base, "pdl_wait": _wrap(ladder, BWD_PDL=1),
+                     "pdl_overlap": _wrap(ladder, BWD_PDL=2)}
             ref = [t.clone() for t in base()]
             same = {}
             for name, fn in calls.items():

@@ -8,7 +8,7 @@ import sys
 # name -> (module, one line, an example)
 COMMANDS = {
     "compile": ("flashattn.aot", "compile steps ahead of time (no GPU) and report registers, "
-                "spills and SASS", "python -m flashattn compile --arch sm_90 --step baseline"),
+                "spills and SASS", "python -m flashattn compile --arch sm_90 --step warp_groups"),
     "info": ("flashattn.env", "what this machine has: GPU, cuTile, tileiras, torch",
              "python -m flashattn info"),
 }

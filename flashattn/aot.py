@@ -216,11 +216,11 @@ def format_table(reports: list[KernelReport]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, prog: str = "python -m flashattn compile") -> int:
     import argparse
 
     from .contract import MAX_HEAD_DIM, head_dim_arg
-    p = argparse.ArgumentParser(prog="python -m flashattn compile",
+    p = argparse.ArgumentParser(prog=prog,
                                 description="Compile steps ahead of time (no GPU needed) and "
                                             "report registers, spills, shared memory and SASS.")
     p.add_argument("--arch", action="append", choices=ARCHS,
@@ -236,7 +236,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-cache", action="store_true", help="recompile even if a cubin is cached")
     a = p.parse_args(argv)
     archs = a.arch or ["sm_90", "sm_100"]
-    steps = a.step or list(STEP_NAMES)
+    steps = a.step or [s for s in STEP_NAMES if _ships(s)]
+    ladder = [s for s in steps if not _ships(s)]
+    if ladder:
+        # The ladder's kernel is the book's: its command registers it (chapter 3).
+        p.error(f"{', '.join(ladder)} run{'s' if len(ladder) == 1 else ''} the book's ladder "
+                "kernel, which the library does not ship: python -m flashbook compile "
+                + " ".join(f"--step {s}" for s in ladder))
     reports = []
     for arch in archs:
         for s in steps:
@@ -252,6 +258,15 @@ def main(argv: list[str] | None = None) -> int:
         Path(a.out).write_text(json.dumps(doc, indent=1))
     print(json.dumps(doc, indent=1) if a.json else format_table(reports))
     return 1 if any(r.error for r in reports) else 0
+
+
+def _ships(name: str) -> bool:
+    """Whether the library compiles step ``name`` by itself (not the book's ladder kernel)."""
+    try:
+        kernels_of(get_step(name))
+    except ValueError:
+        return False
+    return True
 
 
 def _meta(a, archs, steps) -> dict:

@@ -2,14 +2,13 @@
 
 Validate (``contract``), choose the step's configuration and launch (``launch``). When an input
 requires grad, or under ``torch.compile``, through the differentiable operator of ``autograd``
-(the forward with its LSE, the backward kernels of issue 11).
+(the forward with its LSE, the backward kernels of chapter 11).
 """
 from __future__ import annotations
 
 import math
 
 from .contract import check_causal, check_tensors
-from .decode import launch_via_decode, prefer_decode
 from .autotune import resolve
 from .dispatch import on_device, interpreting
 from .launch import launch
@@ -40,8 +39,8 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None,
         input_pos: 0 (as scaled_dot_product_attention(is_causal=True)) up to Nk - Nq
             (a prefill appended to a KV cache of Nk - Nq tokens). Causal only.
         step: a name from flashattn.STEPS, or "best" for the fastest known one on this GPU
-            ("best" sends a decode step, 1 to ``decode.DECODE_PATH_MAX_NQ`` query rows over at
-            least ``decode.DECODE_PATH_MIN_NK`` keys, to the split-KV kernels of
+            ("best" sends a decode step, 1 to ``DECODE_PATH_MAX_NQ`` query rows over at
+            least ``DECODE_PATH_MIN_NK`` keys, to the split-KV kernels of
             ``flashattn.decode``, which are faster there: the measured crossover).
         window_size: flash-attn's (left, right): row i (position input_pos + i) sees keys
             position - left .. position + right; -1 unbounded (default (-1, -1)).
@@ -49,7 +48,7 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None,
             score; 0 or None: off. With either, the call runs on the flex kernels
             (``flashattn.flex.attention_masked``), never the dense or decode path.
 
-        q_descale, k_descale, v_descale, out_dtype: FP8 (issue 24). With float8_e4m3fn (or
+        q_descale, k_descale, v_descale, out_dtype: FP8 (chapter 14). With float8_e4m3fn (or
             float8_e5m2) q, k, v the call runs the FP8 forward (``flashattn.fp8.attention_fp8``):
             the descales, (B, Hkv) float32 as FlashAttention-3's, are required
             (``flashattn.fp8.quantize_fp8`` makes them); the output is bf16, or ``out_dtype``
@@ -70,7 +69,7 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None,
         raise TypeError(f"step must be a str (a name from flashattn.STEPS, or 'best'), got "
                         f"{type(step).__name__}")
     if _fp8_call(q, k, v, q_descale, k_descale, v_descale, out_dtype):
-        # Issue 24: the FP8 forward (its own kernel, no backward).
+        # The FP8 forward (its own kernel, no backward; chapter 14).
         if step != "best":
             raise ValueError(f"step={step!r} names an fp16/bf16 step; fp8 inputs run the FP8 "
                              "kernel (leave step='best')")
@@ -82,7 +81,7 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None,
                              v_descale=v_descale, causal=causal, scale=scale,
                              input_pos=input_pos, out_dtype=out_dtype)
     if window_size is not None or softcap is not None:
-        from .flex import attention_masked          # issue 23: never a path that drops them
+        from .flex import attention_masked          # never a path that drops them (ch. 13)
         out = attention_masked(q, k, v, causal=check_causal(causal), scale=scale,
                                input_pos=input_pos, step=step, window_size=window_size,
                                softcap=softcap)
@@ -171,3 +170,94 @@ def sdpa(query, key, value, attn_mask=None, dropout_p: float = 0.0, is_causal: b
             raise ValueError(f"query has {query.shape[1]} heads and key {key.shape[1]}: pass "
                              "enable_gqa=True for grouped-query attention")
     return attention(query, key, value, causal=is_causal, scale=scale, step=step)
+
+
+# --- the routing of step="best": a decode step goes to the split-KV kernels (chapter 12) -------
+# The square kernel's grid leaves most SMs idle for a few query rows; the split-KV kernels fill
+# them. Measured crossover on the H200 (experiments/LOG.md, chapter 12): from 1K keys for up to
+# 4 query rows; other shapes stay with the square kernel.
+DECODE_PATH_MAX_NQ = 4
+DECODE_PATH_MIN_NK = 1024
+DECODE_PATH_MAX_GRID = 65535  # B x Hkv: one grid axis of the split kernel
+
+
+def prefer_decode(q, k, causal: bool, input_pos: int = 0) -> bool:
+    """Whether ``flashattn.attention(q, k, v, causal=causal, input_pos=input_pos)`` should run
+    the split-KV decode path (``attention_via_decode``) instead of the square kernel.
+
+    True when the decode kernels compute exactly ``attention``'s answer and the shape is a
+    decode step: few query rows (``Nq <= DECODE_PATH_MAX_NQ``), a long cache
+    (``Nk >= DECODE_PATH_MIN_NK``), causal (query row ``i`` at position ``input_pos + i`` is
+    decode's row at ``cache_seqlens - Nq + i`` with ``cache_seqlens = input_pos + Nq``) or
+    non-causal with one query row (it sees every key, as decode's last row does), fp16/bf16 on
+    a GPU, and ``B x Hkv`` within a grid axis. Looks at shapes, dtypes and devices only (never
+    at values, never synchronises); inputs ``attention`` would refuse give False.
+    """
+    try:
+        B, Hq, Nq, D = (int(x) for x in q.shape)
+        Bk, Hkv, Nk, Dk = (int(x) for x in k.shape)
+    except (AttributeError, TypeError, ValueError):
+        return False
+    if str(q.dtype).replace("torch.", "") not in ("float16", "bfloat16"):
+        return False
+    on_kernel_device = (getattr(q.device, "type", None) == "cuda"
+                        or interpreting(getattr(q, "device", None)))
+    if not on_kernel_device or Bk != B or Dk != D or not 1 <= D <= 256:
+        return False
+    if Hkv < 1 or Hq % Hkv or B * Hkv > DECODE_PATH_MAX_GRID or B < 1:
+        return False
+    if not 1 <= Nq <= min(DECODE_PATH_MAX_NQ, 16) or Nk < max(DECODE_PATH_MIN_NK, 1):
+        return False
+    if causal:
+        return 0 <= int(input_pos) <= Nk - Nq
+    return Nq == 1 and not input_pos
+
+
+def attention_via_decode(q, k, v, *, causal: bool = False, scale: float | None = None,
+                         input_pos: int = 0, num_splits: int | None = None):
+    """``flashattn.attention(q, k, v, causal=..., scale=..., input_pos=...)`` computed by the
+    split-KV decode kernels, for the shapes ``prefer_decode`` accepts.
+
+    The contiguous cache is k and v themselves (every sequence has capacity Nk); every
+    sequence's length is ``input_pos + Nq`` when causal (so row ``i`` sees keys ``0 ..
+    input_pos + i``, ``attention``'s semantics) and ``Nk`` otherwise (one row, every key).
+
+    Args:
+        q: (B, Hq, Nq, D), 1 <= Nq <= 16; k, v: (B, Hkv, Nk, D); fp16/bf16 CUDA tensors.
+        num_splits: as ``decode`` (default from the shape and the GPU).
+
+    Returns:
+        (B, Hq, Nq, D) in q's dtype, a new tensor.
+
+    Raises:
+        ValueError: for a call ``prefer_decode`` refuses (non-causal with Nq > 1: decode's rows
+            are causal), or as ``attention`` / ``decode`` for bad inputs.
+    """
+    causal = check_causal(causal)
+    check_tensors(q, k, v, causal=causal, scale=scale, input_pos=input_pos,
+                  interpret=interpreting(getattr(q, "device", None)))
+    return launch_via_decode(q, k, v, causal=causal, scale=scale, input_pos=input_pos,
+                             num_splits=num_splits)
+
+
+def launch_via_decode(q, k, v, *, causal: bool, scale, input_pos: int, num_splits=None):
+    """``attention_via_decode`` on inputs ``contract.check_tensors`` has passed: the contiguous
+    cache's dims follow from the shapes, and ``decode.launch_decode`` runs it."""
+    import torch
+    from .contract import check_decode_shapes
+    from .decode import launch_decode
+    B, Hq, Nq, D = q.shape
+    Nk = k.shape[2]
+    if not causal and Nq != 1:
+        raise ValueError(f"the decode path computes causal rows: non-causal attention with "
+                         f"Nq = {Nq} > 1 query rows needs flashattn.attention's square kernel")
+    length = int(input_pos) + Nq if causal else Nk
+    if length > Nk:
+        raise ValueError(f"the decode path needs the query rows inside the cache: causal with "
+                         f"Nq = {Nq} > Nk = {Nk} keys needs flashattn.attention's square kernel")
+    k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (k, v))
+    seqlens = torch.full((B,), length, dtype=torch.int32, device=q.device)
+    dims = check_decode_shapes(tuple(q.shape), tuple(k.shape), tuple(v.shape), (B,))
+    with on_device(q.device):
+        return launch_decode(q, k, v, seqlens, None, dims, scale=scale, num_splits=num_splits,
+                             max_seqlen=length)

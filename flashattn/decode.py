@@ -16,10 +16,9 @@ fill the GPU without splitting): the split kernel writes the output (``FINAL``).
 ``flashattn/kernels/decode.py`` for the algorithm and ``flashattn.reference.decode`` for its CPU
 reference.
 
-Public as ``flashattn.decode`` since its GPU tests (``tests/test_decode_gpu.py``: Nq 1-16,
-ragged lengths with 0 and 1, pages of 16-256 tokens, GQA 1:1 to 32:1, fp16/bf16, D 64-256, CUDA
-graph replay) passed on an H200. ``flashattn.decode`` is this function; the module is
-``sys.modules["flashattn.decode"]`` (``importlib.import_module("flashattn.decode")``).
+``flashattn.decode`` is this function; the module is ``sys.modules["flashattn.decode"]``
+(``importlib.import_module("flashattn.decode")``). The launch plan (tiles, splits, grids) is the
+pure ``kernels.decode_spec.decode_plan``; this module validates, allocates and launches.
 
 CUDA graphs: lengths and page ids are read by the kernels from the device tensors, so a captured
 call replays correctly after ``cache_seqlens`` (or ``block_table``) change in place, as long as
@@ -27,82 +26,19 @@ the split count was fixed at capture: pass ``num_splits`` (or let it default fro
 capacity, which does not change), and keep the host checks off (``check_values`` defaults to
 off for CUDA tensors).
 
-``attention()``'s decode path: ``prefer_decode`` says when a call of ``flashattn.attention`` is a
-decode step that this path should take (few query rows, a long cache), and
-``attention_via_decode`` runs ``attention``'s arguments through ``decode``;
-``flashattn.attention(step="best")`` takes that path when ``prefer_decode`` says so.
+When ``flashattn.attention(step="best")`` is a decode step it routes here
+(``flashattn.api.prefer_decode``, chapter 12).
 """
 from __future__ import annotations
 
 import math
 
-from . import kernels as _kernels
 from .contract import check_decode_tensors, check_optional_int, check_out
-from .dispatch import (device_arch, device_sm_count, expect, interpreting, launch_kernel,
-                       on_device)
-from .kernels import (DECODE_COMBINE, DECODE_COMBINE_ROW, DECODE_SPLIT, DECODE_SPLIT_HINTS,
-                      decode_combine_constants, decode_combine_grid, decode_combine_kind,
-                      decode_combine_row_constants, decode_num_splits, decode_partial_shapes,
-                      decode_row_blocks, decode_split_constants, decode_split_grid, hinted)
+from .dispatch import device_arch, device_sm_count, expect, interpreting, launch_kernel
+from .kernels import DECODE_COMBINE, DECODE_COMBINE_ROW, DECODE_SPLIT, DECODE_SPLIT_HINTS, hinted
+from .kernels.decode_spec import decode_plan
 
-__all__ = ["decode", "decode_plan", "prefer_decode", "attention_via_decode", "launch_decode",
-           "launch_via_decode",
-           "DECODE_PATH_MAX_NQ", "DECODE_PATH_MIN_NK"]
-
-
-def decode_plan(dims, *, num_splits=None, max_seqlen=None, sm_count: int, arch=None,
-                fused=None) -> dict:
-    """The launch plan of a decode call (pure: no GPU): constants, grids, split count, scratch
-    shapes. ``dims``: a ``contract.DecodeDims``; ``fused``: the merge in the split kernel
-    (default ``kernels.DECODE_FUSED_COMBINE``)."""
-    rows = (dims.Hq // dims.Hkv) * dims.Nq
-    page = dims.page_size if dims.paged else None
-    split_c = decode_split_constants(rows=rows, head_dim=dims.D, page_size=page, arch=arch)
-    if num_splits is None:
-        bound = dims.capacity if max_seqlen is None else min(int(max_seqlen), dims.capacity)
-        num_splits = decode_num_splits(B=dims.B, Hkv=dims.Hkv, rows=rows, max_seqlen=bound,
-                                       head_dim=dims.D, sm_count=sm_count, page_size=page,
-                                       arch=arch)
-    import numbers
-    if (isinstance(num_splits, bool) or not isinstance(num_splits, numbers.Real)
-            or int(num_splits) != num_splits or num_splits < 1):
-        raise ValueError(f"num_splits must be a positive integer, got {num_splits!r}")
-    num_splits = int(num_splits)
-    if num_splits > 65535:
-        raise ValueError(f"num_splits must be at most 65535 (a grid axis), got {num_splits}")
-    kind = decode_combine_kind(B=dims.B, Hkv=dims.Hkv, rows=rows, num_splits=num_splits,
-                               fused=fused, paged=dims.paged)
-    if kind is None:
-        # One split: its normalised partial is the answer; the split kernel writes it.
-        split_c = dict(split_c, FINAL=True)
-    if kind == "fused":
-        # The last split of each row block merges; a counter per row block says which is last.
-        split_c = dict(split_c, FUSED=True)
-    # The combine as a programmatic dependent of the split kernel (kernels.DECODE_PDL).
-    pdl = bool(_kernels.DECODE_PDL and kind in ("row", "block") and arch in _kernels.PDL_ARCHS)
-    if pdl and _kernels.DECODE_PDL_TRIGGER and not dims.paged:   # tileiras 13.4.92: SIGSEGV paged
-        split_c = dict(split_c, PDL=True)
-    if kind == "row":
-        comb_c = decode_combine_row_constants(head_dim=dims.D, num_splits=num_splits, pdl=pdl)
-    else:
-        comb_c = decode_combine_constants(split_tile_m=split_c["TILE_M"], head_dim=dims.D,
-                                          pdl=pdl)
-    if dims.B * dims.Hkv > 65535:
-        raise ValueError(f"B x Hkv = {dims.B * dims.Hkv} exceeds 65535 (a grid axis): decode "
-                         "the batch in parts")
-    opart_shape, lse_shape = decode_partial_shapes(num_splits=num_splits, B=dims.B,
-                                                   Hkv=dims.Hkv, rows=rows,
-                                                   tile_m=split_c["TILE_M"], head_dim=dims.D)
-    return dict(rows=rows, num_splits=num_splits, split_constants=split_c,
-                combine_constants=comb_c,
-                split_grid=decode_split_grid(B=dims.B, Hkv=dims.Hkv, rows=rows,
-                                             tile_m=split_c["TILE_M"], num_splits=num_splits),
-                combine=kind, pdl=pdl,
-                combine_grid=(None if kind in (None, "fused") else decode_combine_grid(
-                    B=dims.B, Hkv=dims.Hkv, rows=rows, tile_m=comb_c.get("TILE_M", 1))),
-                counter_shape=((dims.B * dims.Hkv, decode_row_blocks(rows, split_c["TILE_M"]))
-                               if kind == "fused" else None),
-                opart_shape=opart_shape, lse_shape=lse_shape)
+__all__ = ["decode", "decode_plan", "launch_decode"]
 
 
 def decode(q, k_cache, v_cache, cache_seqlens, *, block_table=None, scale=None,
@@ -144,7 +80,6 @@ def decode(q, k_cache, v_cache, cache_seqlens, *, block_table=None, scale=None,
     Raises:
         TypeError, ValueError: as ``flashattn.contract.check_decode_tensors``.
     """
-    import torch
     if any(str(getattr(t, "dtype", "")).replace("torch.", "") in ("float8_e4m3fn", "float8_e5m2")
            for t in (k_cache, v_cache)):
         from .fp8 import decode_fp8          # an fp8 KV cache (chapter 14)
@@ -183,9 +118,6 @@ def launch_decode(q, k_cache, v_cache, cache_seqlens, block_table, dims, *, scal
     arch, sm_count = device_arch(q.device), device_sm_count(q.device)   # interpreted: its GPU
     plan = decode_plan(dims, num_splits=num_splits, max_seqlen=max_seqlen, sm_count=sm_count,
                        arch=arch)
-    counter = None
-    if plan["combine"] == "fused":
-        counter = _counters(q.device, plan["counter_shape"])   # zeros, (B * Hkv, row blocks)
     rows = plan["rows"]
     # The query heads of one GQA group, packed as rows: (B, Hq, Nq, D) -> (B, Hkv, G*Nq, D).
     q_rows = q.contiguous().view(B, Hkv, rows, D)
@@ -202,21 +134,19 @@ def launch_decode(q, k_cache, v_cache, cache_seqlens, block_table, dims, *, scal
                         device=q.device)
     lse = torch.empty((1, 1, 1) if final else plan["lse_shape"], dtype=torch.float32,
                       device=q.device)
-    if counter is None:                       # not FUSED: a placeholder, never touched
-        counter = torch.empty((1, 1), dtype=torch.int32, device=q.device)
     split_kernel = hinted(DECODE_SPLIT.kernel(), DECODE_SPLIT_HINTS.get(arch, {}))
     with expect(q.device, lambda: decode_steps(plan, seqlens, dims), "flashattn.decode"):
         launch_kernel(q.device, plan["split_grid"], split_kernel,
                       DECODE_SPLIT.args(dict(Q=q_rows, K=k_cache, V=v_cache, BlockTable=table,
                                              SeqLens=seqlens, Opart=opart, Lse=lse,
-                                             Out=out_rows, Counter=counter),
+                                             Out=out_rows),
                                         dict(qk_scale=scale, num_q=Nq),
                                         plan["split_constants"]))
         if plan["combine"] in ("row", "block"):
             spec = DECODE_COMBINE_ROW if plan["combine"] == "row" else DECODE_COMBINE
             launch_kernel(q.device, plan["combine_grid"], spec.kernel(),
                           spec.args(dict(Opart=opart, Lse=lse, Out=out_rows), {},
-                                    plan["combine_constants"]), pdl=plan["pdl"])
+                                    plan["combine_constants"]))
     return out
 
 
@@ -228,129 +158,3 @@ def decode_steps(plan, cache_seqlens, dims) -> int:
     lens = [min(max(int(n), 0), dims.capacity) for n in cache_seqlens.tolist()]
     blocks = plan["split_grid"][0] * dims.Hkv
     return blocks * sum(-(-n // c["TILE_N"]) + plan["num_splits"] for n in lens)
-
-
-# The fused merge's counters: one int32 per (sequence, kv head, row block), 0 at launch (the
-# last program of a row block sets its counter back to 0). Eager calls use one buffer per
-# (device, stream): calls on one stream run one after another, so they never share a counter
-# in flight, and calls on two streams never share a buffer. A buffer outgrown is kept, not
-# freed. A call being captured into a CUDA graph gets a buffer of its own, zeroed inside the
-# graph (a memset node), so graphs replayed at the same time never share counters either.
-_COUNTERS: dict = {}
-
-
-def _counters(device, shape):
-    """A zeroed (B * Hkv, row blocks) int32 counter tensor for the fused merge."""
-    import torch
-    if getattr(device, "type", None) == "cpu" or torch.cuda.is_current_stream_capturing():
-        # A CPU call (the interpreter) or a capture: a fresh zeroed buffer of its own.
-        return torch.zeros(tuple(shape), dtype=torch.int32, device=device)
-    stream = torch.cuda.current_stream(device)
-    n = int(shape[0]) * int(shape[1])
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    bufs = _COUNTERS.setdefault((index, stream.cuda_stream), [])
-    if not bufs or bufs[-1].numel() < n:
-        size = max(n, 2 * bufs[-1].numel() if bufs else 4096)
-        bufs.append(torch.zeros(size, dtype=torch.int32, device=device))
-    return bufs[-1][:n].view(int(shape[0]), int(shape[1]))
-
-
-# --- the decode path of flashattn.attention --------------------------------------------------------
-# When attention(q, k, v, ...) is a decode step, the split-KV kernels win: the square kernel's
-# grid has B x Hq x cdiv(Nq, TILE_M) programs, one per (batch, head) for Nq <= TILE_M, which
-# leaves most SMs idle and reads each K/V tile once per query head of a GQA group (issue 12:
-# 0.12x PyTorch at B=1, 128K keys). ``python -m flashbook decode-bench --part crossover`` times
-# both for Nq in {1, 4, 16} and Nk from 128 to 8K. Measured on the H200
-# (results/h200/decode/crossover-varlen.json, B=8, GQA 32:8, D=128, fp16, the one-wave split
-# rule; recorded in sessions 5 and 6): the decode path is faster than the square kernel for
-# Nq = 1 and 4 from Nk = 1024 up (1.09-1.54x); below 1024 Nq = 1 reads 0.90-1.00x (Nq = 4 read
-# 0.90-1.13x in session 5 and 1.20-1.49x in session 6): the rule leaves Nk < 1024 to the square
-# kernel. For Nq = 16 the square kernel is faster at 256, 512 and from 2K up (0.70-0.92x); at
-# 128 and 1K session 6 read the decode path faster (1.05x, and 1.36x where the square kernel's
-# autotuned configuration took longer at 1K than at 2K), so Nq = 16 stays with the square
-# kernel. Nq 5 .. 15 was not measured: left to the square kernel.
-DECODE_PATH_MAX_NQ = 4
-DECODE_PATH_MIN_NK = 1024
-DECODE_PATH_MAX_GRID = 65535  # B x Hkv: one grid axis of the split kernel
-
-
-def prefer_decode(q, k, causal: bool, input_pos: int = 0) -> bool:
-    """Whether ``flashattn.attention(q, k, v, causal=causal, input_pos=input_pos)`` should run
-    the split-KV decode path (``attention_via_decode``) instead of the square kernel.
-
-    True when the decode kernels compute exactly ``attention``'s answer and the shape is a
-    decode step: few query rows (``Nq <= DECODE_PATH_MAX_NQ``), a long cache
-    (``Nk >= DECODE_PATH_MIN_NK``), causal (query row ``i`` at position ``input_pos + i`` is
-    decode's row at ``cache_seqlens - Nq + i`` with ``cache_seqlens = input_pos + Nq``) or
-    non-causal with one query row (it sees every key, as decode's last row does), fp16/bf16 on
-    a GPU, and ``B x Hkv`` within a grid axis. Looks at shapes, dtypes and devices only (never
-    at values, never synchronises); inputs ``attention`` would refuse give False.
-    """
-    try:
-        B, Hq, Nq, D = (int(x) for x in q.shape)
-        Bk, Hkv, Nk, Dk = (int(x) for x in k.shape)
-    except (AttributeError, TypeError, ValueError):
-        return False
-    if str(q.dtype).replace("torch.", "") not in ("float16", "bfloat16"):
-        return False
-    on_kernel_device = (getattr(q.device, "type", None) == "cuda"
-                        or interpreting(getattr(q, "device", None)))
-    if not on_kernel_device or Bk != B or Dk != D or not 1 <= D <= 256:
-        return False
-    if Hkv < 1 or Hq % Hkv or B * Hkv > DECODE_PATH_MAX_GRID or B < 1:
-        return False
-    if not 1 <= Nq <= min(DECODE_PATH_MAX_NQ, 16) or Nk < max(DECODE_PATH_MIN_NK, 1):
-        return False
-    if causal:
-        return 0 <= int(input_pos) <= Nk - Nq
-    return Nq == 1 and not input_pos
-
-
-def attention_via_decode(q, k, v, *, causal: bool = False, scale: float | None = None,
-                         input_pos: int = 0, num_splits: int | None = None):
-    """``flashattn.attention(q, k, v, causal=..., scale=..., input_pos=...)`` computed by the
-    split-KV decode kernels, for the shapes ``prefer_decode`` accepts.
-
-    The contiguous cache is k and v themselves (every sequence has capacity Nk); every
-    sequence's length is ``input_pos + Nq`` when causal (so row ``i`` sees keys ``0 ..
-    input_pos + i``, ``attention``'s semantics) and ``Nk`` otherwise (one row, every key).
-
-    Args:
-        q: (B, Hq, Nq, D), 1 <= Nq <= 16; k, v: (B, Hkv, Nk, D); fp16/bf16 CUDA tensors.
-        num_splits: as ``decode`` (default from the shape and the GPU).
-
-    Returns:
-        (B, Hq, Nq, D) in q's dtype, a new tensor.
-
-    Raises:
-        ValueError: for a call ``prefer_decode`` refuses (non-causal with Nq > 1: decode's rows
-            are causal), or as ``attention`` / ``decode`` for bad inputs.
-    """
-    from .contract import check_causal, check_tensors
-    causal = check_causal(causal)
-    check_tensors(q, k, v, causal=causal, scale=scale, input_pos=input_pos,
-                  interpret=interpreting(getattr(q, "device", None)))
-    return launch_via_decode(q, k, v, causal=causal, scale=scale, input_pos=input_pos,
-                             num_splits=num_splits)
-
-
-def launch_via_decode(q, k, v, *, causal: bool, scale, input_pos: int, num_splits=None):
-    """``attention_via_decode`` on inputs ``contract.check_tensors`` has passed: the contiguous
-    cache's dims follow from the shapes, and ``launch_decode`` runs it."""
-    import torch
-    from .contract import check_decode_shapes
-    B, Hq, Nq, D = q.shape
-    Nk = k.shape[2]
-    if not causal and Nq != 1:
-        raise ValueError(f"the decode path computes causal rows: non-causal attention with "
-                         f"Nq = {Nq} > 1 query rows needs flashattn.attention's square kernel")
-    length = int(input_pos) + Nq if causal else Nk
-    if length > Nk:
-        raise ValueError(f"the decode path needs the query rows inside the cache: causal with "
-                         f"Nq = {Nq} > Nk = {Nk} keys needs flashattn.attention's square kernel")
-    k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (k, v))
-    seqlens = torch.full((B,), length, dtype=torch.int32, device=q.device)
-    dims = check_decode_shapes(tuple(q.shape), tuple(k.shape), tuple(v.shape), (B,))
-    with on_device(q.device):
-        return launch_decode(q, k, v, seqlens, None, dims, scale=scale, num_splits=num_splits,
-                             max_seqlen=length)

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 
-from .contract import check_kernel_device, check_rank, check_scale, check_shapes, tile_d_for
+from .contract import check_kernel_device, check_rank, check_scale, check_shapes
 from .dispatch import (device_arch, expect, interpreting, launch_kernel, on_device,
                        attention_steps)
 from .kernels import hinted
@@ -408,13 +408,11 @@ def decode_fp8(q, k_cache, v_cache, cache_seqlens, *, k_descale=None, v_descale=
     arch, sm_count = device_arch(q.device), device_sm_count(q.device)
     plan = _decode_mod.decode_plan(dims, num_splits=num_splits, max_seqlen=max_seqlen,
                                    sm_count=sm_count, arch=arch)
-    counter = None
-    if plan["combine"] == "fused":
-        counter = _decode_mod._counters(q.device, plan["counter_shape"])
     rows = plan["rows"]
     # The fp16 plan's splits, TILE_N and combine; the fp8 kernel's own row tile (64 rows on
     # sm_90/sm_100: kernels/fp8_spec.py FP8_DECODE_WIDE_TILE_M), its grid and scratch.
-    split_consts = fp8_decode_constants(plan["split_constants"], arch)
+    split_consts = fp8_decode_constants(dict(plan["split_constants"], FUSED=False, PDL=False),
+                                        arch)
     split_grid = decode_split_grid(B=B, Hkv=Hkv, rows=rows, tile_m=split_consts["TILE_M"],
                                    num_splits=plan["num_splits"])
     opart_shape, lse_shape = decode_partial_shapes(
@@ -432,8 +430,7 @@ def decode_fp8(q, k_cache, v_cache, cache_seqlens, *, k_descale=None, v_descale=
                         device=q.device)
     lse = torch.empty((1, 1, 1) if final else lse_shape, dtype=torch.float32,
                       device=q.device)
-    if counter is None:
-        counter = torch.empty((1, 1), dtype=torch.int32, device=q.device)
+    counter = torch.empty((1, 1), dtype=torch.int32, device=q.device)   # FUSED off: unused
     split_kernel = hinted(DECODE_SPLIT_FP8.kernel(),
                           fp8_decode_hints(split_consts, arch, DECODE_SPLIT_HINTS.get(arch, {})))
     with on_device(q.device), expect(q.device,
@@ -451,7 +448,7 @@ def decode_fp8(q, k_cache, v_cache, cache_seqlens, *, k_descale=None, v_descale=
             spec = DECODE_COMBINE_ROW if plan["combine"] == "row" else DECODE_COMBINE
             launch_kernel(q.device, plan["combine_grid"], spec.kernel(),
                           spec.args(dict(Opart=opart, Lse=lse, Out=out_rows), {},
-                                    plan["combine_constants"]), pdl=plan["pdl"])
+                                    plan["combine_constants"]))
     return out
 
 
@@ -522,8 +519,9 @@ def compile_cases(*, archs=("sm_90", "sm_100", "sm_120"), head_dims=(64, 128, 25
                 for final in (False, True):
                     if d != 128 and (final or page is None):
                         continue
-                    c = fp8_decode_constants(decode_split_constants(
-                        rows=4, head_dim=d, page_size=page, arch=arch, final=final), arch)
+                    c = fp8_decode_constants(dict(decode_split_constants(
+                        rows=4, head_dim=d, page_size=page, arch=arch, final=final),
+                        FUSED=False, PDL=False), arch)
                     cases.append(dict(kernel="decode_split_fp8", arch=arch, D=d, page=page,
                                       final=final, rows=4, fp8="float8_e4m3fn",
                                       constants=c))

@@ -21,7 +21,6 @@ from dataclasses import dataclass
 
 from .contract import check_causal, check_tensors
 from .dispatch import attention_steps, expect, interpreting, launch_kernel, on_device
-from . import kernels as _kernels
 from .kernels import BWD, BWD_ATOMIC, KernelSpec, bwd_configs, bwd_constants, bwd_grid, hinted
 from .steps import Config
 
@@ -34,7 +33,6 @@ class Launch:
     args: tuple
     hints: dict
     constants: dict
-    pdl: bool = False          # launched as a programmatic dependent of the previous launch
 
 
 def check_backward(q, k, v, out, dout, lse, *, causal, scale, input_pos) -> None:
@@ -94,17 +92,14 @@ def backward_launches(q, k, v, out, dout, lse, delta, dq, dk, dv, *, causal: boo
         "bwd_dq": dict(qk_scale=scale, input_pos=input_pos, num_heads=Hq, group_size=Hq // Hkv),
         "bwd_dkdv_dq_atomic": dkdv_scalars,
     }
-    # Dependent launches (kernels.BWD_PDL) for the deterministic pass on sm_90 and later.
-    pdl = int(_kernels.BWD_PDL) if deterministic and arch in _kernels.PDL_ARCHS else 0
     launches = []
     for name, spec in (BWD if deterministic else BWD_ATOMIC).items():
         cfg: Config = configs[name]
         constants = bwd_constants(name, cfg, head_dim=D, causal=causal,
-                                  even_k=Nk % cfg.TILE_N == 0,
-                                  **({} if name == "bwd_dkdv_dq_atomic" else {"pdl": pdl}))
+                                  even_k=Nk % cfg.TILE_N == 0)
         launches.append(Launch(spec, bwd_grid(name, cfg, B=B, Hq=Hq, Hkv=Hkv, Nq=Nq, Nk=Nk),
                                spec.args(arrays[name], scalars[name], constants),
-                               cfg.hints(), constants, bool(pdl) and name != "bwd_preprocess"))
+                               cfg.hints(), constants))
     return launches
 
 
@@ -188,7 +183,7 @@ def launch_backward(q, k, v, out, dout, lse, *, causal: bool, scale: float | Non
             for launch in launches:
                 launch_kernel(q.device, launch.grid,
                               hinted(launch.spec.kernel(), launch.hints), launch.args,
-                              stream="current", pdl=launch.pdl)
+                              stream="current")
         if not deterministic:
             dq.copy_(dq_buf)
     return dq, dk, dv

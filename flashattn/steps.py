@@ -2,8 +2,9 @@
 
 Each step is a named, runnable configuration of the kernels in ``flashattn.kernels``: which
 compile-time flags are on, which tile shape and launch hints it uses on each GPU architecture.
-``attention(..., step=NAME)`` runs it, ``python -m flashattn compile --step NAME`` compiles it,
-``flashattn.source.step_diff(NAME)`` shows the kernel lines it changes.
+``attention(..., step=NAME)`` runs it, ``python -m flashattn compile --step NAME`` compiles it.
+The book's views of them (the Hopper ladder, each step's predecessor, the ``steps`` command)
+are ``flashbook.steps``.
 """
 from __future__ import annotations
 
@@ -233,26 +234,6 @@ def get_step(name: str) -> Step:
                      f"'best', or an experiment: {', '.join(EXPERIMENTS)}")
 
 
-def previous_step(name: str) -> str | None:
-    """The step before ``name`` in book order; experiments are measured against arch_tuned."""
-    if name in EXPERIMENTS:
-        return "arch_tuned"
-    i = STEP_NAMES.index(get_step(name).name)
-    return STEP_NAMES[i - 1] if i > 0 else None
-
-
-# Chapters 6-8 on Hopper: the seed's steps replayed at a tile that does not spill on sm_90
-# (64x128; chapter 5), each rung one change, ending with the launch hint of chapter 9.
-# Benchmark names: "STEP@CONFIG" runs a step pinned to a configuration.
-HOPPER_LADDER: tuple[tuple[str, str], ...] = (
-    ("baseline@64x128", "baseline at 64x128"),
-    ("fast_math@64x128", "+ fast math"),
-    ("loop_split@64x128", "+ loop split"),
-    ("remap@64x128", "+ remap"),
-    ("remap@64x128:occ=2", "+ occupancy=2 (arch_tuned's configuration)"),
-)
-
-
 def resolve_name(name: str, arch: str | None) -> Step:
     """A step by name, with "best" resolved for ``arch``."""
     return get_step(best_step_name(arch) if name == "best" else name)
@@ -264,22 +245,3 @@ def with_config(step: Step, config: Config) -> Step:
 
 
 assert all(n in STEPS for n in BEST_STEP.values()) and DEFAULT_BEST in STEPS
-
-
-def describe() -> str:
-    """A table of the steps, one line each, in book order."""
-    w = max(len(n) for n in STEP_NAMES)
-    lines = [f"{s.name:<{w}}  {s.description}" for s in _STEP_LIST]
-    lines += ["", "experiments (chapter 10; did not pay on the H200):"]
-    lines += [f"{s.name:<{w}}  {s.description}" for s in _EXPERIMENT_LIST]
-    return "\n".join(lines)
-
-
-def main(argv: list[str] | None = None) -> int:
-    import argparse
-    argparse.ArgumentParser(prog="python -m flashbook steps",
-                            description="List the steps of the book, in order, and the "
-                                        "experiments of chapter 10.",
-                            epilog="example: python -m flashbook steps").parse_args(argv)
-    print(describe())
-    return 0

@@ -1,6 +1,7 @@
 """Command line of the book: ``python -m flashbook COMMAND``, COMMAND one of ``COMMANDS``
-(steps, bench, decode-bench, profile, record, nbrun). The library's own commands (compile,
-info) are ``python -m flashattn COMMAND``."""
+(steps, compile, bench, decode-bench, profile, record, nbrun). The library's own commands
+(compile, info) are ``python -m flashattn COMMAND``; the book's compile is the library's with the
+ladder kernel registered, so it compiles every step."""
 from __future__ import annotations
 
 import sys
@@ -9,8 +10,11 @@ from flashattn import __main__ as _cli
 
 # name -> (module, one line, an example)
 COMMANDS = {
-    "steps": ("flashattn.steps", "list the steps of the book and the experiments",
+    "steps": ("flashbook.steps", "list the steps of the book and the experiments",
               "python -m flashbook steps"),
+    "compile": ("flashbook.compile", "compile any step of the book, the ladder's included, ahead of "
+                "time (no GPU) and report registers, spills and SASS",
+                "python -m flashbook compile --arch sm_90 --step baseline"),
     "bench": ("flashbook.measure.bench", "time steps and library baselines on this GPU",
               "python -m flashbook bench --steps baseline,best --seqlens 4096 --baselines cudnn"),
     "decode-bench": ("flashbook.measure.bench_decode", "time decode steps (split-KV, paged) "

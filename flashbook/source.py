@@ -19,7 +19,9 @@ import importlib.util
 import re
 import textwrap
 
-from flashattn.steps import FLAGS, Config, Step, get_step, previous_step
+from flashattn.steps import FLAGS, Config, Step, get_step
+
+from .steps import previous_step
 
 # Compile-time booleans of the kernel that do not depend on the step.
 _SHAPE_FLAGS = ("CAUSAL", "EVEN_K")

@@ -81,7 +81,7 @@ def test_varlen_table_slowdown_is_packed_over_padded(d):
 
 
 def test_crossover_and_the_decode_path(d):
-    from flashattn.decode import DECODE_PATH_MAX_NQ, DECODE_PATH_MIN_NK
+    from flashattn.api import DECODE_PATH_MAX_NQ, DECODE_PATH_MIN_NK
     x = decode.crossover_table(d)
     assert list(x.index) == ["Nq=1", "Nq=4", "Nq=16"]
     # The constants of attention()'s decode path are where the recorded crossover says.

@@ -69,8 +69,8 @@ def test_commands_are_the_subparsers():
         sub = next(a for a in p._actions if a.dest == "command")
         assert list(sub.choices) == list(cli.COMMANDS), pkg
     assert set(lib_cli.COMMANDS) == {"compile", "info"}
-    assert set(book_cli.COMMANDS) == {"steps", "bench", "decode-bench", "profile", "record",
-                                      "nbrun"}
+    assert set(book_cli.COMMANDS) == {"steps", "compile", "bench", "decode-bench", "profile",
+                                      "record", "nbrun"}
 
 
 @pytest.mark.parametrize("pkg", list(CLIS))

@@ -10,6 +10,7 @@ must also keep every variant free of register spills.
 """
 import pytest
 
+from flashbook.ladder import variants  # the fused merge: the book's ladder kernel
 from flashattn.aot import compile_spec, format_table
 from flashattn.kernels import (DECODE_COMBINE, DECODE_COMBINE_ROW, DECODE_SPLIT,
                                decode_combine_constants, decode_combine_row_constants,
@@ -55,9 +56,9 @@ def reports():
         # The merge fused into the split kernel (FUSED, E23); contiguous caches only (tileiras
         # 13.4.92 crashes on the paged variant): a paged case compiles the contiguous one.
         cu = dict(decode_split_constants(rows=g * nq, head_dim=d, page_size=None, arch=arch),
-                  FUSED=True)
+                  FUSED=True, PDL=False)
         out[("fused", arch, d, g, nq, page)] = compile_spec(
-            DECODE_SPLIT, arch, cu, dtype="float16",
+            variants.DECODE_SPLIT, arch, cu, dtype="float16",
             label=_label(d, g, nq, None, cu) + " fused")
         cr = decode_combine_row_constants(head_dim=d, num_splits=16)
         out[("combine_row", arch, d, g, nq, page)] = compile_spec(
@@ -89,8 +90,8 @@ def test_fused_merge_orders_its_count_on_hopper(reports):
     # The count of the fused merge is one atomic add at GPU scope after a GPU-wide memory
     # barrier (release: the partials are published first) and before an L1 invalidation
     # (acquire: the last program reads every split's partials from L2, not stale lines).
-    r = compile_spec(DECODE_SPLIT, "sm_90", dict(decode_split_constants(
-        rows=4, head_dim=128, page_size=None, arch="sm_90"), FUSED=True), dtype="float16",
+    r = compile_spec(variants.DECODE_SPLIT, "sm_90", dict(decode_split_constants(
+        rows=4, head_dim=128, page_size=None, arch="sm_90"), FUSED=True, PDL=False), dtype="float16",
         keep_sass=True)
     lines = [ln.split("/*")[1].split("*/")[1].strip() if "*/" in ln else ln.strip()
              for ln in r.sass_text.splitlines()]

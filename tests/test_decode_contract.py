@@ -325,26 +325,31 @@ def emulated_gpu(monkeypatch):
                                      emulate_split_kernel)
     launched = []
 
+    from flashbook.ladder import variants
+
     def fake_launch(stream, grid, kernel, args, **launch_options):
         args = [a.numpy() if isinstance(a, torch.Tensor) else a for a in args]
         if kernel is DECODE_SPLIT.kernel():
             emulate_split_kernel(grid, *args)
-        elif kernel is DECODE_COMBINE.kernel():
+        elif kernel is variants.DECODE_SPLIT.kernel():     # the ladder's: Counter after Out
+            emulate_split_kernel(grid, *args[:8], *args[9:], Counter=args[8])
+        elif kernel in (DECODE_COMBINE.kernel(), variants.DECODE_COMBINE.kernel()):
             emulate_combine_kernel(grid, *args)
-        elif kernel is DECODE_COMBINE_ROW.kernel():
+        elif kernel in (DECODE_COMBINE_ROW.kernel(), variants.DECODE_COMBINE_ROW.kernel()):
             emulate_combine_row_kernel(grid, *args)
         else:
             raise AssertionError(f"unexpected kernel {kernel}")
         launched.append(SimpleNamespace(grid=grid, kernel=kernel, args=args))
 
     monkeypatch.setattr(ct, "launch", fake_launch)
-    monkeypatch.setattr(host, "check_decode_tensors",   # the CUDA-only rules off
-                        lambda *a, interpret=False, **kw: check_decode(*a, **kw))
+    for mod in (host, importlib.import_module("flashattn.contract")):  # CUDA-only rules off
+        monkeypatch.setattr(mod, "check_decode_tensors",
+                            lambda *a, interpret=False, **kw: check_decode(*a, **kw))
     from flashattn import dispatch
     monkeypatch.setattr(dispatch, "cuda_properties", lambda index: ("sm_90", 132))
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda *a, **kw: None)
-    return SimpleNamespace(decode=host.decode, launched=launched)
+    return SimpleNamespace(decode=host.decode, ladder_decode=variants.decode, launched=launched)
 
 
 CASES = [  # B, Hq, Hkv, Nq, D, paged, lens, num_splits
@@ -394,7 +399,7 @@ def test_host_launches_compute_decode_attention(emulated_gpu, B, Hq, Hkv, Nq, D,
     c = decode_split_constants(rows=rows, head_dim=D, page_size=32 if paged else None,
                                arch="sm_90", final=final)
     assert split.args[-len(DECODE_SPLIT.constants):] == [c[n] for n in DECODE_SPLIT.constants]
-    assert split.args[9] == pytest.approx(1 / math.sqrt(D)) and split.args[10] == Nq
+    assert split.args[8] == pytest.approx(1 / math.sqrt(D)) and split.args[9] == Nq
     if splits is not None:
         assert split.grid[1] == splits
     assert split.grid == (-(-rows // c["TILE_M"]), split.grid[1], B * Hkv)
@@ -473,7 +478,7 @@ def test_combine_kind():
 @pytest.mark.parametrize("B,Hq,Hkv,Nq,D,paged,lens,splits", CASES)
 def test_host_row_combine_computes_decode_attention(emulated_gpu, monkeypatch, B, Hq, Hkv, Nq,
                                                     D, paged, lens, splits):
-    from flashattn import kernels
+    from flashattn.kernels import decode_spec as kernels   # the rule's module
     monkeypatch.setattr(kernels, "DECODE_ROW_COMBINE_MAX", 10 ** 6)
     monkeypatch.setattr(kernels, "DECODE_ROW_COMBINE_MIN_SPLITS", 2)
     q, k, v, seqlens, table, out = host_case(emulated_gpu, B * 100 + Hq + Nq + 1, B, Hq, Hkv, Nq, D,
@@ -518,31 +523,36 @@ def test_emulated_fused_merge_keeps_nan_for_bad_lengths():
 
 
 def test_combine_kind_fused():
-    from flashattn import kernels
-    from flashattn.kernels import decode_combine_kind
-    assert kernels.DECODE_FUSED_COMBINE in (True, False)
-    assert decode_combine_kind(B=8, Hkv=8, rows=4, num_splits=2, fused=True) == "fused"
-    assert decode_combine_kind(B=8, Hkv=8, rows=4, num_splits=1, fused=True) is None
-    assert decode_combine_kind(B=8, Hkv=8, rows=4, num_splits=2, fused=False) == "block"
+    # The fused merge is the book's (flashbook/ladder/variants.py), off by default.
+    from flashattn.contract import DecodeDims
+    from flashbook.ladder import variants
+    assert variants.DECODE_FUSED_COMBINE is False
+
+    def kind(splits, fused, paged=False):
+        dims = DecodeDims(B=8, Hq=32, Hkv=8, Nq=1, D=128, paged=paged,
+                          page_size=64 if paged else None, capacity=4096)
+        return variants.decode_plan(dims, num_splits=splits, sm_count=132, arch="sm_90",
+                                    fused=fused)["combine"]
+    assert kind(2, True) == "fused"
+    assert kind(1, True) is None
+    assert kind(2, False) == "block"
     # Paged caches keep a two-kernel merge (tileiras 13.4.92 crashes on the paged atomic).
-    assert decode_combine_kind(B=8, Hkv=8, rows=4, num_splits=2, fused=True,
-                               paged=True) == "block"
+    assert kind(2, True, paged=True) == "block"
 
 
 @pytest.mark.parametrize("B,Hq,Hkv,Nq,D,paged,lens,splits", CASES)
 def test_host_fused_merge_is_one_launch(emulated_gpu, monkeypatch, B, Hq, Hkv, Nq, D, paged,
                                         lens, splits):
-    from flashattn import kernels
-    host = importlib.import_module("flashattn.decode")
-    monkeypatch.setattr(kernels, "DECODE_FUSED_COMBINE", True)
+    from flashbook.ladder import variants
+    monkeypatch.setattr(variants, "DECODE_FUSED_COMBINE", True)
     counters = []
 
     def zeros(device, shape):
         counters.append(torch.zeros(tuple(shape), dtype=torch.int32))
         return counters[-1]
-    monkeypatch.setattr(host, "_counters", zeros)
-    q, k, v, seqlens, table, out = host_case(emulated_gpu, B * 100 + Hq + Nq + 3, B, Hq, Hkv, Nq, D,
-                                             paged, lens, splits)
+    monkeypatch.setattr(variants, "_counters", zeros)
+    q, k, v, seqlens, table = case_tensors(B * 100 + Hq + Nq + 3, B, Hq, Hkv, Nq, D, paged, lens)
+    out = emulated_gpu.ladder_decode(q, k, v, seqlens, block_table=table, num_splits=splits)
     ref = decode_attention(q, k, v, seqlens, block_table=table)
     assert (out.float() - ref).abs().max().item() < 2e-3
     split, *rest = emulated_gpu.launched
@@ -552,9 +562,10 @@ def test_host_fused_merge_is_one_launch(emulated_gpu, monkeypatch, B, Hq, Hkv, N
         assert counters == [] and len(rest) == (0 if final else 1)
         return
     assert rest == []                                     # no combine launch
-    c = decode_split_constants(rows=rows, head_dim=D, page_size=None, arch="sm_90",
-                               final=final, fused=not final)
-    assert split.args[-len(DECODE_SPLIT.constants):] == [c[n] for n in DECODE_SPLIT.constants]
+    c = dict(decode_split_constants(rows=rows, head_dim=D, page_size=None, arch="sm_90",
+                                    final=final), FUSED=not final, PDL=False)
+    names = variants.DECODE_SPLIT.constants
+    assert split.args[-len(names):] == [c[n] for n in names]
     if final:
         assert counters == []                             # one split: nothing to count
     else:

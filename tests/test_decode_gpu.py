@@ -160,7 +160,7 @@ def test_any_split_count_gives_the_same_answer(num_splits, request):
 def test_row_combine_gives_the_same_answer(num_splits, nq, monkeypatch, request):
     # The one-row combine forced on (by default only for few rows and many splits, E21); 300
     # splits of 1000 keys leave most splits empty and need several TILE_S steps.
-    from flashattn import kernels
+    from flashattn.kernels import decode_spec as kernels   # the rule's module
     monkeypatch.setattr(kernels, "DECODE_ROW_COMBINE_MAX", 10 ** 6)
     monkeypatch.setattr(kernels, "DECODE_ROW_COMBINE_MIN_SPLITS", 2)
     seed = seed_of(request.node.callspec.id)
@@ -175,26 +175,26 @@ def test_row_combine_gives_the_same_answer(num_splits, nq, monkeypatch, request)
 def test_fused_merge_gives_the_same_answer(num_splits, nq, monkeypatch, request):
     # E23: the last split of each row block merges (an atomic count, no second launch);
     # called three times so that a counter not set back to 0 would show; contiguous cache.
-    from flashattn import kernels
-    monkeypatch.setattr(kernels, "DECODE_FUSED_COMBINE", True)
+    from flashbook.ladder import variants
+    monkeypatch.setattr(variants, "DECODE_FUSED_COMBINE", True)
     seed = seed_of(request.node.callspec.id)
     q, k, v, lens, table = make_cache((1000, 0, 1, 130), 32, 8, nq, 128, "float16", 1000, None,
                                       seed=seed)
-    first = run(q, k, v, lens, table, num_splits=num_splits)
+    first = variants.decode(q, k, v, lens, num_splits=num_splits)
     check(first, q, k, v, lens, table, 128 ** -0.5, 1e-3, seed=seed)
     for _ in range(2):
-        again = run(q, k, v, lens, table, num_splits=num_splits)
+        again = variants.decode(q, k, v, lens, num_splits=num_splits)
         assert torch.equal(again, first), f"seed {seed}: a repeated call differs"
-    from flashattn.decode import _COUNTERS
+    from flashbook.ladder.variants import _COUNTERS
     assert all((b == 0).all() for bufs in _COUNTERS.values() for b in bufs)
 
 
 def test_fused_merge_in_a_cuda_graph(monkeypatch):
     # Captured (its counters zeroed inside the graph), replayed as lengths change.
-    from flashattn import kernels
-    from flashattn.decode import decode
     from flashattn.reference import decode_attention
-    monkeypatch.setattr(kernels, "DECODE_FUSED_COMBINE", True)
+    from flashbook.ladder import variants
+    from flashbook.ladder.variants import decode
+    monkeypatch.setattr(variants, "DECODE_FUSED_COMBINE", True)
     seed = 23
     q, k, v, lens, _ = make_cache((2048, 1024, 1, 700), 32, 8, 1, 128, "float16", 2048, None,
                                   seed=seed)

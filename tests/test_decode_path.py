@@ -12,6 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 host = importlib.import_module("flashattn.decode")
+from flashattn import api  # noqa: E402  (the routing of step="best")
 
 
 class FakeCuda:
@@ -41,7 +42,7 @@ def test_flashattn_decode_is_the_public_function():
     (dict(Nq=16, B=8), True, 0, False),                # the square kernel is faster there
     (dict(Nq=17), True, 0, False),                     # past the decode kernels' Nq
     (dict(Nk=512), True, 511, False),                  # a short cache: the square kernel
-    (dict(Nk=host.DECODE_PATH_MIN_NK, Nq=1), True, host.DECODE_PATH_MIN_NK - 1, True),
+    (dict(Nk=api.DECODE_PATH_MIN_NK, Nq=1), True, api.DECODE_PATH_MIN_NK - 1, True),
     (dict(dtype=torch.float32), True, 32767, False),   # attention refuses it anyway
     (dict(device="cpu"), True, 32767, False),
     (dict(Hq=6, Hkv=4), True, 32767, False),           # not GQA
@@ -50,12 +51,12 @@ def test_flashattn_decode_is_the_public_function():
 ])
 def test_prefer_decode(kw, causal, input_pos, expect):
     q, k = q_k(**kw)
-    assert host.prefer_decode(q, k, causal, input_pos) is expect
+    assert api.prefer_decode(q, k, causal, input_pos) is expect
 
 
 def test_prefer_decode_never_raises_on_odd_inputs():
-    assert host.prefer_decode(None, None, True, 0) is False
-    assert host.prefer_decode(FakeCuda(1, 2, 3), FakeCuda(1, 2, 3, 4), True, 0) is False
+    assert api.prefer_decode(None, None, True, 0) is False
+    assert api.prefer_decode(FakeCuda(1, 2, 3), FakeCuda(1, 2, 3, 4), True, 0) is False
 
 
 @pytest.fixture
@@ -77,6 +78,7 @@ def emulated_gpu(monkeypatch):
                               scale=scale, input_pos=input_pos)
     monkeypatch.setattr(ct, "launch", fake_launch)
     monkeypatch.setattr(contract, "check_tensors", cpu_check_tensors)
+    monkeypatch.setattr(api, "check_tensors", cpu_check_tensors)
     monkeypatch.setattr(host, "check_decode_tensors",
                         lambda *a, interpret=False, **kw: contract.check_decode(*a, **kw))
     from flashattn import dispatch
@@ -84,7 +86,7 @@ def emulated_gpu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda *a, **kw: None)
     monkeypatch.setattr(torch.cuda, "device", lambda d: contextlib.nullcontext())
-    return host.attention_via_decode
+    return api.attention_via_decode
 
 
 @pytest.mark.parametrize("B,Hq,Hkv,Nq,Nk,D,causal,input_pos", [
@@ -141,8 +143,8 @@ def test_attention_via_decode_on_the_gpu(B, Hq, Hkv, Nq, Nk, D, causal, input_po
     q = torch.randn(B, Hq, Nq, D, generator=g, device="cuda").to(dt)
     k = torch.randn(B, Hkv, Nk, D, generator=g, device="cuda").to(dt)
     v = torch.randn(B, Hkv, Nk, D, generator=g, device="cuda").to(dt)
-    out = host.attention_via_decode(q, k, v, causal=causal, input_pos=input_pos)
-    if host.prefer_decode(q, k, causal, input_pos):
+    out = api.attention_via_decode(q, k, v, causal=causal, input_pos=input_pos)
+    if api.prefer_decode(q, k, causal, input_pos):
         # attention(step="best") takes this path itself: the same launches, the same bits.
         import flashattn
         assert torch.equal(flashattn.attention(q, k, v, causal=causal, input_pos=input_pos),

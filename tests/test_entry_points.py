@@ -373,3 +373,12 @@ def test_note_tables_backward_has_the_recorded_rows():
     assert len(table) > 2                                  # header, rule, and rows
     names = {line.split("|")[1].strip() for line in table[2:]}
     assert {f.name.removesuffix(".json") for f in results.json_docs(folder)} <= names
+
+
+def test_library_compile_names_the_books_command_for_a_ladder_step():
+    # The ladder kernel is the book's: the library's compile says where to go, no traceback.
+    r = subprocess.run([sys.executable, "-m", "flashattn", "compile", "--step", "baseline"],
+                       capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert r.returncode == 2, r.stderr
+    assert "python -m flashbook compile --step baseline" in r.stderr
+    assert "Traceback" not in r.stderr

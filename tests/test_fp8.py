@@ -419,18 +419,6 @@ def test_e5m2_cache_decode():
     assert (out.float() - ref).abs().max().item() <= 2 * 2.0 ** -11 * vmax + 1e-6
 
 
-def test_fp8_cache_decode_fused_merge(monkeypatch):
-    import flashattn.kernels as K
-    monkeypatch.setattr(K, "DECODE_FUSED_COMBINE", True)
-    q, k8, v8, kd, vd, _ = _cache(2, 2, 1, 1, 300, 64, seed=9)
-    seqlens = torch.tensor([300, 129], dtype=torch.int32)
-    with interpret.enabled():
-        out = flashattn.decode(q, k8, v8, seqlens, k_descale=kd, v_descale=vd, num_splits=3)
-    ref = decode_reference_fp8(q, k8, v8, seqlens, kd, vd)
-    vmax = (v8.float().abs().amax() * vd.max()).item()
-    assert (out.float() - ref).abs().max().item() <= 2 * 2.0 ** -11 * vmax + 1e-6
-
-
 def test_fp8_cache_decode_bad_inputs():
     q, k8, v8, kd, vd, _ = _cache(2, 4, 2, 1, 64, 64, seed=1)
     lens = torch.tensor([64, 10], dtype=torch.int32)

@@ -102,7 +102,7 @@ def test_check_impl_name_rejects(name):
 
 def test_the_hopper_ladder_names_are_bench_names():
     from flashbook.measure.bench import step_of
-    from flashattn.steps import HOPPER_LADDER
+    from flashbook.steps import HOPPER_LADDER
     assert HOPPER_LADDER
     for name, label in HOPPER_LADDER:
         check_impl_name(name)

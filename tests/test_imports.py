@@ -273,3 +273,23 @@ def test_each_packaging_lists_every_subpackage():
     deps = {d.split("[")[0].split(">")[0].split("<")[0].split("=")[0] for d in
             lib["project"]["dependencies"]}
     assert deps == {"numpy", "torch", "cuda-tile"}, deps
+
+
+def test_the_library_holds_no_book_ladder():
+    # Issue 21 items 2 and 4: the book's views of the steps (the Hopper ladder, predecessors, the
+    # steps command) and the kernels' off switches (the fused decode merge, dependent launches)
+    # live in flashbook; the library's kernels carry what ships.
+    import flashattn.steps as steps
+    from flashattn import kernels
+    for name in ("HOPPER_LADDER", "previous_step", "describe", "main"):
+        assert not hasattr(steps, name), name
+    for name in ("DECODE_FUSED_COMBINE", "DECODE_PDL", "DECODE_PDL_TRIGGER", "BWD_PDL",
+                 "PDL_ARCHS", "register_decode_ladder"):
+        assert not hasattr(kernels, name), name
+    for p in sorted((REPO / "flashattn").rglob("*.py")):
+        text = p.read_text()
+        assert "HOPPER_LADDER" not in text, p
+        if p.parent.name == "kernels" and p.stem in ("decode", "fmha_bwd"):
+            assert "FUSED" not in text and "PDL" not in text, p
+    import flashattn.decode as decode_module
+    assert not hasattr(decode_module, "prefer_decode")   # the routing: flashattn.api

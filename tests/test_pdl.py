@@ -1,5 +1,5 @@
-"""Programmatic dependent launch (E27) without a GPU: the switches reach the right kernels and
-launches, the interpreter gives the same bits with them on, and the compiled SASS has the
+"""Programmatic dependent launch (E27, the book's switches in flashbook/ladder/variants.py)
+without a GPU: the switches reach the right kernels and launches, the interpreter gives the same bits with them on, and the compiled SASS has the
 grid-dependency instructions only when asked (ACQBULK: the wait; PREEXIT: the early signal).
 The GPU side is tests/test_pdl_gpu.py."""
 import re
@@ -9,10 +9,11 @@ from unittest import mock
 import pytest
 import torch
 
-from flashattn import interpret, kernels
+from flashattn import interpret
+from flashattn import kernels as library
 from flashattn.contract import DecodeDims
-from flashattn.decode import decode, decode_plan
-from flashattn.launch_bwd import backward_launches
+from flashbook.ladder import variants as kernels
+from flashbook.ladder.variants import backward_launches, decode, decode_plan
 
 
 def _flags(**flags):
@@ -66,7 +67,7 @@ def test_backward_launch_switches(mode):
         atomic = backward_launches(*args, causal=True, scale=0.1, input_pos=0, arch="sm_90",
                                    deterministic=False)
         assert [(l.spec.name, l.pdl, l.constants.get("PDL")) for l in atomic] == [
-            ("bwd_preprocess", False, 0), ("bwd_dkdv_dq_atomic", False, None)]
+            ("bwd_preprocess", False, None), ("bwd_dkdv_dq_atomic", False, None)]  # library's
 
 
 def test_interpreter_same_bits():
@@ -78,16 +79,29 @@ def test_interpreter_same_bits():
         want = decode(q, k, v, lens, num_splits=4)
         with _flags(DECODE_PDL=True, DECODE_PDL_TRIGGER=True):
             assert torch.equal(decode(q, k, v, lens, num_splits=4), want)
-        import flashattn
-        q, k, v = (torch.randn(1, h, 90, 64, generator=g, dtype=torch.float16).requires_grad_()
-                   for h in (4, 2, 2))
-        grads = []
+        assert torch.equal(library_decode(q, k, v, lens, num_splits=4), want)
+        from flashattn.autograd import attention_forward
+        from flashattn.launch_bwd import attention_backward
+        q, k, v, do = (torch.randn(1, h, 90, 64, generator=g, dtype=torch.float16)
+                       for h in (4, 2, 2, 4))
+        out, lse = attention_forward(q, k, v, causal=True)
+        want = attention_backward(q, k, v, out, do, lse, causal=True)
         for mode in (0, 1, 2):
             with _flags(BWD_PDL=mode):
-                out = flashattn.attention(q, k, v, causal=True)
-                grads.append(torch.autograd.grad(out.float().square().sum(), (q, k, v)))
-        for g1 in grads[1:]:
-            assert all(torch.equal(a, b) for a, b in zip(g1, grads[0]))
+                got = variants_backward(q, k, v, out, do, lse, causal=True)
+            assert all(torch.equal(a, b) for a, b in zip(got, want)), mode
+
+
+from flashattn.decode import decode as library_decode  # noqa: E402
+from flashbook.ladder.variants import attention_backward as variants_backward  # noqa: E402
+
+
+def test_the_library_has_no_switches():
+    for name in ("DECODE_FUSED_COMBINE", "DECODE_PDL", "DECODE_PDL_TRIGGER", "BWD_PDL",
+                 "PDL_ARCHS"):
+        assert not hasattr(library, name), name
+    for spec in (*library.DECODE.values(), *library.BWD.values()):
+        assert "PDL" not in spec.constants and "FUSED" not in spec.constants, spec.name
 
 
 def _gdc(spec, constants, hints=None):
@@ -101,14 +115,16 @@ def _gdc(spec, constants, hints=None):
 @pytest.mark.slow
 def test_sass_has_the_instructions_only_when_asked():
     pytest.importorskip("cuda.tile")
-    cc = kernels.decode_combine_constants(split_tile_m=16, head_dim=128)
-    assert _gdc(kernels.DECODE_COMBINE, cc) == (0, 0)
+    cc = library.decode_combine_constants(split_tile_m=16, head_dim=128)
+    assert _gdc(library.DECODE_COMBINE, cc) == (0, 0)
+    assert _gdc(kernels.DECODE_COMBINE, dict(cc, PDL=False)) == (0, 0)
     assert _gdc(kernels.DECODE_COMBINE, dict(cc, PDL=True)) == (1, 0)
-    cfg = kernels.bwd_configs("sm_90", 64)["bwd_preprocess"]
-    pc = kernels.bwd_constants("bwd_preprocess", cfg, head_dim=64, causal=True, even_k=True)
-    assert _gdc(kernels.BWD_PREPROCESS, pc) == (0, 0)
-    assert _gdc(kernels.BWD_PREPROCESS, dict(pc, PDL=1)) == (0, 0)   # signals at exit
-    assert _gdc(kernels.BWD_PREPROCESS, dict(pc, PDL=2)) == (0, 1)
+    cfg = library.bwd_configs("sm_90", 64)["bwd_preprocess"]
+    pc = library.bwd_constants("bwd_preprocess", cfg, head_dim=64, causal=True, even_k=True)
+    assert _gdc(library.BWD_PREPROCESS, pc) == (0, 0)
+    pre = kernels.BWD["bwd_preprocess"]
+    assert _gdc(pre, dict(pc, PDL=1)) == (0, 0)   # signals at exit
+    assert _gdc(pre, dict(pc, PDL=2)) == (0, 1)
 
 
 def test_listings_show_the_shipped_code():

@@ -18,7 +18,7 @@ NAN = float("nan")
 def _flags(**flags):
     from contextlib import ExitStack
 
-    from flashattn import kernels
+    from flashbook.ladder import variants as kernels   # the book's switches
     stack = ExitStack()
     for k, v in flags.items():
         stack.enter_context(mock.patch.object(kernels, k, v))
@@ -29,7 +29,8 @@ def _flags(**flags):
 @pytest.mark.parametrize("B,N,page", ((1, 4096, None), (8, 1000, None), (2, 33000, None),
                                       (3, 2048, 64)))
 def test_decode_pdl_equal(B, N, page, trigger):
-    from flashattn.decode import decode, decode_plan  # noqa: F401
+    from flashattn.decode import decode as library_decode
+    from flashbook.ladder.variants import decode
     g = torch.Generator(device="cuda").manual_seed(B * 100 + N)
     q = torch.randn(B, 32, 1, 128, generator=g, device="cuda", dtype=torch.float16)
     lens = torch.randint(1, N + 1, (B,), generator=g, device="cuda", dtype=torch.int32)
@@ -43,7 +44,7 @@ def test_decode_pdl_equal(B, N, page, trigger):
         k, v = (torch.randn(pages, 8, page, 128, generator=g, device="cuda",
                             dtype=torch.float16) for _ in range(2))
         table = torch.randperm(pages, generator=g, device="cuda").to(torch.int32).view(B, -1)
-    want = decode(q, k, v, lens, block_table=table)
+    want = library_decode(q, k, v, lens, block_table=table)
     with _flags(DECODE_PDL=True, DECODE_PDL_TRIGGER=trigger):
         out = torch.full_like(want, NAN)
         decode(q, k, v, lens, block_table=table, out=out)
@@ -63,7 +64,7 @@ def test_decode_pdl_equal(B, N, page, trigger):
         lens.sub_(1).clamp_(min=0)
         gr.replay()
         torch.cuda.synchronize()
-    want2 = decode(q, k, v, lens, block_table=table, num_splits=8)
+    want2 = library_decode(q, k, v, lens, block_table=table, num_splits=8)
     for o in outs:
         assert torch.equal(o, want2)
 
@@ -73,14 +74,15 @@ def test_decode_pdl_equal(B, N, page, trigger):
 @pytest.mark.parametrize("N", (1000, 4096))
 def test_backward_pdl_equal(N, causal, mode):
     from flashattn.autograd import attention_forward
-    from flashattn.launch_bwd import attention_backward
+    from flashattn.launch_bwd import attention_backward as library_backward
+    from flashbook.ladder.variants import attention_backward
     g = torch.Generator(device="cuda").manual_seed(N + causal)
     q = torch.randn(2, 16, N, 128, generator=g, device="cuda", dtype=torch.float16)
     k, v, do = (torch.randn(2, 4 if t < 2 else 16, N, 128, generator=g, device="cuda",
                             dtype=torch.float16) for t in range(3))
     with torch.no_grad():
         out, lse = attention_forward(q, k, v, causal=causal)
-    want = attention_backward(q, k, v, out, do, lse, causal=causal)
+    want = library_backward(q, k, v, out, do, lse, causal=causal)
     with _flags(BWD_PDL=mode):
         for _ in range(2):
             grads = tuple(torch.full_like(t, NAN) for t in (q, k, v))

@@ -73,3 +73,27 @@ def test_flashbook_attention_runs_a_ladder_step_and_the_shipped_one():
         for step in ("baseline", "remap", "best"):
             o = flashbook.attention(q, q, q, causal=True, step=step)
             assert (o.double() - ref).abs().max() < 2e-3, step
+
+
+# The decode and backward kernels: the library's are the book's (flashbook/ladder/decode.py,
+# fmha_bwd.py) with the off switches folded away, the parameters only they read dropped.
+SWITCHES = {"FUSED": False, "PDL": 0}
+
+
+@pytest.mark.parametrize("name", ("decode", "fmha_bwd"))
+def test_the_library_decode_and_backward_are_the_ladder_folded(name):
+    import importlib.util
+    ladder = Path(importlib.util.find_spec(f"flashbook.ladder.{name}").origin).read_text()
+    library = Path(importlib.util.find_spec(f"flashattn.kernels.{name}").origin).read_text()
+    folded = source.prune_unused(source.specialize(ladder, SWITCHES),
+                                 (*SWITCHES, "Counter"))
+    assert source.normalized(folded) == source.normalized(library), name
+    # The check can fail: the switch on is another kernel.
+    on = source.prune_unused(source.specialize(ladder, {"FUSED": True, "PDL": 1}), ())
+    assert source.normalized(on) != source.normalized(library)
+    text = library
+    for word in ("FUSED", "PDL", "Counter", "grid_dependency"):
+        assert word not in text, (name, word)
+    if name == "decode":
+        assert "atomic_add" not in text   # the fused merge's count (the backward's atomic
+                                          # variant ships: deterministic=False)

@@ -54,7 +54,7 @@ def merge_splits(Opart, Lse, bh, bid_m, TILE_M: ConstInt, TILE_D: ConstInt):
     """The merged output ``[TILE_M, TILE_D]`` fp32 of row block ``bid_m`` of group ``bh``: the
     LSE algebra as an online softmax over the splits, one split at a time (a row whose splits
     all have ``lse = -inf`` gets 0; a NaN partial stays NaN). Used by ``decode_combine_kernel``
-    and by the fused merge of ``decode_split_kernel``."""
+    (the book's ladder, ``flashbook/ladder/decode.py``, also merges inside the split kernel)."""
     num_splits = Opart.shape[0]
     m = ct.full((TILE_M, 1), -math.inf, dtype=ct.float32)            # running max of lse_s
     l = ct.full((TILE_M, 1), 0.0, dtype=ct.float32)                  # sum of 2^(lse_s - m)
@@ -69,23 +69,17 @@ def merge_splits(Opart, Lse, bh, bid_m, TILE_M: ConstInt, TILE_D: ConstInt):
 
 
 @ct.kernel
-def decode_split_kernel(Q, K, V, BlockTable, SeqLens, Opart, Lse, Out, Counter,
+def decode_split_kernel(Q, K, V, BlockTable, SeqLens, Opart, Lse, Out,
                         qk_scale: float, num_q: int,
                         TILE_M: ConstInt, TILE_N: ConstInt, TILE_D: ConstInt,
-                        PAGED: ConstBool, FINAL: ConstBool, FUSED: ConstBool, PDL: ConstBool):
+                        PAGED: ConstBool, FINAL: ConstBool):
     """Partial attention of one GQA group over one run of the cache.
 
     Grid: ``(cdiv(G * Nq, TILE_M), num_splits, B * Hkv)``. qk_scale: the softmax scale (natural
     units); num_q: Nq. With PAGED, ``page_size = K.shape[2]`` is a multiple of TILE_N, so a K/V
     tile never straddles two pages. With FINAL (one split: the partial is the answer) the
     program writes its normalised output to ``Out`` in Out's dtype and no combine runs; Opart
-    and Lse are then not touched. Otherwise ``Out`` is not touched, unless FUSED: then each
-    program, after storing its partial, counts itself in ``Counter[bh, bid_m]`` (an atomic
-    add, acquire-release at device scope: its partial is published, the others' it sees are
-    visible), and the program that counts last merges all the splits of its row block as
-    ``decode_combine_kernel`` does, writes ``Out`` and sets the counter back to 0 (E23: the
-    merge without a second launch). ``Counter`` (B * Hkv, row blocks) int32 must be 0 at
-    launch; without FUSED it is a placeholder, never touched.
+    and Lse are then not touched; otherwise ``Out`` is not touched (the combine writes it).
     """
     # --- Program id -> (row block, split, batch, kv head) ---
     bid_m = ct.bid(0)
@@ -176,34 +170,16 @@ def decode_split_kernel(Q, K, V, BlockTable, SeqLens, Opart, Lse, Out, Counter,
     else:
         ct.store(Opart, index=(split, bh, bid_m, 0), tile=o.reshape((1, 1, TILE_M, TILE_D)))
         ct.store(Lse, index=(split, bh, bid_m), tile=lse.reshape((1, 1, TILE_M)))
-        if PDL:
-            # E27 (off): the combine, a programmatic dependent, may be scheduled now; it
-            # waits for this grid to finish before it reads a partial.
-            ct.grid_dependency_control_launch_dependents()
-        if FUSED:
-            # Count this split in; the last one merges. acq_rel: the stores above are
-            # published before the count, and the last program sees every split's stores.
-            arrived = ct.atomic_add(Counter, (bh, bid_m), 1,
-                                    memory_order=ct.MemoryOrder.ACQ_REL,
-                                    memory_scope=ct.MemoryScope.DEVICE)
-            if arrived == num_splits - 1:
-                ct.atomic_xchg(Counter, (bh, bid_m), 0)               # ready for the next call
-                out = merge_splits(Opart, Lse, bh, bid_m, TILE_M, TILE_D)  # as the combine
-                ct.store(Out, index=(batch_idx, kv_head, bid_m, 0),
-                         tile=out.reshape((1, 1, TILE_M, TILE_D)).astype(Out.dtype))
 
 
 @ct.kernel
-def decode_combine_kernel(Opart, Lse, Out, TILE_M: ConstInt, TILE_D: ConstInt, PDL: ConstBool):
+def decode_combine_kernel(Opart, Lse, Out, TILE_M: ConstInt, TILE_D: ConstInt):
     """Merge the splits' partial outputs: the LSE algebra, as an online softmax over splits.
 
     Grid: ``(cdiv(G * Nq, TILE_M), B * Hkv, 1)``. Out is written in its own dtype; rows past
     G * Nq and columns past D are dropped by the store. A row whose splits all have
     ``lse = -inf`` (no visible key) gets 0; a NaN partial stays NaN.
     """
-    if PDL:
-        # E27 (off): launched as a programmatic dependent of the split kernel.
-        ct.grid_dependency_control_wait()
     bid_m = ct.bid(0)
     bh = ct.bid(1)
     num_kv_heads = Out.shape[1]
@@ -215,8 +191,7 @@ def decode_combine_kernel(Opart, Lse, Out, TILE_M: ConstInt, TILE_D: ConstInt, P
 
 
 @ct.kernel
-def decode_combine_row_kernel(Opart, Lse, Out, TILE_D: ConstInt, TILE_S: ConstInt,
-                              PDL: ConstBool):
+def decode_combine_row_kernel(Opart, Lse, Out, TILE_D: ConstInt, TILE_S: ConstInt):
     """Merge the splits' partial outputs of one row: the LSE algebra, ``TILE_S`` splits a step.
 
     Grid: ``(G * Nq, B * Hkv, 1)``: one program per packed row. Each step loads the
@@ -225,14 +200,11 @@ def decode_combine_row_kernel(Opart, Lse, Out, TILE_D: ConstInt, TILE_S: ConstIn
     split axis, and folds the result into a running (max, sum, output) as the online softmax of
     chapter 2 does with key tiles. So the loop is ``cdiv(num_splits, TILE_S)`` steps long, not
     ``num_splits``. The alternative to ``decode_combine_kernel`` for few rows and many splits
-    (E18b: faster at B=1, slower with thousands of rows); the host picks it with
-    ``kernels.decode_combine_kind`` (few rows and many splits: E21).
+    (faster at B=1, slower with thousands of rows: chapter 12); the host picks it with
+    ``kernels.decode_combine_kind``.
     Out is written in its own dtype; columns past D are dropped by the store. A row whose
     splits all have ``lse = -inf`` (no visible key) gets 0; a NaN partial stays NaN.
     """
-    if PDL:
-        # E27 (off): launched as a programmatic dependent of the split kernel.
-        ct.grid_dependency_control_wait()
     row = ct.bid(0)
     bh = ct.bid(1)
     num_splits = Opart.shape[0]

@@ -49,14 +49,11 @@ ConstBool = ct.Constant[bool]
 @ct.kernel
 def bwd_preprocess_kernel(Out, dO, Delta,
                           num_heads: int,
-                          TILE_M: ConstInt, TILE_D: ConstInt, PDL: ConstInt):
+                          TILE_M: ConstInt, TILE_D: ConstInt):
     """Delta[b, h, i] = sum_d dO[b, h, i, d] * Out[b, h, i, d], in fp32.
 
     One program per query tile per (batch, head): grid ``(cdiv(Nq, TILE_M), B * Hq, 1)``.
     """
-    if PDL == 2:
-        # E27 (off): the dK/dV pass, a programmatic dependent, may be scheduled at once.
-        ct.grid_dependency_control_launch_dependents()
     bid_x = ct.bid(0)
     batch_idx = ct.bid(1) // num_heads
     head_idx = ct.bid(1) % num_heads
@@ -74,16 +71,10 @@ def bwd_preprocess_kernel(Out, dO, Delta,
 def bwd_dkdv_kernel(Q, K, V, dO, LSE, Delta, dK, dV,
                     qk_scale: float, input_pos: int, num_kv_heads: int, group_size: int,
                     TILE_M: ConstInt, TILE_N: ConstInt, TILE_D: ConstInt,
-                    CAUSAL: ConstBool, EVEN_K: ConstBool, PDL: ConstInt):
+                    CAUSAL: ConstBool, EVEN_K: ConstBool):
     """dK, dV of key/value tile ``ct.bid(0)`` of one (batch, key/value head); dQ is left to
     ``bwd_dq_kernel``. Grid ``(cdiv(Nk, TILE_N), B * Hkv, 1)``. The loop is ``dkdv_program``'s.
     """
-    if PDL == 1 or PDL == 2:
-        # E27 (off): a programmatic dependent of the preprocess: wait for Delta.
-        ct.grid_dependency_control_wait()
-    if PDL == 2:
-        # The dQ pass reads nothing this kernel writes: it may start beside this one's tail.
-        ct.grid_dependency_control_launch_dependents()
     dkdv_program(Q, K, V, dO, LSE, Delta, dK, dV, dK, qk_scale, input_pos, num_kv_heads,
                  group_size, TILE_M, TILE_N, TILE_D, CAUSAL, EVEN_K, False)
 
@@ -199,14 +190,9 @@ def dkdv_program(Q, K, V, dO, LSE, Delta, dK, dV, dQacc,
 def bwd_dq_kernel(Q, K, V, dO, LSE, Delta, dQ,
                   qk_scale: float, input_pos: int, num_heads: int, group_size: int,
                   TILE_M: ConstInt, TILE_N: ConstInt, TILE_D: ConstInt,
-                  CAUSAL: ConstBool, EVEN_K: ConstBool, PDL: ConstInt):
+                  CAUSAL: ConstBool, EVEN_K: ConstBool):
     """dQ of query tile ``ct.bid(0)`` of one (batch, query head): the forward's loop over key
     tiles, with dQ += dS K in place of O += P V. Grid ``(cdiv(Nq, TILE_M), B * Hq, 1)``."""
-    if PDL == 1:
-        # E27 (off): a programmatic dependent of the dK/dV pass: wait for it first. With
-        # PDL == 2 dK/dV lets this start once the preprocess is done (Delta complete), and
-        # only the final store waits.
-        ct.grid_dependency_control_wait()
     bid_x = ct.bid(0)
     batch_idx = ct.bid(1) // num_heads
     head_idx = ct.bid(1) % num_heads
@@ -253,8 +239,4 @@ def bwd_dq_kernel(Q, K, V, dO, LSE, Delta, dQ,
         dq = ct.mma(ds.astype(Q.dtype), k, dq)                       # dQ += dS K (unscaled)
 
     dq = (dq * qk_scale).reshape((1, 1, TILE_M, TILE_D)).astype(dQ.dtype)
-    if PDL == 2:
-        # Finish after the dK/dV pass, as a plain launch would: what follows in the stream
-        # may read dK and dV once this grid is done.
-        ct.grid_dependency_control_wait()
     ct.store(dQ, index=(batch_idx, head_idx, bid_x, 0), tile=dq)     # rows past Nq dropped

@@ -281,15 +281,16 @@ def online_step(qk, m_i, l_i, acc, v, scale2):
     return m_ij, l_i * alpha + p.sum(axis=1, keepdims=True), acc * alpha + p @ v
 
 
-def emulate_split_kernel(grid, Q, K, V, BlockTable, SeqLens, Opart, Lse, Out, Counter,
+def emulate_split_kernel(grid, Q, K, V, BlockTable, SeqLens, Opart, Lse, Out,
                          qk_scale, num_q, TILE_M, TILE_N, TILE_D, PAGED, FINAL=False,
-                         FUSED=False, PDL=False, order_seed=0):
+                         FUSED=False, PDL=False, order_seed=0, *, Counter=None):
     """``decode_split_kernel`` on NumPy arrays in the kernel's layout, program by program.
 
     Arguments in the kernel's order (``grid`` first); Opart and Lse are written in place and
     the arithmetic is done in Opart's dtype; with FINAL (one split) the normalised output is
     written to ``Out`` (B, Hkv, rows, D) instead, rows and columns past its shape dropped, and
-    the arithmetic is done in float64 if Out is float64, else float32. With FUSED the programs
+    the arithmetic is done in float64 if Out is float64, else float32. With FUSED (the book's
+    ladder kernel, ``flashbook/ladder/decode.py``, whose ``Counter`` follows ``Out``) the programs
     run in a shuffled order (``order_seed``: on a GPU any split can finish last), each counts
     itself in ``Counter[bh, bid_m]``, and the one that counts last merges its row block into
     ``Out`` (as ``emulate_combine_kernel``) and sets the counter back to 0. Follows the kernel
@@ -475,8 +476,8 @@ def emulate_decode(q, k_cache, v_cache, cache_seqlens, block_table=None, *, scal
     fused = bool(fused) and not final
     counter = np.zeros((B * Hkv, m_blocks), np.int32)
     emulate_split_kernel((m_blocks, num_splits, B * Hkv), qn.reshape(B, Hkv, rows, D), kn, vn,
-                         table, lens, Opart, Lse, out, counter, scale, Nq, tile_m, tile_n, TD,
-                         block_table is not None, final, fused, order_seed)
+                         table, lens, Opart, Lse, out, scale, Nq, tile_m, tile_n, TD,
+                         block_table is not None, final, fused, order_seed, Counter=counter)
     if fused:
         if counter.any():
             raise AssertionError("a fused merge left a counter non-zero")

@@ -1,7 +1,7 @@
 """The Hopper ladder of chapters 6-8: the seed's steps replayed at a tile that does not spill.
 
 On Hopper the seed's 256x128 tiles spill (chapter 5), so the effect of its later steps cannot be
-read there. The recorded dataset replays them at 64x128 (``flashattn.steps.HOPPER_LADDER``), each
+read there. The recorded dataset replays them at 64x128 (``flashbook.steps.HOPPER_LADDER``), each
 rung one change over the previous one, timed in the same rounds as cuDNN and as the control
 ``best``/``best#2`` (one kernel timed as two rows), causal and non-causal::
 
@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 
 from flashattn import stats
-from flashattn.steps import HOPPER_LADDER
+from flashbook.steps import HOPPER_LADDER
 
 RUNGS: tuple[str, ...] = tuple(name for name, _ in HOPPER_LADDER)
 LABELS: dict[str, str] = dict(HOPPER_LADDER)

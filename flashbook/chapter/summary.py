@@ -34,7 +34,7 @@ WORKLOAD_LABELS = {"fp16-causal-d128": "fp16 causal D=128", "fp16-full-d128": "f
                    "fp16-causal-d128-gqa32x8": "fp16 causal GQA 32:8",
                    "fp16-causal-d64": "fp16 causal D=64", "fp16-causal-d256": "fp16 causal D=256"}
 # The seed's steps on the B200 and the same changes on the H200's ladder at 64x128 (chapters
-# 6-8; flashattn.steps.HOPPER_LADDER): (change, seed step, its predecessor, rung, predecessor).
+# 6-8; flashbook.steps.HOPPER_LADDER): (change, seed step, its predecessor, rung, predecessor).
 LADDER_PAIRS = (
     ("larger tiles", "large_tiles", "baseline", "baseline@64x128", "baseline"),
     ("+ fast math", "fast_math", "large_tiles", "fast_math@64x128", "baseline@64x128"),

@@ -5,6 +5,11 @@ The library ships this kernel with its shipped flags folded away (``flashattn/ke
 ``tests/test_shipped_kernel.py`` checks the two agree). Importing this package registers the
 ladder's spec with the library's kernels (``flashattn.kernels.register_ladder``), so a step whose
 flags differ from the shipped ones runs the ladder. It does not import cuda.tile.
+
+``decode.py`` and ``fmha_bwd.py`` are the decode and backward kernels with the switches the
+library folds away (the fused merge, dependent launches; chapters 11-12); ``variants`` holds
+their specs, the switches and the calls that run them (``variants.decode``,
+``variants.attention_backward``).
 """
 from flashattn.kernels import FMHA_ARRAYS, FMHA_SCALARS, KernelSpec, register_ladder
 

@@ -91,7 +91,7 @@ def path_table(Nqs=(1, 2, 4, 8, 16), Nks=(512, 1024, 2048, 4096, 32768), *, B: i
                Hq: int = 32, Hkv: int = 8, D: int = 128) -> pd.DataFrame:
     """Which kernel ``flashattn.attention(q, k, v, causal=True, input_pos=Nk - Nq)`` runs for
     each (Nq, Nk) on a GPU: ``prefer_decode`` evaluated on the shapes alone (no GPU needed)."""
-    from flashattn.decode import prefer_decode
+    from flashattn.api import prefer_decode
     out = {}
     for nk in Nks:
         out[_fmt_n(nk)] = ["decode" if prefer_decode(_Shape(B, Hq, nq, D), _Shape(B, Hkv, nk, D),

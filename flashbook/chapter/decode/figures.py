@@ -114,7 +114,7 @@ def crossover_figure(d: DecodeData):
         s = t.loc[nq]
         ax.plot(s.index, s["square_best"] / s["decode"], marker="o", ms=3, color=col,
                 label=f"Nq={nq}")
-    from flashattn.decode import DECODE_PATH_MIN_NK
+    from flashattn.api import DECODE_PATH_MIN_NK
     ax.axhline(1.0, color="#444", lw=1)
     ax.axvline(DECODE_PATH_MIN_NK, color="#d62728", ls=":", lw=1)
     ax.annotate("DECODE_PATH_MIN_NK", (DECODE_PATH_MIN_NK * 1.05, 0.62), fontsize=7,
