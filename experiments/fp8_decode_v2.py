@@ -312,7 +312,7 @@ def decode_v2(q, k8, v8, lens, *, k_descale, v_descale, variant: str, out=None,
             spec = DECODE_COMBINE_ROW if plan["combine"] == "row" else DECODE_COMBINE
             launch_kernel(q.device, plan["combine_grid"], spec.kernel(),
                           spec.args(dict(Opart=opart, Lse=lse, Out=out_rows), {},
-                                    plan["combine_constants"]), pdl=plan["pdl"])
+                                    plan["combine_constants"]), pdl=plan.get("pdl", False))
     return out
 
 
