@@ -29,7 +29,7 @@ __all__ = ["visit_row", "visit_frame", "visits_figure", "factory_listing", "sass
            "errors", "errors_frame", "blasst", "blasst_figure", "recorded_tiles", "live_timing",
            "bench", "bench_frame", "bench_table", "control_drift", "speedup_figure",
            "backward_frame", "backward_table", "blasst_bench", "blasst_speed_figure",
-           "profile", "profile_card", "host_kernels"]
+           "profile", "profile_shape", "profile_card", "host_kernels"]
 
 
 # --- what a program visits --------------------------------------------------------------------
@@ -434,6 +434,12 @@ def profile(path=PROFILE):
     from ..measure import ncu
     rows, _rules = ncu.load_summary(str(path))
     return ncu.wide(rows)
+
+
+def profile_shape(path=PROFILE) -> dict:
+    """The shape every profiled call ran (B, Hq, Hkv, N, D, dtype, causal)."""
+    from flashbook.data.schema import read_json
+    return read_json(str(path))["meta"]["shape"]
 
 
 def profile_card(steps: dict, w: pd.DataFrame | None = None, kernels=("flex_kernel",
