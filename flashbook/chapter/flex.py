@@ -2,8 +2,10 @@
 
 Readers of the recorded CPU evidence (``experiments/data/40-flex``, ``experiments/data/40-blasst``:
 interpreter error tables, tile counts, per-mod SASS deltas, BLASST's curve), the tile-visit count
-and figure of a BlockMask from an interpreter trace, the listing of the kernel factory, and the
-live GPU timing against ``torch.compile(flex_attention)``.
+and figure of a BlockMask from an interpreter trace, the listing of the kernel factory, the
+recorded GPU runs (``results/h200/flex``: the forward in fp16 and bf16, the backward, BLASST's
+time against its skipped share; ``results/h200/profiles/flex-fp8``: the Nsight Compute card),
+and the live GPU timing against ``torch.compile(flex_attention)``.
 """
 from __future__ import annotations
 

@@ -8,7 +8,9 @@
     fp8.decode_bytes(B, Hkv, Nk, D)   # K+V bytes of one decode step, fp16 against fp8
     fp8.kernel_error_case()       # one small FP8 forward in the interpreter, its error and bound
     fp8.bench()                   # results/h200/fp8: the recorded GPU timings (forward, decode)
-    fp8.forward_speed_table(b)    # speed-up over our fp16 forward per N, causal and not
+    fp8.forward_speed_table(b, D) # speed-up over our fp16 forward per N, causal and not
+    fp8.head_dim_table(b)         # the longest N per head dimension, FP8 against the libraries
+    fp8.profile_card()            # Nsight Compute: the FP8 forward beside the fp16 kernel
     fp8.decode_speed_table(b)     # the FP8 cache against the fp16 cache per B and cache length
 
 The library's FP8 code is ``flashattn.fp8`` and ``flashattn.kernels.fp8``; nothing here is
