@@ -100,3 +100,55 @@ def test_bench_table_and_figure_on_the_recorded_run():
     fig = flex.speedup_figure()
     ax = fig.axes[0]
     assert "torch.compile" in ax.get_xlabel() and len(ax.get_yticklabels()) == len(t)
+
+
+def test_bench_frame_picks_a_dtype():
+    data = _fake_bench()
+    for r in data["rows"]:
+        r["dtype"] = "float16"
+    bf = [dict(r, dtype="bfloat16") for r in data["rows"]]
+    data["rows"] += bf
+    assert len(flex.bench_frame(data, "bfloat16")) == len(bf)
+    with pytest.raises(ValueError, match="float32"):
+        flex.bench_frame(data, "float32")
+    rec = flex.bench()
+    assert {r["dtype"] for r in rec["rows"]} == {"float16", "bfloat16"}
+    assert not flex.bench_table(rec, "bfloat16").isna().any().any()
+
+
+def test_backward_frame_on_the_recorded_run():
+    f = flex.backward_frame()
+    assert len(f) == f["workload"].nunique() * f["N"].nunique()
+    # torch's time over ours and ours over the dense backward's, from the medians
+    r = next(x for x in flex.bench(flex.BENCH_BWD)["rows"]
+             if x["workload"] == "causal" and x["N"] == 8192 and x["dtype"] == "float16")
+    im = r["impls"]
+    row = f[(f["workload"] == "causal") & (f["N"] == 8192)].iloc[0]
+    assert row["speedup"] == pytest.approx(im["torch.flex"]["median_ms"]
+                                           / im["flashattn.flex"]["median_ms"])
+    assert row["time vs causal"] == pytest.approx(im["flashattn.flex"]["median_ms"]
+                                                  / im["flashattn.causal"]["median_ms"])
+    t = flex.backward_table()
+    assert list(t.index[:1]) == ["causal"] and not t.isna().any().any()
+
+
+def test_blasst_bench_and_figure():
+    b = flex.blasst_bench()
+    assert set(b["kind"]) == {"random", "local", "sink"}
+    off = b[b["impl"] == "off"]
+    assert len(off) == 6 and (off["speedup"].sub(1).abs() < 1e-9).all()
+    assert b["skipped %"].between(0, 100).all()
+    fig = flex.blasst_speed_figure(b)
+    assert "skipped" in fig.axes[0].get_xlabel()
+
+
+def test_profile_card_and_host_kernels():
+    card = flex.profile_card({"flex_causal": "flex", "best": "dense"})
+    assert list(card.index) == ["flex", "dense"]
+    assert (card["duration (ms)"] > 0).all() and card["registers"].dtype.kind == "i"
+    with pytest.raises(KeyError, match="nothing"):
+        flex.profile_card({"nothing": "x"})
+    hk = flex.host_kernels()
+    assert set(hk.index) == {"flex_causal", "flex_softcap", "flex_window1k"}
+    assert (hk["kernels"] > 0).all()
+    assert flex.profile_shape()["D"] == 128

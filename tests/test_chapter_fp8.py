@@ -89,3 +89,24 @@ def test_bench_missing_and_empty(tmp_path):
 def test_forward_speed_figure_has_both_masks():
     fig = fp8.forward_speed_figure()
     assert [ax.get_title() for ax in fig.axes] == ["not causal", "causal"]
+
+
+def test_forward_speed_table_per_head_dim():
+    b = fp8.bench()
+    for D in (64, 128, 256):
+        t = fp8.forward_speed_table(b, D)
+        assert not t.isna().any().any()
+    with pytest.raises(ValueError, match="head dimension 96"):
+        fp8.forward_speed_table(b, 96)
+    assert fp8.forward_speed_table(b, 64).iloc[0, 0] != fp8.forward_speed_table(b, 128).iloc[0, 0]
+
+
+def test_head_dim_table_and_profile_card():
+    b = fp8.bench()
+    hd = fp8.head_dim_table(b)
+    assert hd.attrs["N"] == int(b[b.part == "forward"].N.max())
+    assert list(hd.index.get_level_values("D").unique()) == [64, 128, 256]
+    assert hd["fp8 Vᵀ / FA2"].equals(hd["fp8, Vᵀ given"] / hd["FlashAttention-2 fp16"])
+    card = fp8.profile_card()
+    assert int(card.loc["fp8 forward (Vᵀ given)", "CTAs per SM"]) >= 1
+    assert int(card.loc["fp16 forward", "threads per CTA"]) > 0

@@ -2,8 +2,10 @@
 
 Readers of the recorded CPU evidence (``experiments/data/40-flex``, ``experiments/data/40-blasst``:
 interpreter error tables, tile counts, per-mod SASS deltas, BLASST's curve), the tile-visit count
-and figure of a BlockMask from an interpreter trace, the listing of the kernel factory, and the
-live GPU timing against ``torch.compile(flex_attention)``.
+and figure of a BlockMask from an interpreter trace, the listing of the kernel factory, the
+recorded GPU runs (``results/h200/flex``: the forward in fp16 and bf16, the backward, BLASST's
+time against its skipped share; ``results/h200/profiles/flex-fp8``: the Nsight Compute card),
+and the live GPU timing against ``torch.compile(flex_attention)``.
 """
 from __future__ import annotations
 
@@ -21,10 +23,15 @@ FLEX_DATA = ROOT / "experiments" / "data" / "40-flex"
 BLASST_DATA = ROOT / "experiments" / "data" / "40-blasst"
 
 BENCH = ROOT / "results" / "h200" / "flex" / "flex_bench.json"
+BENCH_BWD = ROOT / "results" / "h200" / "flex" / "flex_bench_backward.json"
+BLASST_BENCH = ROOT / "results" / "h200" / "flex" / "blasst_bench.json"
+PROFILE = ROOT / "results" / "h200" / "profiles" / "flex-fp8" / "summary.json"
 
 __all__ = ["visit_row", "visit_frame", "visits_figure", "factory_listing", "sass", "sass_frame",
            "errors", "errors_frame", "blasst", "blasst_figure", "recorded_tiles", "live_timing",
-           "bench", "bench_frame", "bench_table", "control_drift", "speedup_figure"]
+           "bench", "bench_frame", "bench_table", "control_drift", "speedup_figure",
+           "backward_frame", "backward_table", "blasst_bench", "blasst_speed_figure",
+           "profile", "profile_shape", "profile_card", "host_kernels"]
 
 
 # --- what a program visits --------------------------------------------------------------------
@@ -259,15 +266,24 @@ def _k(n: int) -> str:
     return f"{n // 1024}K"
 
 
-def bench_frame(data: dict | None = None) -> pd.DataFrame:
-    """One row per (workload, N): visited blocks (% of dense), speed-up over torch.compile(flex)
+def _rows(data: dict, dtype: str) -> list:
+    """The rows of one dtype (rows without a dtype are fp16, as the first recordings were)."""
+    rows = [r for r in data["rows"] if r.get("dtype", "float16") == dtype]
+    if not rows:
+        raise ValueError(f"no rows of dtype {dtype!r} in the recording")
+    return rows
+
+
+def bench_frame(data: dict | None = None, dtype: str = "float16") -> pd.DataFrame:
+    """One row per (workload, N) of ``dtype``: visited blocks (% of dense), speed-up over torch.compile(flex)
     (its median time over ours), our TFLOPS on the visited blocks, and that throughput over our
     dense causal kernel's on the causal mask at the same N (timed in the same rounds), and the
     control's ratio (the flex kernel timed twice)."""
     data = bench() if data is None else data
-    causal_flops = {r["N"]: r["visited_flops"] for r in data["rows"] if r["workload"] == "causal"}
+    rows = _rows(data, dtype)
+    causal_flops = {r["N"]: r["visited_flops"] for r in rows if r["workload"] == "causal"}
     out = []
-    for r in data["rows"]:
+    for r in rows:
         im = r["impls"]
         ours, ctl = im["flashattn.flex"], im["flashattn.flex#2"]
         dense_tf = causal_flops[r["N"]] / (im["flashattn.causal"]["median_ms"] * 1e-3) / 1e12
@@ -282,18 +298,18 @@ def bench_frame(data: dict | None = None) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
-def control_drift(data: dict | None = None) -> pd.Series:
+def control_drift(data: dict | None = None, dtype: str = "float16") -> pd.Series:
     """Per N, how far two timings of the same kernel differ at worst: the largest
     1 - faster/slower over the workloads (0.05: the slower reads 5 % below the faster's speed)."""
-    f = bench_frame(data)
+    f = bench_frame(data, dtype)
     c = f["control"]
     return (1 - np.minimum(c, 1 / c)).groupby(f["N"]).max()
 
 
-def bench_table(data: dict | None = None) -> pd.DataFrame:
+def bench_table(data: dict | None = None, dtype: str = "float16") -> pd.DataFrame:
     """Workloads x N for people: speed-up over torch.compile(flex) and TFLOPS per visited block
     over our dense causal kernel's, with the share of blocks visited at the largest N."""
-    f = bench_frame(data)
+    f = bench_frame(data, dtype)
     ns = sorted(f["N"].unique())
     t = {}
     for col, key in (("× torch", "speedup"), ("TF / causal", "vs causal")):
@@ -307,11 +323,11 @@ def bench_table(data: dict | None = None) -> pd.DataFrame:
     return out.rename_axis("workload")
 
 
-def speedup_figure(data: dict | None = None):
+def speedup_figure(data: dict | None = None, dtype: str = "float16"):
     """Speed-up of flashattn.flex_attention over torch.compile(flex_attention), per workload,
     one bar per sequence length; the line at 1 is parity."""
     import matplotlib.pyplot as plt
-    f = bench_frame(data)
+    f = bench_frame(data, dtype)
     ns = sorted(f["N"].unique())
     names = [w for w in WORKLOADS if w in set(f["workload"])]
     fig, ax = plt.subplots(figsize=(7.0, 3.6))
@@ -327,13 +343,135 @@ def speedup_figure(data: dict | None = None):
     ax.invert_yaxis()
     ax.axvline(1.0, color="#444444", lw=0.8)
     ax.set_xlim(0, max(1.8, float(f["speedup"].max()) + 0.1))
-    ax.set_xlabel("speed-up over torch.compile(flex_attention) (×, time ratio)")
+    ax.set_xlabel(f"speed-up over torch.compile(flex_attention) (×, time ratio), {dtype}")
     ax.legend(loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=len(ns), frameon=False,
               fontsize=8)
     ax.grid(axis="x", lw=0.4, alpha=0.5)
     fig.tight_layout()
     plt.close(fig)
     return fig
+
+
+# --- the recorded backward, BLASST's timings and the profile -----------------------------------
+def backward_frame(data: dict | None = None, dtype: str = "float16") -> pd.DataFrame:
+    """The recorded flex backward (medians only: the file was rebuilt from the run's printed
+    rows), one row per (workload, N): torch.compile(flex)'s time over ours ("speedup", below 1:
+    ours is slower), our time over our dense causal backward's in the same rounds, and the
+    control's ratio."""
+    data = bench(BENCH_BWD) if data is None else data
+    out = []
+    for r in _rows(data, dtype):
+        im = r["impls"]
+        ours = im["flashattn.flex"]["median_ms"]
+        out.append({"workload": r["workload"], "N": r["N"],
+                    "speedup": im["torch.flex"]["median_ms"] / ours,
+                    "time vs causal": ours / im["flashattn.causal"]["median_ms"],
+                    "control": ours / im["flashattn.flex#2"]["median_ms"]})
+    return pd.DataFrame(out)
+
+
+def backward_table(data: dict | None = None, dtype: str = "float16") -> pd.DataFrame:
+    """Workloads x N for people: the backward's speed-up over torch.compile(flex) (below 1:
+    slower) and its time over our dense causal backward's."""
+    f = backward_frame(data, dtype)
+    ns = sorted(f["N"].unique())
+    t = {}
+    for col, key in (("× torch", "speedup"), ("time / dense causal", "time vs causal")):
+        for n in ns:
+            t[f"{_k(n)} {col}"] = f[f["N"] == n].set_index("workload")[key]
+    out = pd.DataFrame(t).loc[[w for w in WORKLOADS if w in set(f["workload"])]]
+    out.index = [WORKLOADS[w] for w in out.index]
+    return out.rename_axis("workload")
+
+
+def blasst_bench(data: dict | None = None) -> pd.DataFrame:
+    """BLASST timed on the GPU: one row per (kind, causal, setting), the share of key tiles it
+    skipped and its speed-up over BLASST off (the time off over the time on). Setting "off#2"
+    is the control (BLASST off, timed twice)."""
+    data = bench(BLASST_BENCH) if data is None else data
+    f = pd.DataFrame(data["rows"])
+    f["skipped %"] = 100 * f["skipped_fraction"]
+    f["speedup"] = f["speedup_vs_off"]
+    f.attrs["meta"] = data["meta"]
+    return f[["kind", "causal", "N", "impl", "T", "skipped %", "speedup", "median_ms",
+              "max_diff_vs_off"]]
+
+
+def blasst_speed_figure(f: pd.DataFrame | None = None):
+    """BLASST's speed-up over BLASST off against the share of key tiles it skipped, one point
+    per (input kind, mask, threshold); the line at 1 is BLASST off."""
+    import matplotlib.pyplot as plt
+    f = blasst_bench() if f is None else f
+    on = f[f["T"].notna()]
+    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    colors = {"random": "#777777", "local": "#d1495b", "sink": "#3b7dd8"}
+    for (kind, causal), g in on.groupby(["kind", "causal"], sort=False):
+        ax.scatter(g["skipped %"], g["speedup"], s=28, color=colors.get(kind),
+                   marker="s" if causal else "o", facecolors="none" if causal else None,
+                   label=f"{kind}{', causal' if causal else ''}")
+    ax.axhline(1.0, color="#444444", lw=0.8)
+    ax.set_xlabel("key tiles skipped (%)")
+    ax.set_ylabel("speed-up over BLASST off (×)")
+    ax.set_xlim(-3, 103)
+    ax.grid(lw=0.4, alpha=0.5)
+    ax.legend(frameon=False, fontsize=8, ncol=3, loc="upper left")
+    fig.tight_layout()
+    plt.close(fig)
+    return fig
+
+
+# Nsight Compute's metrics the chapter's profile card shows, with the card's names.
+CARD_METRICS = {"duration (ms)": "gpu__time_duration.sum",
+                "SM throughput (%)": "sm__throughput.avg.pct_of_peak_sustained_elapsed",
+                "memory throughput (%)":
+                    "gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed",
+                "registers": "launch__registers_per_thread",
+                "threads per CTA": "launch__block_size",
+                "achieved occupancy (%)": "sm__warps_active.avg.pct_of_peak_sustained_active"}
+
+
+def profile(path=PROFILE):
+    """The Nsight Compute summary of the flex and FP8 kernels: one row per (profiled call,
+    kernel), one column per metric."""
+    from ..measure import ncu
+    rows, _rules = ncu.load_summary(str(path))
+    return ncu.wide(rows)
+
+
+def profile_shape(path=PROFILE) -> dict:
+    """The shape every profiled call ran (B, Hq, Hkv, N, D, dtype, causal)."""
+    from flashbook.data.schema import read_json
+    return read_json(str(path))["meta"]["shape"]
+
+
+def profile_card(steps: dict, w: pd.DataFrame | None = None, kernels=("flex_kernel",
+                 "fmha_kernel", "fmha_fp8_kernel", "triton")) -> pd.DataFrame:
+    """The attention kernel of each profiled call (``steps``: {step: the card's name}), with
+    ``CARD_METRICS``; the host's small kernels inside the call are left out (``host_kernels``)."""
+    w = profile() if w is None else w
+    out = {}
+    for step, name in steps.items():
+        g = w[(w["step"] == step) & w["kernel"].str.startswith(kernels)]
+        if len(g) != 1:
+            raise KeyError(f"profile has {len(g)} attention kernels for {step!r}")
+        r = g.iloc[0]
+        out[name] = {k: float(r[m]) for k, m in CARD_METRICS.items()}
+    t = pd.DataFrame(out).T
+    t["duration (ms)"] /= 1e6
+    for c in ("registers", "threads per CTA"):
+        t[c] = t[c].astype(int)
+    return t.rename_axis("kernel")
+
+
+def host_kernels(w: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Per profiled flex call: how many of PyTorch's elementwise kernels ran inside it (host
+    code's tensor operations before the launch) and their total and largest duration (µs)."""
+    w = profile() if w is None else w
+    g = w[w["kernel"].str.startswith("at::")]
+    d = g["gpu__time_duration.sum"] / 1e3
+    return pd.DataFrame({"kernels": g.groupby("step").size(),
+                         "total (µs)": d.groupby(g["step"]).sum(),
+                         "largest (µs)": d.groupby(g["step"]).max()})
 
 
 # --- live GPU timing -------------------------------------------------------------------------

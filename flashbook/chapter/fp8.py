@@ -8,7 +8,9 @@
     fp8.decode_bytes(B, Hkv, Nk, D)   # K+V bytes of one decode step, fp16 against fp8
     fp8.kernel_error_case()       # one small FP8 forward in the interpreter, its error and bound
     fp8.bench()                   # results/h200/fp8: the recorded GPU timings (forward, decode)
-    fp8.forward_speed_table(b)    # speed-up over our fp16 forward per N, causal and not
+    fp8.forward_speed_table(b, D) # speed-up over our fp16 forward per N, causal and not
+    fp8.head_dim_table(b)         # the longest N per head dimension, FP8 against the libraries
+    fp8.profile_card()            # Nsight Compute: the FP8 forward beside the fp16 kernel
     fp8.decode_speed_table(b)     # the FP8 cache against the fp16 cache per B and cache length
 
 The library's FP8 code is ``flashattn.fp8`` and ``flashattn.kernels.fp8``; nothing here is
@@ -275,7 +277,7 @@ def time_fp8_vs_fp16(N: int = 8192, *, B: int = 4, H: int = 16, D: int = 128,
 # The forward's implementations, in the order the chapter shows them, with the book's names.
 FORWARD_IMPLS = {"fp8-vt": "fp8, Vᵀ given", "fp8": "fp8, host transpose",
                  "fp8-vk": "fp8, on-chip transpose", "fp16#2": "fp16 again (control)",
-                 "cudnn": "cuDNN fp16"}
+                 "cudnn": "cuDNN fp16", "fa2": "FlashAttention-2 fp16"}
 
 
 def bench(path: Path | None = None) -> pd.DataFrame:
@@ -292,11 +294,15 @@ def bench(path: Path | None = None) -> pd.DataFrame:
     return df
 
 
-def forward_speed_table(b: pd.DataFrame | None = None) -> pd.DataFrame:
-    """Speed-up over our fp16 forward (its time over each one's, the same rounds), index
-    (mask, N), one column per ``FORWARD_IMPLS`` entry. The default tile only."""
+def forward_speed_table(b: pd.DataFrame | None = None, D: int = 128) -> pd.DataFrame:
+    """Speed-up over our fp16 forward (its time over each one's, the same rounds) at head
+    dimension ``D``, index (mask, N), one column per ``FORWARD_IMPLS`` entry. The default tile
+    only."""
     b = bench() if b is None else b
     f = b[(b.part == "forward") & b.impl.isin(list(FORWARD_IMPLS))].copy()
+    f = f[f.D.astype(int) == D]
+    if f.empty:
+        raise ValueError(f"no forward rows at head dimension {D}")
     f["mask"] = f.causal.map({False: "full", True: "causal"})
     f["N"] = f.N.astype(int)
     t = f.pivot_table(index=["mask", "N"], columns="impl", values="vs_fp16", aggfunc="first")
@@ -306,16 +312,18 @@ def forward_speed_table(b: pd.DataFrame | None = None) -> pd.DataFrame:
     return t
 
 
-def forward_speed_figure(b: pd.DataFrame | None = None):
-    """The forward's speed-up over fp16 against N, full and causal side by side."""
+def forward_speed_figure(b: pd.DataFrame | None = None, D: int = 128):
+    """The forward's speed-up over fp16 against N at head dimension ``D``, full and causal side
+    by side."""
     from .plots import _plt
     b = bench() if b is None else b
-    t = forward_speed_table(b)
+    t = forward_speed_table(b, D)
     plt = _plt()
     fig, axes = plt.subplots(1, 2, figsize=(7.2, 3.6), sharey=True)
     styles = {"fp8, Vᵀ given": ("#d62728", "o", "-"), "fp8, host transpose": ("#ff7f0e", "s", "-"),
               "fp8, on-chip transpose": ("#9467bd", "^", "-"),
-              "fp16 again (control)": ("#7f7f7f", ".", ":"), "cuDNN fp16": ("#2ca02c", "d", "--")}
+              "fp16 again (control)": ("#7f7f7f", ".", ":"), "cuDNN fp16": ("#2ca02c", "d", "--"),
+              "FlashAttention-2 fp16": ("#8c564b", "v", "--")}
     for ax, mask in zip(axes, ("full", "causal")):
         s = t.loc[mask]
         for col, (c, m, ls) in styles.items():
@@ -329,11 +337,47 @@ def forward_speed_figure(b: pd.DataFrame | None = None):
     axes[0].set_ylabel("speed-up over our fp16 (×)")
     handles, labels = axes[0].get_legend_handles_labels()
     fig.legend(handles, labels, frameon=False, fontsize=8, ncol=3, loc="lower center")
-    fig.suptitle(f"FP8 forward, D=128, against our fp16 forward — {b.attrs['meta']['gpu']}",
+    fig.suptitle(f"FP8 forward, D={D}, against our fp16 forward — {b.attrs['meta']['gpu']}",
                  fontsize=10)
     fig.tight_layout(rect=(0, 0.14, 1, 1))
     plt.close(fig)
     return fig
+
+
+def head_dim_table(b: pd.DataFrame | None = None, N: int | None = None) -> pd.DataFrame:
+    """At one length (the longest recorded by default), per head dimension and mask: the speed-up
+    over our fp16 forward of the FP8 paths, cuDNN and FlashAttention-2, and FP8 (Vᵀ given) over
+    each of the two libraries."""
+    b = bench() if b is None else b
+    f = b[(b.part == "forward") & b.impl.isin(list(FORWARD_IMPLS))].copy()
+    N = int(f.N.max()) if N is None else N
+    f = f[f.N.astype(int) == N]
+    f["mask"] = f.causal.map({False: "full", True: "causal"})
+    f["D"] = f.D.astype(int)
+    t = f.pivot_table(index=["D", "mask"], columns="impl", values="vs_fp16", aggfunc="first")
+    out = pd.DataFrame({"fp8, Vᵀ given": t["fp8-vt"], "fp8, host transpose": t["fp8"],
+                        "cuDNN fp16": t["cudnn"], "FlashAttention-2 fp16": t["fa2"],
+                        "fp8 Vᵀ / cuDNN": t["fp8-vt"] / t["cudnn"],
+                        "fp8 Vᵀ / FA2": t["fp8-vt"] / t["fa2"]})
+    out = out.reindex(["full", "causal"], level="mask")
+    out.attrs["N"] = N
+    return out
+
+
+def profile_card(w: pd.DataFrame | None = None) -> pd.DataFrame:
+    """The Nsight Compute card of the FP8 forward beside our dense fp16 kernel (``best``), one
+    call each, with the CTAs each SM holds (from the theoretical occupancy: 64 warps per SM on
+    Hopper)."""
+    from . import flex
+    w = flex.profile() if w is None else w
+    card = flex.profile_card({"fp8_forward": "fp8 forward (Vᵀ given)", "best": "fp16 forward"}, w)
+    occ = {}
+    for step, name in (("fp8_forward", "fp8 forward (Vᵀ given)"), ("best", "fp16 forward")):
+        r = w[(w["step"] == step) & w["kernel"].str.startswith("fmha")].iloc[0]
+        warps = r["sm__maximum_warps_per_active_cycle_pct"] / 100 * 64
+        occ[name] = int(round(warps / (r["launch__block_size"] / 32)))
+    card["CTAs per SM"] = pd.Series(occ)
+    return card
 
 
 def decode_speed_table(b: pd.DataFrame | None = None) -> pd.DataFrame:
