@@ -37,11 +37,12 @@ def online_softmax_update(qk, m_i, l_i, acc, qk_scale, GUARD: ConstBool, FLUSH: 
 
     qk: [TILE_M, TILE_N] masked raw scores; m_i, l_i: [TILE_M, 1] running max (scaled by
     qk_scale, log2 units) and running sum; acc: [TILE_M, TILE_D] unnormalised output, returned
-    rescaled (the caller adds P V). GUARD: a row whose scores are all -inf so far (it sees no
-    key yet) keeps m_i = -inf and p = 0 instead of -inf - -inf = NaN. FLUSH: denormals to zero,
-    so exp2 is one MUFU.EX2 with no range fix-up (chapter 6). P_SHIFT: p = 2^(s - m + P_SHIFT),
-    in [0, 2^P_SHIFT], so an FP8 P keeps the small probabilities (chapter 14); l_i carries the
-    same factor and the final division cancels it.
+    rescaled (the caller adds P V).
+    GUARD: a row whose scores are all -inf so far (it sees no key yet) keeps m_i = -inf and
+        p = 0 instead of -inf - -inf = NaN.
+    FLUSH: denormals to zero, so exp2 is one MUFU.EX2 with no range fix-up (chapter 6).
+    P_SHIFT: p = 2^(s - m + P_SHIFT), in [0, 2^P_SHIFT], so an FP8 P keeps its small
+        probabilities (chapter 14); l_i carries the same factor, the final division cancels it.
     """
     # The scale is applied after the row max: one multiply per row instead of per element.
     m_ij = max(m_i, ct.max(qk, axis=-1, keepdims=True) * qk_scale)  # [TILE_M, 1]
@@ -51,7 +52,7 @@ def online_softmax_update(qk, m_i, l_i, acc, qk_scale, GUARD: ConstBool, FLUSH: 
     if P_SHIFT:
         p = ct.exp2(qk * qk_scale - (m_use - P_SHIFT), flush_to_zero=FLUSH)  # [TILE_M, TILE_N]
     else:
-        p = ct.exp2(qk * qk_scale - m_use, flush_to_zero=FLUSH)      # [TILE_M, TILE_N]
+        p = ct.exp2(qk * qk_scale - m_use, flush_to_zero=FLUSH)          # [TILE_M, TILE_N]
     alpha = ct.exp2(m_i - m_use, flush_to_zero=FLUSH)                # [TILE_M, 1]
     l_i = l_i * alpha + ct.sum(p, axis=-1, keepdims=True)            # [TILE_M, 1]
     acc = acc * alpha                                                # [TILE_M, TILE_D]

@@ -96,10 +96,15 @@ def attend_query_tile(Q, K, V, Out, Lse, qk_scale, input_pos, bid_x, batch_idx, 
     q = ct.load(Q, index=(batch_idx, head_idx, bid_x, 0), shape=(1, 1, TILE_M, TILE_D),
                 padding_mode=ct.PaddingMode.ZERO).reshape((TILE_M, TILE_D))  # [TILE_M, TILE_D]
 
-    # --- Which key tiles this query tile visits (chapter 7) ---
+    # --- Which key tiles this query tile visits (causal: none past the diagonal) ---
     k_seqlen = K.shape[2]
-    Tc, mask_start = key_tile_range(input_pos + bid_x * TILE_M, input_pos + (bid_x + 1) * TILE_M,
-                                    k_seqlen, TILE_N, CAUSAL)
+    if SPLIT_LOOP:
+        # Chapter 7: and from which one on the mask is needed.
+        Tc, mask_start = key_tile_range(input_pos + bid_x * TILE_M,
+                                        input_pos + (bid_x + 1) * TILE_M, k_seqlen, TILE_N, CAUSAL)
+    else:
+        Tc, _ = key_tile_range(input_pos + bid_x * TILE_M, input_pos + (bid_x + 1) * TILE_M,
+                               k_seqlen, TILE_N, CAUSAL)
 
     if PIPELINE:
         # Chapter 10: S of key tile 0 before the loop; in the loop, S of tile j + 1 is issued
