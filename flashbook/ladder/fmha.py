@@ -158,7 +158,7 @@ def attend_query_tile(Q, K, V, Out, Lse, qk_scale, input_pos, bid_x, batch_idx, 
         elif EXP_POLY:
             p, m_i, l_i, acc = online_softmax_update_poly(qk, m_i, l_i, acc, qk_scale, EXP_POLY)
         else:
-            # Every row sees key 0 (the contract): no guard; fast math flushes denormals (chapter 6).
+            # Every row sees key 0 (the contract): no guard. FLUSH: fast math, chapter 6.
             p, m_i, l_i, acc = online_softmax_update(qk, m_i, l_i, acc, qk_scale, GUARD=False,
                                                      FLUSH=FAST_MATH)
 
