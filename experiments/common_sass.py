@@ -1,6 +1,6 @@
 """Issue 21 item 3: the SASS of every shipped kernel at its shipped configuration, to compare
 before/after moving the kernel math into ``flashattn/kernels/common.py`` (no GPU: tileiras and
-cuobjdump). python experiments/common_sass.py OUT.json [sm_90|sm_100|''] [KERNEL]; compare two runs with
+cuobjdump). python experiments/common_sass.py OUT.json [sm_90|sm_100|''] [KERNEL[,KERNEL]]; compare two runs with
 python experiments/common_sass.py --diff BEFORE.json AFTER.json."""
 import collections, hashlib, json, re, sys
 
@@ -54,13 +54,87 @@ def cases(only=None):
                 yield arch, "varlen_fwd", f"{vc.label()} causal={causal} q_tiles={qt}", K.VARLEN_FWD, c, vc.hints()
 
 
+def extra_cases(only=None):
+    """The flex forward/backward (a mask mod, a score mod) and the FP8 forward and decode split,
+    sm_90, D=128: (arch, name, label, compile) with compile() -> a KernelReport with sass_text."""
+    if only and only != "sm_90":
+        return
+    arch = "sm_90"
+    from flashattn import aot, flex, mods
+    from flashattn.fp8 import compile_cases, compile_report
+    for label, kw in (("causal mask", dict(mask=mods.causal())),
+                      ("softcap score", dict(score=mods.softcap(30.0), block_size=None)),
+                      ("softcap+causal ragged lse", dict(score=mods.softcap(30.0),
+                                                         mask=mods.causal(), Nk=8000,
+                                                         write_lse=True))):
+        yield arch, "flex", label, lambda kw=kw: flex.compile_flex(arch, keep_sass=True, **kw)
+    for label, kw in (("causal mask", dict(mask=mods.causal())),
+                      ("softcap score", dict(score=mods.softcap(30.0), block_size=None))):
+        for i, name in enumerate(("flex_dq", "flex_dkdv")):
+            yield arch, name, label, lambda kw=kw, i=i: _with_sass(
+                lambda: flex.compile_flex_bwd(arch, **kw)[i], i)
+    for case in compile_cases(archs=(arch,), quick=True):
+        if case["kernel"] == "fmha_fp8" and not (case["v_t"] and case["fp8"] == "float8_e4m3fn"
+                                                 and case.get("fast_acc")):
+            continue
+        if case["kernel"] == "decode_split_fp8" and case["final"]:
+            continue
+        label = (f"causal={case['causal']}" if case["kernel"] == "fmha_fp8"
+                 else f"rows=4 page={case['page']}")
+        yield arch, case["kernel"], label, lambda case=case: _fp8(case)
+
+
+_SASS = []
+
+
+def _with_sass(fn, i):
+    """compile_flex_bwd keeps no SASS text: catch the i-th cubin analysis of the call."""
+    from flashattn import aot
+    orig = aot.analyze_cubin
+    _SASS.clear()
+
+    def keep(path):
+        a = orig(path)
+        _SASS.append(a["sass_text"])
+        return a
+    aot.analyze_cubin = keep
+    try:
+        r = fn()
+    finally:
+        aot.analyze_cubin = orig
+    r.sass_text = _SASS[i] if len(_SASS) > i else ""
+    return r
+
+
+def _fp8(case):
+    from flashattn import aot
+    orig = aot.compile_spec
+    got = []
+
+    def keep(*a, **kw):
+        kw["use_cache"] = False
+        r = orig(*a, **kw)
+        got.append(r)
+        return r
+    aot.compile_spec = keep
+    try:
+        from flashattn.fp8 import compile_report
+        compile_report([case])
+    finally:
+        aot.compile_spec = orig
+    return got[0]
+
+
 def run(out, only=None, kernel=None):
     from flashattn.aot import compile_spec
     rows = []
-    for arch, name, label, spec, c, hints in cases(only):
-        if kernel and name != kernel:
+    todo = [(arch, name, label, lambda spec=spec, arch=arch, c=c, hints=hints, label=label:
+             compile_spec(spec, arch, c, hints=hints, label=label, keep_sass=True, use_cache=False))
+            for arch, name, label, spec, c, hints in cases(only)]
+    for arch, name, label, fn in todo + list(extra_cases(only)):
+        if kernel and name not in kernel.split(","):
             continue
-        r = compile_spec(spec, arch, c, hints=hints, label=label, keep_sass=True, use_cache=False)
+        r = fn()
         text = "\n".join(x for x in getattr(r, "sass_text", "").splitlines() if "Function :" not in x)
         row = dict(arch=arch, kernel=name, case=label, err=r.error[:200], reg=r.registers,
                    stack=r.stack_bytes, shared=r.shared_bytes, lines=r.sass_lines,

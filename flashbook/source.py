@@ -128,12 +128,34 @@ def _substitute_flags(src: str, env: dict) -> str:
     return out
 
 
+def _substitute_helper_args(src: str, env: dict) -> str:
+    """Write flag values where flags are passed to the helpers of ``flashattn/kernels/common.py``
+    (``mask_scores(..., CAUSAL, EVEN_K)``): the helper folds them where it is inlined."""
+    tree = ast.parse(src)
+    helpers = {a.asname or a.name for n in tree.body if isinstance(n, ast.ImportFrom)
+               and (n.module or "").endswith("kernels.common") for a in n.names}
+    lines = src.split("\n")
+    spots = []
+    for call in ast.walk(tree):
+        if isinstance(call, ast.Call) and isinstance(call.func, ast.Name) \
+                and call.func.id in helpers:
+            for arg in [*call.args, *(k.value for k in call.keywords)]:
+                if isinstance(arg, ast.Name) and arg.id in env:
+                    spots.append((arg.lineno - 1, arg.col_offset, arg.end_col_offset,
+                                  repr(env[arg.id])))
+    for ln, c0, c1, val in sorted(spots, reverse=True):
+        line = lines[ln]
+        a, b = _byte_to_char(line, c0), _byte_to_char(line, c1)
+        lines[ln] = line[:a] + val + line[b:]
+    return "\n".join(lines)
+
+
 def specialize(src: str, flags: dict) -> str:
     """Fold ``if`` statements whose tests depend only on ``flags`` (name -> bool)."""
     while True:
         nxt = _fold_once(src, flags)
         if nxt is None:
-            return _substitute_flags(src, flags)
+            return _substitute_helper_args(_substitute_flags(src, flags), flags)
         src = nxt
 
 
@@ -450,8 +472,72 @@ def step_source(name: str, *, causal: bool | None = None, even_k: bool | None = 
     else:
         src = prune_unused(src, OUTPUT_PARAMS + LATE_FLAGS)
     if functions:
-        src = "\n\n".join(_function_source(src, f) for f in functions)
+        src = "\n\n".join(_function_source(src, f) if _defines(src, f) else
+                           common_helper_source(f, src, env, prune=prune) for f in functions)
     return src
+
+
+_COMMON = "flashattn.kernels.common"
+
+
+def _defines(src: str, name: str) -> bool:
+    return any(isinstance(n, ast.FunctionDef) and n.name == name for n in ast.parse(src).body)
+
+
+def common_helper_source(name: str, caller_src: str, env: dict, *, prune: bool = True) -> str:
+    """A helper the kernel imports from ``flashattn/kernels/common.py`` (the math written once),
+    as ``caller_src`` calls it: the compile-time arguments of its call (``GUARD=False``, a flag
+    of ``env``, a default) folded in and, with ``prune``, the parameters that leaves unread
+    dropped with their ``NAME:`` lines of the docstring."""
+    spec = importlib.util.find_spec(_COMMON)
+    with open(spec.origin, encoding="utf-8") as f:
+        common = f.read()
+    helper = _function_source(common, name)                  # KeyError: not a common helper
+    fn = ast.parse(helper).body[0]
+    params = [a.arg for a in fn.args.args]
+    consts = {}
+    for a, d in zip(fn.args.args[len(params) - len(fn.args.defaults):], fn.args.defaults):
+        if isinstance(d, ast.Constant):
+            consts[a.arg] = d.value
+
+    def value(node):
+        if isinstance(node, ast.Constant) and isinstance(node.value, (bool, int)):
+            return node.value
+        if isinstance(node, ast.Name) and node.id in env:
+            return env[node.id]
+        return None
+    calls = [c for c in ast.walk(ast.parse(caller_src)) if isinstance(c, ast.Call)
+             and isinstance(c.func, ast.Name) and c.func.id == name]
+    for call in calls[:1]:                                    # the kernel's (first) call
+        passed = list(zip(params, call.args)) + [(k.arg, k.value) for k in call.keywords]
+        for p, node in passed:
+            v = value(node)
+            if v is None:
+                consts.pop(p, None)
+            else:
+                consts[p] = v
+    helper = specialize(helper, consts)
+    if prune:
+        # A folded parameter's default goes first, so dropping the parameter drops it too.
+        head_end = helper.index("):")
+        head = helper[:head_end]
+        for p in consts:
+            head = re.sub(rf"\b({p}(?:\s*:\s*[\w.\[\]]+)?)\s*=\s*[^,)]+", r"\1", head)
+        helper = head + helper[head_end:]
+        while (out := _prune_param(helper, None)) is not None:
+            helper, _, param = out
+            lines = helper.split("\n")
+            for i, ln in enumerate(lines):
+                if ln.strip().startswith(f"{param}:"):
+                    ind = len(ln) - len(ln.lstrip())
+                    j = i + 1
+                    while j < len(lines) and lines[j].strip() and \
+                            len(lines[j]) - len(lines[j].lstrip()) > ind:
+                        j += 1
+                    del lines[i:j]
+                    break
+            helper = "\n".join(lines)
+    return helper
 
 
 def kernel_params(src: str, function: str = "fmha_kernel") -> list[str]:

@@ -225,7 +225,7 @@ def test_prune_true_drops_later_chapters_locals():
         assert "mask_start" not in base and "chapter 7" not in base
         assert "mask_start" in step_source("loop_split", causal=causal, even_k=causal, prune=True)
     d = step_diff("loop_split", prune=True)
-    assert "+        mask_start = k_seqlen // TILE_N" in d
+    assert "+    Tc, mask_start = key_tile_range(" in d
 
 
 def test_dead_assignments_keep_bodies_and_stores():
@@ -248,3 +248,20 @@ def test_kernel_params_counts_the_listing():
         kernel_params(src, "nope")
     from flashbook.source import step_params
     assert step_params("baseline", causal=True, even_k=True, prune=True) == kernel_params(src)
+
+
+def test_common_helpers_list_as_the_step_calls_them():
+    # The math written once (flashattn/kernels/common.py) lists with the step's constants
+    # folded in: chapter 2's update has no guard, no shift and exact exp2 in the baseline.
+    base = step_source("baseline", causal=True, even_k=True, prune=True,
+                       functions=("online_softmax_update",))
+    assert base.startswith("def online_softmax_update(qk, m_i, l_i, acc, qk_scale):")
+    assert "GUARD" not in base and "P_SHIFT" not in base and "flush_to_zero=False" in base
+    fast = step_source("fast_math", causal=True, even_k=True, prune=True,
+                       functions=("online_softmax_update",))
+    assert "flush_to_zero=True" in fast and "flush_to_zero=False" not in fast
+    mask = step_source("baseline", prune=True, functions=("mask_scores",))
+    assert "ct.where(mask, qk, -math.inf)" in mask and "EVEN_K" in mask
+    # The call sites read the step's constants too.
+    assert "k_seqlen, TILE_N, True)" in step_source("baseline", causal=True, even_k=True,
+                                                     prune=True)

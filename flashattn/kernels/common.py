@@ -1,6 +1,7 @@
 """The attention math every kernel shares, written once: cuTile inlines these helpers into the
 kernels that import them (forward ``fmha.py``, backward ``fmha_bwd.py``, decoding ``decode.py``,
-packed varlen ``varlen.py``), so a helper costs no call.
+packed varlen ``varlen.py``, flex ``flex.py``/``flex_bwd.py``, FP8 ``fp8.py``), so a helper
+costs no call.
 
 Scores are in log2 units after ``qk_scale * INV_LOG_2``: the hardware has exp2 (MUFU.EX2).
 """
@@ -30,21 +31,28 @@ def mask_scores(qk, offs_m, offs_n, k_seqlen, CAUSAL: ConstBool, EVEN_K: ConstBo
     return ct.where(mask, qk, -math.inf)
 
 
-def online_softmax_update(qk, m_i, l_i, acc, qk_scale, GUARD: ConstBool, FLUSH: ConstBool):
+def online_softmax_update(qk, m_i, l_i, acc, qk_scale, GUARD: ConstBool, FLUSH: ConstBool,
+                          P_SHIFT: ConstInt = 0):
     """One block of the online softmax (chapter 2): returns p and the updated m_i, l_i, acc.
 
     qk: [TILE_M, TILE_N] masked raw scores; m_i, l_i: [TILE_M, 1] running max (scaled by
     qk_scale, log2 units) and running sum; acc: [TILE_M, TILE_D] unnormalised output, returned
-    rescaled (the caller adds P V). GUARD: a row whose scores are all -inf so far (it sees no
-    key yet) keeps m_i = -inf and p = 0 instead of -inf - -inf = NaN. FLUSH: denormals to zero,
-    so exp2 is one MUFU.EX2 with no range fix-up (chapter 6).
+    rescaled (the caller adds P V).
+    GUARD: a row whose scores are all -inf so far (it sees no key yet) keeps m_i = -inf and
+        p = 0 instead of -inf - -inf = NaN.
+    FLUSH: denormals to zero, so exp2 is one MUFU.EX2 with no range fix-up (chapter 6).
+    P_SHIFT: p = 2^(s - m + P_SHIFT), in [0, 2^P_SHIFT], so an FP8 P keeps its small
+        probabilities (chapter 14); l_i carries the same factor, the final division cancels it.
     """
     # The scale is applied after the row max: one multiply per row instead of per element.
     m_ij = max(m_i, ct.max(qk, axis=-1, keepdims=True) * qk_scale)  # [TILE_M, 1]
     m_use = m_ij
     if GUARD:
         m_use = ct.where(m_ij == -math.inf, 0.0, m_ij)
-    p = ct.exp2(qk * qk_scale - m_use, flush_to_zero=FLUSH)          # [TILE_M, TILE_N]
+    if P_SHIFT:
+        p = ct.exp2(qk * qk_scale - (m_use - P_SHIFT), flush_to_zero=FLUSH)  # [TILE_M, TILE_N]
+    else:
+        p = ct.exp2(qk * qk_scale - m_use, flush_to_zero=FLUSH)          # [TILE_M, TILE_N]
     alpha = ct.exp2(m_i - m_use, flush_to_zero=FLUSH)                # [TILE_M, 1]
     l_i = l_i * alpha + ct.sum(p, axis=-1, keepdims=True)            # [TILE_M, 1]
     acc = acc * alpha                                                # [TILE_M, TILE_D]

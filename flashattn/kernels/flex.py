@@ -1,4 +1,4 @@
-"""FlexAttention in cuTile: a score function and a mask compiled into the fused kernel (issue 23).
+"""FlexAttention in cuTile: a score function and a mask compiled into the fused kernel (chapter 13).
 
 ``make_flex_kernel(score_fn, mask_fn, n_score, n_mask)`` builds one ``@ct.kernel`` per pair of
 mods: the mods are plain ``def``s captured in the factory's closure (cuTile reads their source
@@ -41,11 +41,9 @@ import math
 import cuda.tile as ct
 from cuda.tile import RoundingMode as RMd
 
-ConstInt = ct.Constant[int]
-ConstBool = ct.Constant[bool]
-ConstFloat = ct.Constant[float]
+from .common import INV_LOG_2, ConstBool, ConstInt, mask_scores, online_softmax_update
 
-INV_LOG_2 = 1.0 / math.log(2)  # exp(x) = exp2(x * log2(e))
+ConstFloat = ct.Constant[float]
 
 
 def identity_score(score, b, h, q_idx, kv_idx):
@@ -127,7 +125,7 @@ def make_flex_kernel(score_fn=None, mask_fn=None, n_score: int = 0, n_mask: int 
                 qk = ct.where(keep, qk, -math.inf)                   # the safe form
         if not EVEN_K:
             if j >= k_seqlen // TILE_N:
-                qk = ct.where(offs_n < k_seqlen, qk, -math.inf)      # keys past Nk
+                qk = mask_scores(qk, offs_m, offs_n, k_seqlen, False, False)  # keys past Nk
         if BLASST:
             # Dynamic skipping: keep the tile if some row's max comes within BLASST_T of its
             # running max (log2 units); a cross-warp reduction and a branch per tile.
@@ -243,19 +241,12 @@ def make_flex_kernel(score_fn=None, mask_fn=None, n_score: int = 0, n_mask: int 
 
 def flex_softmax_pv(V, qk, m_i, l_i, acc, j, batch_idx, kv_head, qk_scale,
                     TILE_N: ConstInt, TILE_D: ConstInt, GUARD: ConstBool):
-    """The online softmax of one tile (chapter 2) and O += P V. With ``GUARD`` a row whose
-    scores are all -inf so far keeps m = -inf without NaN (-inf - -inf)."""
-    m_ij = max(m_i, ct.max(qk, axis=-1, keepdims=True) * qk_scale)  # [TILE_M, 1]
-    if GUARD:
-        m_use = ct.where(m_ij == -math.inf, 0.0, m_ij)               # [TILE_M, 1]
-    else:
-        m_use = m_ij
-    p = ct.exp2(qk * qk_scale - m_use, flush_to_zero=True)           # [TILE_M, TILE_N]
-    alpha = ct.exp2(m_i - m_use, flush_to_zero=True)                 # [TILE_M, 1]
-    l_i = l_i * alpha + ct.sum(p, axis=-1, keepdims=True)            # [TILE_M, 1]
-    acc = acc * alpha                                                # [TILE_M, TILE_D]
+    """The online softmax of one tile (``common.online_softmax_update``, chapter 2) and
+    O += P V. With ``GUARD`` a row whose scores are all -inf so far keeps m = -inf without NaN."""
+    p, m_i, l_i, acc = online_softmax_update(qk, m_i, l_i, acc, qk_scale, GUARD=GUARD,
+                                             FLUSH=True)
     v = ct.load(V, index=(batch_idx, kv_head, j, 0), shape=(1, 1, TILE_N, TILE_D),
                 latency=4, padding_mode=ct.PaddingMode.ZERO)
     v = v.reshape((TILE_N, TILE_D))                                  # [TILE_N, TILE_D]
     acc = ct.mma(p.astype(V.dtype), v, acc)                           # O += P V
-    return m_ij, l_i, acc
+    return m_i, l_i, acc

@@ -1,4 +1,4 @@
-"""The flex backward (issue 23): dQ and dK/dV for a score function and a mask compiled in.
+"""The flex backward (chapter 13): dQ and dK/dV for a score function and a mask compiled in.
 
 ``make_flex_bwd_kernels(score_fn, grad_fn, mask_fn, n_score, n_mask)`` builds two kernels per
 pair of mods, as ``flex.py`` does for the forward:
@@ -20,12 +20,8 @@ import math
 
 import cuda.tile as ct
 
+from .common import INV_LOG_2, ConstBool, ConstInt, mask_scores
 from .flex import _mask_caller, _score_caller, identity_score, no_mask
-
-ConstInt = ct.Constant[int]
-ConstBool = ct.Constant[bool]
-
-INV_LOG_2 = 1.0 / math.log(2)
 
 
 def one_grad(score, b, h, q_idx, kv_idx):
@@ -60,7 +56,7 @@ def make_flex_bwd_kernels(score_fn=None, grad_fn=None, mask_fn=None, n_score: in
                 s = ct.where(call_mask(batch_idx, head_idx, offs_m, offs_n, M0, M1, M2), s,
                              -math.inf)
         if not EVEN_K:
-            s = ct.where(offs_n < k_seqlen, s, -math.inf)            # keys past Nk
+            s = mask_scores(s, offs_m, offs_n, k_seqlen, False, False)  # keys past Nk
         if not EVEN_M:
             s = ct.where(offs_m < q_seqlen, s, -math.inf)            # queries past Nq
         lse_use = ct.where(lse == -math.inf, 0.0, lse)               # [TILE_M, 1]

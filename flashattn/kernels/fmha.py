@@ -3,8 +3,10 @@
 It is the book's ladder kernel (``flashbook/ladder/fmha.py``, 16 compile-time flags) with the
 flags the library ships folded in: fast math (chapter 6), the mask only on the diagonal tiles
 (chapter 7) and the longest causal tiles first (chapter 8). ``tests/test_shipped_kernel.py``
-checks that folding the ladder gives this file. Tile shapes and hints per architecture are in
-``flashattn.steps`` (the search spaces), the constants and grid in ``flashattn.kernels``.
+checks that folding the ladder gives this file. The mask, the online softmax and the key-tile
+range are ``common.py``'s, shared with the backward, decoding and varlen kernels. Tile shapes
+and hints per architecture are in ``flashattn.steps`` (the search spaces), the constants and
+grid in ``flashattn.kernels``.
 
 Layout is that of ``torch.nn.functional.scaled_dot_product_attention``::
 
@@ -17,43 +19,8 @@ import math
 import cuda.tile as ct
 from cuda.tile import RoundingMode as RMd
 
-ConstInt = ct.Constant[int]
-ConstBool = ct.Constant[bool]
-
-INV_LOG_2 = 1.0 / math.log(2)  # exp(x) = exp2(x * log2(e)): the hardware has exp2 (MUFU.EX2)
-
-
-def mask_scores(qk, offs_m, offs_n_tile, j, k_seqlen,
-                TILE_N: ConstInt, CAUSAL: ConstBool, EVEN_K: ConstBool):
-    """Add -inf where key ``j * TILE_N + n`` is past the sequence or, if causal, in the future.
-
-    qk: [TILE_M, TILE_N] raw scores; offs_m: [TILE_M, 1] absolute query positions;
-    offs_n_tile: [1, TILE_N] key offsets inside the tile. Chapter 4 draws this mask.
-    """
-    offs_n = j * TILE_N + offs_n_tile                                # [1, TILE_N]
-    mask = ct.full(qk.shape, True, dtype=ct.bool_)                  # [TILE_M, TILE_N]
-    if not EVEN_K:
-        mask = mask & (offs_n < k_seqlen)                            # keys past Nk
-    if CAUSAL:
-        mask = mask & (offs_m >= offs_n)                             # future keys
-    return qk + ct.where(mask, 0.0, -math.inf)                       # [TILE_M, TILE_N]
-
-
-def online_softmax_update(qk, m_i, l_i, acc, qk_scale):
-    """One block of the online softmax (chapter 2): returns p and the updated m_i, l_i, acc.
-
-    qk: [TILE_M, TILE_N] masked raw scores; m_i, l_i: [TILE_M, 1] running max (already scaled
-    by qk_scale, in log2 units) and running sum; acc: [TILE_M, TILE_D] unnormalised output.
-    """
-    # The scale is applied after the row max: one multiply per row instead of per element.
-    m_ij = max(m_i, ct.max(qk, axis=-1, keepdims=True) * qk_scale)  # [TILE_M, 1]
-    qk = qk * qk_scale - m_ij                                        # [TILE_M, TILE_N]
-    # Chapter 6: flush denormals to zero, so exp2 is one MUFU.EX2 with no range fix-up.
-    p = ct.exp2(qk, flush_to_zero=True)                              # [TILE_M, TILE_N]
-    alpha = ct.exp2(m_i - m_ij, flush_to_zero=True)                  # [TILE_M, 1]
-    l_i = l_i * alpha + ct.sum(p, axis=-1, keepdims=True)            # [TILE_M, 1]
-    acc = acc * alpha                                                # [TILE_M, TILE_D]
-    return p, m_ij, l_i, acc
+from flashattn.kernels.common import (INV_LOG_2, ConstBool, ConstInt, key_tile_range, mask_scores,
+                                      online_softmax_update)
 
 
 def attend_query_tile(Q, K, V, Out, Lse, qk_scale, input_pos, bid_x, batch_idx, head_idx, kv_head,
@@ -72,17 +39,11 @@ def attend_query_tile(Q, K, V, Out, Lse, qk_scale, input_pos, bid_x, batch_idx, 
     q = ct.load(Q, index=(batch_idx, head_idx, bid_x, 0), shape=(1, 1, TILE_M, TILE_D),
                 padding_mode=ct.PaddingMode.ZERO).reshape((TILE_M, TILE_D))  # [TILE_M, TILE_D]
 
-    # --- Which key tiles this query tile visits ---
+    # --- Which key tiles this query tile visits (causal: none past the diagonal) ---
     k_seqlen = K.shape[2]
-    if CAUSAL:
-        # Tiles past the diagonal are fully masked: stop before them.
-        m_end = input_pos + (bid_x + 1) * TILE_M
-        Tc = ct.cdiv(min(m_end, k_seqlen), TILE_N)
-        # First tile that can hold a future key (or the ragged end of K): chapter 7.
-        mask_start = min((input_pos + bid_x * TILE_M) // TILE_N, k_seqlen // TILE_N)
-    else:
-        Tc = ct.cdiv(k_seqlen, TILE_N)
-        mask_start = k_seqlen // TILE_N
+    # Chapter 7: and from which one on the mask is needed.
+    Tc, mask_start = key_tile_range(input_pos + bid_x * TILE_M,
+                                    input_pos + (bid_x + 1) * TILE_M, k_seqlen, TILE_N, CAUSAL)
 
     # --- Main loop over key/value tiles ---
     for j in range(0, Tc):
@@ -95,9 +56,11 @@ def attend_query_tile(Q, K, V, Out, Lse, qk_scale, input_pos, bid_x, batch_idx, 
 
         # Only tiles that straddle the diagonal (or the end of K) need the mask.
         if (CAUSAL or not EVEN_K) and j >= mask_start:
-            qk = mask_scores(qk, offs_m, offs_n_tile, j, k_seqlen, TILE_N, CAUSAL, EVEN_K)
+            qk = mask_scores(qk, offs_m, j * TILE_N + offs_n_tile, k_seqlen, CAUSAL, EVEN_K)
 
-        p, m_i, l_i, acc = online_softmax_update(qk, m_i, l_i, acc, qk_scale)
+        # Every row sees key 0 (the contract): no guard. FLUSH: fast math, chapter 6.
+        p, m_i, l_i, acc = online_softmax_update(qk, m_i, l_i, acc, qk_scale, GUARD=False,
+                                                 FLUSH=True)
 
         v = ct.load(V, index=(batch_idx, kv_head, j, 0), shape=(1, 1, TILE_N, TILE_D),
                     latency=V_LAT, padding_mode=ct.PaddingMode.ZERO)

@@ -1,4 +1,4 @@
-"""FP8 attention kernels (issue 24): a forward built for FP8 tensor cores, and split-KV decoding
+"""FP8 attention kernels (chapter 14): a forward built for FP8 tensor cores, and split-KV decoding
 over an FP8 KV cache.
 
 The forward (``fmha_fp8_kernel``), FlashAttention-3's recipe in cuTile::
@@ -35,12 +35,9 @@ import math
 
 import cuda.tile as ct
 
+from .common import (INV_LOG_2, ConstBool, ConstInt, key_tile_range, mask_scores,
+                     online_softmax_update)
 from .decode import merge_splits
-
-ConstInt = ct.Constant[int]
-ConstBool = ct.Constant[bool]
-
-INV_LOG_2 = 1.0 / math.log(2)  # exp(x) = exp2(x * log2(e))
 
 
 @ct.kernel
@@ -79,15 +76,10 @@ def fmha_fp8_kernel(Q, K, V, Out, QDescale, KDescale, VDescale,
     q = ct.load(Q, index=(batch_idx, head_idx, bid_x, 0), shape=(1, 1, TILE_M, TILE_D),
                 padding_mode=ct.PaddingMode.ZERO).reshape((TILE_M, TILE_D))  # [TILE_M, TILE_D] fp8
 
-    # --- Which key tiles this query tile visits ---
+    # --- Which key tiles this query tile visits (chapter 7) ---
     k_seqlen = K.shape[2]
-    if CAUSAL:
-        m_end = input_pos + (bid_x + 1) * TILE_M
-        Tc = ct.cdiv(min(m_end, k_seqlen), TILE_N)                   # stop at the diagonal
-        mask_start = min((input_pos + bid_x * TILE_M) // TILE_N, k_seqlen // TILE_N)
-    else:
-        Tc = ct.cdiv(k_seqlen, TILE_N)
-        mask_start = k_seqlen // TILE_N
+    Tc, mask_start = key_tile_range(input_pos + bid_x * TILE_M, input_pos + (bid_x + 1) * TILE_M,
+                                    k_seqlen, TILE_N, CAUSAL)
 
     for j in range(0, Tc):
         # --- S = Q K^T: K read transposed from its (Nk, D) memory, K-major for the MMA ---
@@ -98,21 +90,11 @@ def fmha_fp8_kernel(Q, K, V, Out, QDescale, KDescale, VDescale,
         qk = ct.mma(q, k, qk, use_fast_acc=FAST_ACC)                 # [TILE_M, TILE_N] fp32
 
         if (CAUSAL or not EVEN_K) and j >= mask_start:
-            offs_n = j * TILE_N + offs_n_tile                        # [1, TILE_N]
-            mask = ct.full((TILE_M, TILE_N), True, dtype=ct.bool_)
-            if not EVEN_K:
-                mask = mask & (offs_n < k_seqlen)                    # keys past Nk
-            if CAUSAL:
-                mask = mask & (offs_m >= offs_n)                     # future keys
-            qk = qk + ct.where(mask, 0.0, -math.inf)
+            qk = mask_scores(qk, offs_m, j * TILE_N + offs_n_tile, k_seqlen, CAUSAL, EVEN_K)
 
         # --- Online softmax in fp32; P scaled by 2^P_SHIFT into e4m3's range ---
-        m_ij = max(m_i, ct.max(qk, axis=-1, keepdims=True) * scale)  # [TILE_M, 1]
-        p = ct.exp2(qk * scale - (m_ij - P_SHIFT), flush_to_zero=True)  # [TILE_M, TILE_N]
-        alpha = ct.exp2(m_i - m_ij, flush_to_zero=True)              # [TILE_M, 1]
-        l_i = l_i * alpha + ct.sum(p, axis=-1, keepdims=True)        # [TILE_M, 1]
-        acc = acc * alpha                                            # [TILE_M, TILE_D]
-        m_i = m_ij
+        p, m_i, l_i, acc = online_softmax_update(qk, m_i, l_i, acc, scale, GUARD=False,
+                                                 FLUSH=True, P_SHIFT=P_SHIFT)
 
         # --- O += P V, both operands fp8 ---
         if V_T:
@@ -215,14 +197,11 @@ def decode_split_fp8_kernel(Q, K, V, BlockTable, SeqLens, KDescale, VDescale, Op
                              padding_mode=ct.PaddingMode.ZERO).reshape((TILE_M, HALF_D))
                 qk = ct.mma(qc, k, qk)                               # S += Q_c K_c^T
         if n0 + TILE_N > mask_from:
-            # Slots past seqlen may hold anything (fp8 NaN included): select, never add.
-            qk = ct.where((n0 + offs_n_tile)[None, :] <= q_pos, qk, -math.inf)
-
-        m_ij = max(m_i, ct.max(qk, axis=-1, keepdims=True) * qk_scale)
-        m_use = ct.where(m_ij == -math.inf, 0.0, m_ij)
-        p = ct.exp2(qk * qk_scale - m_use)
-        alpha = ct.exp2(m_i - m_use)
-        l_i = l_i * alpha + ct.sum(p, axis=-1, keepdims=True)
+            # Slots past seqlen may hold anything (fp8 NaN included): the mask selects.
+            qk = mask_scores(qk, q_pos, (n0 + offs_n_tile)[None, :], seqlen, True, True)
+        # A row may see no key of this split yet: the guard keeps it NaN-free.
+        p, m_i, l_i, acc = online_softmax_update(qk, m_i, l_i, acc, qk_scale, GUARD=True,
+                                                 FLUSH=False)
 
         # V after the softmax: its widened tile is not live beside K's (registers at D=256).
         v = ct.load(V, index=(page, kv_head, tile_in_page, 0), shape=(1, 1, TILE_N, TILE_D),
@@ -230,8 +209,7 @@ def decode_split_fp8_kernel(Q, K, V, BlockTable, SeqLens, KDescale, VDescale, Op
         v = v.reshape((TILE_N, TILE_D)).astype(Q.dtype)              # [TILE_N, TILE_D]
         if n0 + TILE_N > mask_from:
             v = ct.where((n0 + offs_n_tile)[:, None] < seqlen, v, 0.0)
-        acc = ct.mma(p.astype(Q.dtype), v, acc * alpha)              # O += P V (unscaled V)
-        m_i = m_ij
+        acc = ct.mma(p.astype(Q.dtype), v, acc)                      # O += P V (unscaled V)
 
     has_keys = l_i > 0.0
     o = ct.truediv(acc, ct.where(has_keys, l_i, 1.0)) * v_ds         # V dequantised here

@@ -1,4 +1,4 @@
-"""The FP8 kernels' contracts (issue 24): specs, configurations per architecture, constants.
+"""The FP8 kernels' contracts (chapter 14): specs, configurations per architecture, constants.
 
     FMHA_FP8          kernels/fp8.py fmha_fp8_kernel: the FP8 forward
     DECODE_SPLIT_FP8  kernels/fp8.py decode_split_fp8_kernel: split-KV decoding, FP8 cache
@@ -51,20 +51,11 @@ FP8_SPECS = {"fmha_fp8": FMHA_FP8, "decode_split_fp8": DECODE_SPLIT_FP8}
 # HALF_D) where it widens K in registers (warp MMA, TILE_M < 64): widening a whole 256-wide K
 # tile to bf16 there spilled (compile report).
 FP8_DECODE_SLICE = 128
-# The fp8-cache decode kernel's row tile on the archs with a shared-memory-operand MMA
-# (Hopper's warpgroup MMA, Blackwell's tcgen05): at least 64 rows, whatever the packed query
-# rows. With the fp16 split kernel's 16-row tile (warp MMA, HMMA.16816: both operands in
-# registers, in the MMA's fragment layout) the compiler loads the fp8 tiles from shared memory
-# one or two bytes at a time (sm_90, D=128, 16x128: 128 LDS.U8 + 64 LDS.U16 per thread per
-# K/V tile, against 40 LDSM for the fp16 kernel's tiles; its loop is 1798 instructions per
-# warp against the fp16 kernel's 891 for half the bytes) and decoding runs at the fp16
-# kernel's elements per second, not its bytes (GPU probe 1: 0.55-0.96x the fp16 cache). With
-# 64 rows the compiler emits a warpgroup MMA (HGMMA / UTCHMMA) whose operands it reads from
-# shared memory, and a converter warp group widens each fp8 tile there with 16-byte loads and
-# stores (LDS.128 -> F2FP.F16.E4M3.UNPACK_B -> STS.128) beside the MMA warp group: 168
-# registers, no byte loads. The split plan (TILE_N, split count, grid) stays the fp16
-# kernel's: the packed rows fit one 64-row block whenever the fp16 tile had fewer rows.
-# Experiments/LOG.md (issue 24, E-fp8-decode) has the SASS tables and the prediction.
+# The fp8-cache decode kernel's row tile where the MMA reads its operands from shared memory
+# (Hopper's warpgroup MMA, Blackwell's tcgen05): at least 64 rows. A 16-row tile gets a warp MMA
+# with register operands, and the compiler then reads the fp8 tiles one or two bytes at a time;
+# with 64 rows a converter warp group widens them with 16-byte loads beside the MMA (chapter 14;
+# the SASS counts are in experiments/LOG.md). The split plan stays the fp16 kernel's.
 FP8_DECODE_WIDE_TILE_M = {"sm_90": 64, "sm_100": 64}
 
 
@@ -131,8 +122,7 @@ FP8_CONFIGS: dict[str, dict[int, Config]] = {
 FP8_CONFIGS["sm_80"] = FP8_CONFIGS["sm_120"]
 
 # Alternatives to FP8_CONFIGS at D=128 that compile without spills (tileiras 13.4, sm_90,
-# causal and not, V^T), for experiments/fp8_bench.py --configs to time against the default
-# (GPU probe 1: the default reached 1.34x our fp16 kernel at 16K, not the 1.5x targeted).
+# causal and not, V^T), for experiments/fp8_bench.py --configs to time against the default.
 # Registers / shared memory (full, causal), from the compile report:
 #   128x128 occ=1 nww=8  168 regs, 165 / 165 KB   (the default: one CTA per SM)
 #   128x64 occ=1 nww=8   168 regs, 116 / 182 KB

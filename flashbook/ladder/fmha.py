@@ -20,26 +20,8 @@ import math
 import cuda.tile as ct
 from cuda.tile import RoundingMode as RMd
 
-ConstInt = ct.Constant[int]
-ConstBool = ct.Constant[bool]
-
-INV_LOG_2 = 1.0 / math.log(2)  # exp(x) = exp2(x * log2(e)): the hardware has exp2 (MUFU.EX2)
-
-
-def mask_scores(qk, offs_m, offs_n_tile, j, k_seqlen,
-                TILE_N: ConstInt, CAUSAL: ConstBool, EVEN_K: ConstBool):
-    """Add -inf where key ``j * TILE_N + n`` is past the sequence or, if causal, in the future.
-
-    qk: [TILE_M, TILE_N] raw scores; offs_m: [TILE_M, 1] absolute query positions;
-    offs_n_tile: [1, TILE_N] key offsets inside the tile. Chapter 4 draws this mask.
-    """
-    offs_n = j * TILE_N + offs_n_tile                                # [1, TILE_N]
-    mask = ct.full(qk.shape, True, dtype=ct.bool_)                  # [TILE_M, TILE_N]
-    if not EVEN_K:
-        mask = mask & (offs_n < k_seqlen)                            # keys past Nk
-    if CAUSAL:
-        mask = mask & (offs_m >= offs_n)                             # future keys
-    return qk + ct.where(mask, 0.0, -math.inf)                       # [TILE_M, TILE_N]
+from flashattn.kernels.common import (INV_LOG_2, ConstBool, ConstInt, key_tile_range, mask_scores,
+                                      online_softmax_update)
 
 
 # 2^f on [0, 1], degree 3, p(0) = 1, max relative error 8.6e-5 (below fp16's 4.9e-4 rounding of P).
@@ -85,26 +67,12 @@ def exp2_split(x, EXP_POLY: ConstInt):
         return ct.exp2(x, flush_to_zero=True)
 
 
-def online_softmax_update(qk, m_i, l_i, acc, qk_scale, FAST_MATH: ConstBool,
-                          EXP_POLY: ConstInt):
-    """One block of the online softmax (chapter 2): returns p and the updated m_i, l_i, acc.
-
-    qk: [TILE_M, TILE_N] masked raw scores; m_i, l_i: [TILE_M, 1] running max (already scaled
-    by qk_scale, in log2 units) and running sum; acc: [TILE_M, TILE_D] unnormalised output.
-    """
-    # The scale is applied after the row max: one multiply per row instead of per element.
+def online_softmax_update_poly(qk, m_i, l_i, acc, qk_scale, EXP_POLY: ConstInt):
+    """``common.online_softmax_update`` with 1/EXP_POLY of the exponentials of P on the FMA
+    pipe (chapter 10); fast math (flush to zero) and no guard, as the steps that use it."""
     m_ij = max(m_i, ct.max(qk, axis=-1, keepdims=True) * qk_scale)  # [TILE_M, 1]
-    qk = qk * qk_scale - m_ij                                        # [TILE_M, TILE_N]
-    if FAST_MATH:
-        # Chapter 6: flush denormals to zero, so exp2 is one MUFU.EX2 with no range fix-up.
-        if EXP_POLY:
-            p = exp2_split(qk, EXP_POLY)                             # [TILE_M, TILE_N]
-        else:
-            p = ct.exp2(qk, flush_to_zero=True)                      # [TILE_M, TILE_N]
-        alpha = ct.exp2(m_i - m_ij, flush_to_zero=True)              # [TILE_M, 1]
-    else:
-        p = ct.exp2(qk)                                              # [TILE_M, TILE_N]
-        alpha = ct.exp2(m_i - m_ij)                                  # [TILE_M, 1]
+    p = exp2_split(qk * qk_scale - m_ij, EXP_POLY)                   # [TILE_M, TILE_N]
+    alpha = ct.exp2(m_i - m_ij, flush_to_zero=True)                  # [TILE_M, 1]
     l_i = l_i * alpha + ct.sum(p, axis=-1, keepdims=True)            # [TILE_M, 1]
     acc = acc * alpha                                                # [TILE_M, TILE_D]
     return p, m_ij, l_i, acc
@@ -128,17 +96,15 @@ def attend_query_tile(Q, K, V, Out, Lse, qk_scale, input_pos, bid_x, batch_idx, 
     q = ct.load(Q, index=(batch_idx, head_idx, bid_x, 0), shape=(1, 1, TILE_M, TILE_D),
                 padding_mode=ct.PaddingMode.ZERO).reshape((TILE_M, TILE_D))  # [TILE_M, TILE_D]
 
-    # --- Which key tiles this query tile visits ---
+    # --- Which key tiles this query tile visits (causal: none past the diagonal) ---
     k_seqlen = K.shape[2]
-    if CAUSAL:
-        # Tiles past the diagonal are fully masked: stop before them.
-        m_end = input_pos + (bid_x + 1) * TILE_M
-        Tc = ct.cdiv(min(m_end, k_seqlen), TILE_N)
-        # First tile that can hold a future key (or the ragged end of K): chapter 7.
-        mask_start = min((input_pos + bid_x * TILE_M) // TILE_N, k_seqlen // TILE_N)
+    if SPLIT_LOOP:
+        # Chapter 7: and from which one on the mask is needed.
+        Tc, mask_start = key_tile_range(input_pos + bid_x * TILE_M,
+                                        input_pos + (bid_x + 1) * TILE_M, k_seqlen, TILE_N, CAUSAL)
     else:
-        Tc = ct.cdiv(k_seqlen, TILE_N)
-        mask_start = k_seqlen // TILE_N
+        Tc, _ = key_tile_range(input_pos + bid_x * TILE_M, input_pos + (bid_x + 1) * TILE_M,
+                               k_seqlen, TILE_N, CAUSAL)
 
     if PIPELINE:
         # Chapter 10: S of key tile 0 before the loop; in the loop, S of tile j + 1 is issued
@@ -173,10 +139,10 @@ def attend_query_tile(Q, K, V, Out, Lse, qk_scale, input_pos, bid_x, batch_idx, 
         if SPLIT_LOOP:
             # Only tiles that straddle the diagonal (or the end of K) need the mask.
             if (CAUSAL or not EVEN_K) and j >= mask_start:
-                qk = mask_scores(qk, offs_m, offs_n_tile, j, k_seqlen, TILE_N, CAUSAL, EVEN_K)
+                qk = mask_scores(qk, offs_m, j * TILE_N + offs_n_tile, k_seqlen, CAUSAL, EVEN_K)
         else:
             if CAUSAL or not EVEN_K:
-                qk = mask_scores(qk, offs_m, offs_n_tile, j, k_seqlen, TILE_N, CAUSAL, EVEN_K)
+                qk = mask_scores(qk, offs_m, j * TILE_N + offs_n_tile, k_seqlen, CAUSAL, EVEN_K)
 
         if LAZY_RESCALE:
             # Chapter 10: keep the stale max unless some row's max grew by more than 2^8;
@@ -184,14 +150,17 @@ def attend_query_tile(Q, K, V, Out, Lse, qk_scale, input_pos, bid_x, batch_idx, 
             m_blk = ct.max(qk, axis=-1, keepdims=True) * qk_scale    # [TILE_M, 1]
             grow = ct.max(m_blk - m_i)                               # scalar over the tile
             if grow > 8.0:
-                p, m_i, l_i, acc = online_softmax_update(qk, m_i, l_i, acc, qk_scale, FAST_MATH,
-                                                           EXP_POLY)
+                p, m_i, l_i, acc = online_softmax_update(qk, m_i, l_i, acc, qk_scale, GUARD=False,
+                                                         FLUSH=FAST_MATH)
             else:
                 p = ct.exp2(qk * qk_scale - m_i, flush_to_zero=FAST_MATH)  # [TILE_M, TILE_N]
                 l_i = l_i + ct.sum(p, axis=-1, keepdims=True)        # [TILE_M, 1]
+        elif EXP_POLY:
+            p, m_i, l_i, acc = online_softmax_update_poly(qk, m_i, l_i, acc, qk_scale, EXP_POLY)
         else:
-            p, m_i, l_i, acc = online_softmax_update(qk, m_i, l_i, acc, qk_scale, FAST_MATH,
-                                                           EXP_POLY)
+            # Every row sees key 0 (the contract): no guard. FLUSH: fast math, chapter 6.
+            p, m_i, l_i, acc = online_softmax_update(qk, m_i, l_i, acc, qk_scale, GUARD=False,
+                                                     FLUSH=FAST_MATH)
 
         if UNCHECKED_KV:
             v = ct.load(V, index=(batch_idx, kv_head, j, 0), shape=(1, 1, TILE_N, TILE_D),
