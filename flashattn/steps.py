@@ -131,7 +131,7 @@ SEARCH_SPACE: dict[str, list[Config]] = {
     "sm_80": [Config(64, 128, occupancy=1), Config(128, 64, occupancy=1),
               Config(64, 64, occupancy=2)],
 }
-# Chapter 10 (E8): on Hopper, num_worker_warps=8 gives the compiler two consumer warp groups
+# Chapter 10: on Hopper, num_worker_warps=8 gives the compiler two consumer warp groups
 # of 64 rows each (plus a producer group for the loads) for 128-row tiles, which then run
 # without spilling. The space adds those configurations to arch_tuned's best; on other
 # architectures it is arch_tuned's space unchanged.
@@ -211,7 +211,7 @@ STEP_NAMES: tuple[str, ...] = tuple(STEPS)
 SEED_STEPS = tuple(s.name for s in _STEP_LIST if s.source == "seed")
 
 
-# The fastest step measured on each architecture (chapter 10; experiments/LOG.md E8: on the
+# The fastest step measured on each architecture (chapter 10: on the
 # H200 warp_groups' space holds arch_tuned's winner and the 128-row warp-group tiles that win at
 # D=256). Architectures we have not measured get arch_tuned: its space there is the seed's or
 # smaller, and warp_groups' space on them is arch_tuned's.

@@ -236,7 +236,7 @@ __all__ += ["VARLEN", "VARLEN_FWD", "VARLEN_CONFIGS", "VARLEN_Q_TILES", "VARLEN_
 # === end of packed variable-length prefill ======================================================
 
 
-# === FP8 (issue 24): kernels/fp8.py, their specs and configurations in kernels/fp8_spec.py =====
+# === FP8 (chapter 14): kernels/fp8.py, their specs and configurations in kernels/fp8_spec.py =====
 from .fp8_spec import FP8_SPECS  # noqa: E402  (appended section)
 
 SPECS.update(FP8_SPECS)
