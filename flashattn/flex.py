@@ -43,22 +43,25 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Config:
-    """Tiles and the occupancy hint of a flex kernel (the fields and methods of the steps'
-    ``Config`` it uses, kept here so the library does not depend on the book's steps)."""
+    """Tiles and launch hints of a flex kernel (the fields and methods of the steps' ``Config``
+    it uses, kept here so the library does not depend on the book's steps)."""
     TILE_M: int
     TILE_N: int
     occupancy: int | None = None
+    num_worker_warps: int | None = None
 
     def hints(self) -> dict:
-        return {"occupancy": self.occupancy} if self.occupancy is not None else {}
+        return {k: getattr(self, k) for k in ("occupancy", "num_worker_warps")
+                if getattr(self, k) is not None}
 
     def label(self) -> str:
-        return f"{self.TILE_M}x{self.TILE_N}" + (f" occ={self.occupancy}"
-                                                 if self.occupancy is not None else "")
+        short = {"occupancy": "occ", "num_worker_warps": "nww"}
+        return " ".join([f"{self.TILE_M}x{self.TILE_N}"] +
+                        [f"{short[k]}={v}" for k, v in self.hints().items()])
 
 __all__ = ["flex_attention", "ModError", "flex_plan", "FLEX_CONFIGS", "flex_kernel",
            "block_mask_tiles", "attention_masked", "compile_flex", "compile_flex_bwd",
-           "flex_bwd_kernels"]
+           "flex_bwd_kernels", "FLEX_BWD_CONFIGS", "flex_bwd_configs", "flex_bwd_plan"]
 
 
 class ModError(ValueError):
@@ -455,7 +458,6 @@ def compile_flex(arch: str, *, score=None, mask=None, block_size=(128, 128), hea
     (``flashattn.aot.KernelReport``; errors in ``.error``). ``block_size=None``: no block mask
     (the dense path). ``config``: tiles and hints (default ``FLEX_CONFIGS[arch]``)."""
     import hashlib
-    import inspect
     import json
     from . import aot
     from .aot import KernelReport
@@ -476,16 +478,7 @@ def compile_flex(arch: str, *, score=None, mask=None, block_size=(128, 128), hea
     rep = KernelReport(step=f"flex[{names}]", arch=arch, kernel="flex",
                        config=cfg.label())
 
-    def mod_key(m):                # the mod's own code and parameters (mods.py is not hashed)
-        if m is None:
-            return None
-        try:
-            src = inspect.getsource(m.tile)
-        except (OSError, TypeError):
-            src = repr(m.tile)
-        cells = [repr(c.cell_contents) for c in (m.tile.__closure__ or ())]
-        return [src, cells, sorted(m.params.items())]
-    key = hashlib.sha256(json.dumps([aot._source_hash(), names, mod_key(score), mod_key(mask),
+    key = hashlib.sha256(json.dumps([aot._source_hash(), names, _mod_key(score), _mod_key(mask),
                                      sorted(consts.items()),
                                      sorted(hints.items()), arch, dtype,
                                      [(a.name, a.ndim, a.dtype) for a in spec.arrays]],
@@ -498,6 +491,19 @@ def compile_flex(arch: str, *, score=None, mask=None, block_size=(128, 128), hea
         lambda: spec.signature(dtype=dtype, constants=consts,
                                align=8 if head_dim % 8 == 0 else 1),
         arch, keep_sass=keep_sass, full_error=True)
+
+
+def _mod_key(m):
+    """A mod's own code and parameters, for a cubin's cache key (mods.py is not hashed)."""
+    import inspect
+    if m is None:
+        return None
+    try:
+        src = inspect.getsource(m.tile)
+    except (OSError, TypeError):
+        src = repr(m.tile)
+    cells = [repr(c.cell_contents) for c in (m.tile.__closure__ or ())]
+    return [src, cells, sorted(m.params.items())]
 
 
 def _as_opt(m, kind):
@@ -658,8 +664,55 @@ def _forward(query, key, value, sinks, *, score, mask, tensors, block_size, scal
 
 
 # --- the backward -------------------------------------------------------------------------------
-BWD_CONFIG = Config(64, 64)
+# (dK/dV, dQ) per architecture and padded head dim (the entry for the smallest key >= TILE_D), as
+# the dense backward's kernels.BWD_CONFIGS: dK/dV's TILE_N is its own key tile and TILE_M its
+# inner query tile, dQ's TILE_M its own query tile. Chosen from the compiler's report as the dense
+# table (no spills, causal and softcap; chapter 13, the flex backward's SASS); not timed yet.
+FLEX_BWD_CONFIGS: dict[str, dict[int, tuple[Config, Config]]] = {
+    # Hopper: two consumer warp groups (num_worker_warps=8) share each tile; without the hint
+    # one warp group holds dQ at 255 registers and dK/dV's loop goes through shared memory
+    # barriers. dK/dV at the dense 64x128 spills with a score function: 128 queries x 64 keys.
+    "sm_90": {128: (Config(128, 64, num_worker_warps=8), Config(128, 64, num_worker_warps=8)),
+              256: (Config(64, 64, num_worker_warps=8), Config(64, 64, num_worker_warps=8))},
+    # Datacenter Blackwell: tensor-memory MMAs; dK/dV at 64x128 spills, 128x64 does not.
+    "sm_100": {128: (Config(128, 64), Config(128, 64))},
+}
+BWD_CONFIG = Config(64, 64)     # elsewhere, and where an entry's tiles do not divide the blocks
 _BWD_KERNELS: dict = {}
+
+
+def flex_bwd_configs(arch: str | None, head_dim: int) -> tuple[Config, Config]:
+    """(dK/dV config, dQ config) for ``arch`` and ``head_dim`` (BWD_CONFIG where none)."""
+    from .contract import tile_d_for
+    table = FLEX_BWD_CONFIGS.get(arch or "", {})
+    keys = [d for d in table if d >= tile_d_for(head_dim)]
+    return table[min(keys)] if keys else (BWD_CONFIG, BWD_CONFIG)
+
+
+def flex_bwd_plan(*, B, Hq, Hkv, Nq, Nk, D, block_size=None, has_full=False, score=None,
+                  mask=None, arch=None, kernel_options=None, configs=None) -> dict:
+    """The backward's launch plan (pure: no GPU): per kernel ("dq", "dkdv") its config,
+    constants, hints and grid. A config whose tiles the BlockMask's blocks (or kernel_options)
+    change falls back to BWD_CONFIG's tiles, without hints. ``configs``: (dK/dV, dQ) in place
+    of ``flex_bwd_configs(arch, D)``."""
+    from .contract import tile_d_for
+    plans = {}
+    for name, cfg in zip(("dkdv", "dq"), configs or flex_bwd_configs(arch, D)):
+        tm, tn = block_mask_tiles(block_size, cfg, kernel_options)
+        if (tm, tn) != (cfg.TILE_M, cfg.TILE_N):
+            cfg = BWD_CONFIG
+            tm, tn = block_mask_tiles(block_size, cfg, kernel_options)
+        consts = dict(TILE_M=tm, TILE_N=tn, TILE_D=tile_d_for(D), EVEN_K=Nk % tn == 0,
+                      EVEN_M=Nq % tm == 0, HAS_SCORE=score is not None,
+                      HAS_GRAD=score is not None and score.grad is not None,
+                      HAS_MASK=mask is not None, HAS_BLOCKS=block_size is not None,
+                      HAS_FULL=bool(has_full),
+                      QPB=block_size[0] // tm if block_size else 1,
+                      TPB=block_size[1] // tn if block_size else 1)
+        hints = cfg.hints() if (cfg.TILE_M, cfg.TILE_N) == (tm, tn) else {}
+        grid = (-(-Nq // tm), B * Hq, 1) if name == "dq" else (-(-Nk // tn), B * Hkv, 1)
+        plans[name] = dict(config=cfg, constants=consts, hints=hints, grid=grid)
+    return plans
 
 
 def _check_differentiable(score, block_mask, blasst):
@@ -699,10 +752,6 @@ def _backward(q, k, v, out, dout, lse, sinks, *, score, mask, tensors, block_siz
     B, Hq, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     device = q.device
-    from .contract import tile_d_for
-    tm, tn = block_mask_tiles(block_size, BWD_CONFIG, ko)
-    qpb = block_size[0] // tm if block_size else 1
-    tpb = block_size[1] // tn if block_size else 1
     q, k, v, out, dout = (t.contiguous() for t in (q, k, v, out, dout))
     delta = (dout.float() * out.float()).sum(-1).contiguous()                 # (B, Hq, Nq)
     lse = lse.contiguous()
@@ -725,23 +774,23 @@ def _backward(q, k, v, out, dout, lse, sinks, *, score, mask, tensors, block_siz
         kvt, qt = [t.contiguous() for t in kvt], [t.contiguous() for t in qt]
     bmul = int(kvt[0].shape[0] > 1)
     hmul = int(kvt[0].shape[1] > 1)
-    consts = dict(TILE_M=tm, TILE_N=tn, TILE_D=tile_d_for(D), EVEN_K=Nk % tn == 0,
-                  EVEN_M=Nq % tm == 0, HAS_SCORE=score is not None,
-                  HAS_GRAD=score is not None and score.grad is not None,
-                  HAS_MASK=mask is not None, HAS_BLOCKS=block_mask is not None,
-                  HAS_FULL=has_full, QPB=qpb, TPB=tpb)
-    c = tuple(consts.values())
+    plan = flex_bwd_plan(B=B, Hq=Hq, Hkv=Hkv, Nq=Nq, Nk=Nk, D=D,
+                         block_size=block_size if block_mask is not None else None,
+                         has_full=has_full, score=score, mask=mask,
+                         arch=device_arch(device), kernel_options=ko)
+    pq, pkv = plan["dq"], plan["dkdv"]
     dq = torch.empty_like(q)
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
+    from .kernels import hinted
     dq_kernel, dkdv_kernel = flex_bwd_kernels(score, mask)
     with on_device(device):
-        launch_kernel(device, (-(-Nq // tm), B * Hq, 1), dq_kernel,
+        launch_kernel(device, pq["grid"], hinted(dq_kernel, pq["hints"]),
                       (q, k, v, dout, lse, delta, dq, *kvt, *st, *mt, float(scale), Hq,
-                       Hq // Hkv, bmul, hmul, *c))
-        launch_kernel(device, (-(-Nk // tn), B * Hkv, 1), dkdv_kernel,
+                       Hq // Hkv, bmul, hmul, *pq["constants"].values()))
+        launch_kernel(device, pkv["grid"], hinted(dkdv_kernel, pkv["hints"]),
                       (q, k, v, dout, lse, delta, dk, dv, *qt, *st, *mt, float(scale), Hkv,
-                       Hq // Hkv, bmul, hmul, *c))
+                       Hq // Hkv, bmul, hmul, *pkv["constants"].values()))
     dsinks = None
     if sinks is not None:
         # The sink is a key of logit sinks[h] and value 0: dL/dsink = -sum_i P_sink,i Delta_i.
@@ -753,15 +802,17 @@ def _backward(q, k, v, out, dout, lse, sinks, *, score, mask, tensors, block_siz
 
 
 def compile_flex_bwd(arch: str, *, score=None, mask=None, block_size=(128, 128), head_dim=128,
-                     Nk=8192, dtype="float16"):
-    """Compile the two backward kernels for ``arch`` (tileiras); a KernelReport each."""
-    import os
-    import time
-    from .aot import KernelReport, analyze_cubin, _cache_dir
-    from .contract import tile_d_for
+                     Nk=8192, dtype="float16", configs: tuple[Config, Config] | None = None,
+                     keep_sass=False):
+    """Compile the two backward kernels for ``arch`` (tileiras); a KernelReport each (dQ, then
+    dK/dV). ``configs``: (dK/dV, dQ) tiles and hints (default ``FLEX_BWD_CONFIGS``)."""
+    import hashlib
+    import json
+    from . import aot
+    from .aot import KernelReport
+    from .kernels import hinted
     from .kernels.spec import Array, KernelSpec
     from .interpret import install_shim
-    from cuda.tile.compilation import export_kernel
     install_shim()
     score = _as_opt(score, "score")
     mask = _as_opt(mask, "mask") if block_size is not None else None
@@ -775,44 +826,35 @@ def compile_flex_bwd(arch: str, *, score=None, mask=None, block_size=(128, 128),
         out = [Array(f"{prefix}{i}", t.dim(), "float32" if t.dtype.is_floating_point else
                      "int32") for i, (_, t) in enumerate(ts)]
         return out + [Array(f"{prefix}{i}", 1, "int32") for i in range(len(ts), 3)]
-    tm, tn = block_mask_tiles(block_size, BWD_CONFIG)
-    consts = dict(TILE_M=tm, TILE_N=tn, TILE_D=tile_d_for(head_dim), EVEN_K=Nk % tn == 0,
-                  EVEN_M=Nk % tm == 0, HAS_SCORE=score is not None,
-                  HAS_GRAD=score is not None and score.grad is not None,
-                  HAS_MASK=mask is not None, HAS_BLOCKS=block_size is not None,
-                  HAS_FULL=block_size is not None,
-                  QPB=block_size[0] // tm if block_size else 1,
-                  TPB=block_size[1] // tn if block_size else 1)
+    plan = flex_bwd_plan(B=4, Hq=32, Hkv=32, Nq=Nk, Nk=Nk, D=head_dim, block_size=block_size,
+                         has_full=block_size is not None, score=score, mask=mask, arch=arch,
+                         configs=configs)
     blocks = [Array(n, r, "int32") for n, r in (("A", 3), ("B", 4), ("C", 3), ("D", 4))]
     common = (Array("Q", 4), Array("K", 4), Array("V", 4), Array("dO", 4),
               Array("Lse", 3, "float32"), Array("Delta", 3, "float32"))
     scal = (("sm_scale", float), ("heads", int), ("group_size", int), ("mask_bmul", int),
             ("mask_hmul", int))
-    specs = [Spec("flex_dq", "", "", arrays=(*common, Array("dQ", 4), *blocks,
-                                             *slots("S", score), *slots("M", mask)),
-                  scalars=scal, constants=tuple(consts)),
-             Spec("flex_dkdv", "", "", arrays=(*common, Array("dK", 4), Array("dV", 4), *blocks,
-                                               *slots("S", score), *slots("M", mask)),
-                  scalars=scal, constants=tuple(consts))]
     names = "+".join(m.name for m in (score, mask) if m) or "identity"
+    kernels = dict(zip(("dq", "dkdv"), flex_bwd_kernels(score, mask)))
+    outs = {"dq": (Array("dQ", 4),), "dkdv": (Array("dK", 4), Array("dV", 4))}
     reps = []
-    for spec, kernel in zip(specs, flex_bwd_kernels(score, mask)):
+    for name in ("dq", "dkdv"):
+        p = plan[name]
+        consts, hints = p["constants"], p["hints"]
+        spec = Spec(f"flex_{name}", "", "", arrays=(*common, *outs[name], *blocks,
+                                                    *slots("S", score), *slots("M", mask)),
+                    scalars=scal, constants=tuple(consts))
         rep = KernelReport(step=f"flex_bwd[{names}]", arch=arch, kernel=spec.name,
-                           config=f"{tm}x{tn}")
-        t0 = time.perf_counter()
-        try:
-            out = _cache_dir() / f"{spec.name}-{arch}-{os.getpid()}-{abs(hash(names)) % 10**8}.cubin"
-            out.parent.mkdir(parents=True, exist_ok=True)
-            export_kernel(kernel, [spec.signature(dtype=dtype, constants=consts)], str(out),
-                          gpu_code=arch, output_format="cubin")
-            a = analyze_cubin(out)
-            out.unlink()
-            rep.registers, rep.stack_bytes, rep.shared_bytes = (
-                a["registers"], a["stack_bytes"], a["shared_bytes"])
-            rep.sass, rep.sass_lines = a["sass"], a["sass_lines"]
-        except Exception as e:
-            msg = str(e).strip()
-            rep.error = f"{type(e).__name__}: {msg[-2000:]}"
-        rep.compile_s = time.perf_counter() - t0
-        reps.append(rep)
+                           config=p["config"].label() if hints else
+                           f"{consts['TILE_M']}x{consts['TILE_N']}")
+        key = hashlib.sha256(json.dumps([aot._source_hash(), spec.name, names, _mod_key(score),
+                                         _mod_key(mask), sorted(consts.items()),
+                                         sorted(hints.items()), arch, dtype,
+                                         [(a.name, a.ndim, a.dtype) for a in spec.arrays]],
+                                        default=str).encode()).hexdigest()[:20]
+        reps.append(aot.compile_into(
+            rep, aot._cache_dir() / f"{spec.name}-{arch}-{key}.cubin",
+            lambda k=kernels[name], h=hints: hinted(k, h),
+            lambda s=spec, c=consts: s.signature(dtype=dtype, constants=c),
+            arch, keep_sass=keep_sass, full_error=True))
     return reps
