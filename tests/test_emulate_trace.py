@@ -153,14 +153,13 @@ def test_the_trace_is_the_mirrors_schedule(variant, causal, shape, config):
 # --- the masked tiles: a copy of the ladder kernel whose mask_scores records each call ---------
 PROBE = '''
 
-MASKED = []                    # (bid 0, bid 1, first query position, key tile j) per call
+MASKED = []                    # (bid 0, bid 1, first query position, first key) per call
 _mask_scores_of_the_kernel = mask_scores
 
 
-def mask_scores(qk, offs_m, offs_n_tile, j, k_seqlen, TILE_N, CAUSAL, EVEN_K):
-    MASKED.append((int(ct.bid(0)), int(ct.bid(1)), int(ct.min(offs_m)), int(j)))
-    return _mask_scores_of_the_kernel(qk, offs_m, offs_n_tile, j, k_seqlen, TILE_N, CAUSAL,
-                                      EVEN_K)
+def mask_scores(qk, offs_m, offs_n, k_seqlen, CAUSAL, EVEN_K):
+    MASKED.append((int(ct.bid(0)), int(ct.bid(1)), int(ct.min(offs_m)), int(ct.min(offs_n))))
+    return _mask_scores_of_the_kernel(qk, offs_m, offs_n, k_seqlen, CAUSAL, EVEN_K)
 '''
 
 
@@ -169,7 +168,7 @@ def probe(tmp_path):
     """A fresh copy of flashbook/ladder/fmha.py (its text unchanged) with the recording mask_scores
     appended; the interpreter runs it like the original."""
     src = Path(importlib.util.find_spec(LADDER.module).origin).read_text()   # the ladder
-    assert "\ndef mask_scores(qk, offs_m, offs_n_tile, j, k_seqlen,\n" in src
+    assert "mask_scores" in src and "\ndef mask_scores(" not in src    # the shared helper
     path = tmp_path / "fmha_probe.py"
     path.write_text(src + PROBE)
     interpret.install_shim()
@@ -189,9 +188,9 @@ def test_the_masked_tiles_are_the_mirrors(variant, causal, shape, probe):
     items = expected_items(step, grid, progs)
     TM = config.TILE_M
     got = collections.defaultdict(list)
-    for x, y, first, j in probe.MASKED:
-        assert (first - pos) % TM == 0
-        got[(x, y, 0)].append(((first - pos) // TM, j))
+    for x, y, first, first_key in probe.MASKED:
+        assert (first - pos) % TM == 0 and first_key % config.TILE_N == 0
+        got[(x, y, 0)].append(((first - pos) // TM, first_key // config.TILE_N))
     for prog, its in items.items():
         exp = [(p.query_tiles[i], j) for _, _, p, i in its for j, kind in p.key_tiles[i]
                if kind == "masked"]
