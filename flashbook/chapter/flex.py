@@ -504,3 +504,27 @@ def live_timing(N: int = 8192, B: int = 4, H: int = 32, D: int = 128, window: in
         rows[name] = {"flashattn (ms)": ours, "torch flex (ms)": theirs,
                       "torch / ours": theirs / ours, "max |diff|": err}
     return pd.DataFrame(rows).T.rename_axis(f"B={B} H={H} N={N} D={D} fp16")
+
+
+# --- the backward's tiles, re-timed ------------------------------------------------------------
+BWD_TILES = ROOT / "results" / "h200" / "flex" / "flex_bwd_tiles.json"
+
+
+def backward_tiles_table(path=None, before=None) -> pd.DataFrame:
+    """The flex backward with the per-arch tiles (fp16, N=8K) beside the first recording's:
+    both times, the speed-up, and each one's time over the dense causal backward timed in the
+    same run (``flashattn.causal``)."""
+    from flashbook.data.schema import read_json
+    new = read_json(str(path or BWD_TILES))["rows"]
+    old = read_json(str(before or BENCH.with_name("flex_bench_backward.json")))["rows"]
+    rows = {}
+    for r in new:
+        o = next(x for x in old if x["workload"] == r["workload"] and x["N"] == r["N"]
+                 and x["dtype"] == r["dtype"])
+        n_ms, o_ms = r["impls"]["flashattn.flex"]["median_ms"], o["impls"]["flashattn.flex"]["median_ms"]
+        rows[WORKLOADS.get(r["workload"], r["workload"])] = {
+            "first run (ms)": o_ms, "tuned tiles (ms)": n_ms, "speed-up (×)": o_ms / n_ms,
+            "first: / dense": o_ms / o["impls"]["flashattn.causal"]["median_ms"],
+            "tuned: / dense": n_ms / r["impls"]["flashattn.causal"]["median_ms"],
+            "control (×)": n_ms / r["impls"]["flashattn.flex#2"]["median_ms"]}
+    return pd.DataFrame(rows).T.rename_axis("mask (fp16, 8K)")

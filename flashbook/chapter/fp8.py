@@ -399,6 +399,36 @@ def decode_speed_table(b: pd.DataFrame | None = None) -> pd.DataFrame:
     return out
 
 
+# --- the redesign: the decode on FP8 MMAs (experiments/fp8_decode_v2.py) ------------------------
+DECODE_V2 = ROOT / "results" / "h200" / "fp8" / "fp8_decode_v2.json"
+
+
+def decode_v2(path: Path | None = None) -> pd.DataFrame:
+    """The recorded timing of the FP8-MMA decode variants beside the fp16 cache and the
+    library's FP8-cache decode (one row per (B, cache length, implementation))."""
+    from flashbook.data.schema import read_json
+    doc = read_json(str(path or DECODE_V2))
+    return pd.DataFrame([r for r in doc["rows"] if r.get("part") == "decode"])
+
+
+def decode_v2_table(d: pd.DataFrame | None = None, variant: str = "v2-qk8-pv8") -> pd.DataFrame:
+    """Per (B, cache length): the fp16 cache, the library's FP8 cache and ``variant`` (ms), the
+    variant's speed-up over each (time over time: above 1 is faster), and the control (the fp16
+    cache timed again)."""
+    d = decode_v2() if d is None else d
+    d = d.assign(cache=d.L.astype(int))
+    ms = d.pivot_table(index=["B", "cache"], columns="impl", values="median_ms", aggfunc="first")
+    ms = ms.dropna(subset=[variant])
+    out = pd.DataFrame({
+        "fp16 cache (ms)": ms["decode-fp16"], "library fp8 (ms)": ms["decode-fp8"],
+        "FP8 MMAs (ms)": ms[variant],
+        "× fp16 cache": ms["decode-fp16"] / ms[variant],
+        "× library fp8": ms["decode-fp8"] / ms[variant],
+        "control (×)": ms["decode-fp16"] / ms["decode-fp16#2"]})
+    out.index = out.index.set_names(["B", "cache length"])
+    return out.sort_index(level=["B", "cache length"], ascending=[False, True])
+
+
 # --- P's cast: why 2^8 -------------------------------------------------------------------------
 def p_cast_table(shifts=(0, 4, 8, 9), *, binades: int = 16, points: int = 4097,
                  fmt: str = "float8_e4m3fn") -> pd.DataFrame:
