@@ -32,7 +32,7 @@ rows), ``v2-qk8-pv8-m16`` (QK8 + PV8, 16 rows), ``v2-qk8-pv8-n64`` / ``-n256`` (
 64 / 256 keys instead of the plan's 128). Rows of ``time``: ``decode-fp16`` (the base),
 ``decode-fp16#2``, ``decode-fp8`` and ``decode-fp8#2`` (the library's fp8 cache, twice: the
 control) and each variant; B = 1, 8, 64, caches 4K-128K, Hq=32, Hkv=8, Nq=1, D=128 (the shapes of
-``experiments/fp8_bench.py``). Every row is checked against its reference before timing.
+``flashbook/measure/bench_fp8.py``). Every row is checked against its reference before timing.
 
 Accuracy: QK8 adds e4m3 rounding of q (unit roundoff 2^-4) to the scores, the FP8 forward's
 error class; the reference is ``flashattn.fp8.decode_reference_fp8`` (fp32 attention of fp16 q

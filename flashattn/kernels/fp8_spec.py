@@ -107,7 +107,7 @@ FP8_FAST_ACC = True
 
 # Tiles and hints per architecture and padded head dim (the smallest listed TILE_D >= it),
 # chosen from the compiler's report (tests/test_fp8_aot.py prints it; experiments/data/
-# 42-fp8-aot/report.txt): no spills. Not timed on a GPU yet (experiments/fp8_bench.py).
+# 42-fp8-aot/report.txt): no spills. Chapter 14 times them (python -m flashbook record --part fp8).
 FP8_CONFIGS: dict[str, dict[int, Config]] = {
     # Hopper: two consumer warp groups (nww=8) of 64 rows each, FP8 HGMMA; 128-key tiles (an
     # fp8 K/V tile is half the bytes of fp16's: the same shared memory holds twice the keys).
@@ -122,7 +122,7 @@ FP8_CONFIGS: dict[str, dict[int, Config]] = {
 FP8_CONFIGS["sm_80"] = FP8_CONFIGS["sm_120"]
 
 # Alternatives to FP8_CONFIGS at D=128 that compile without spills (tileiras 13.4, sm_90,
-# causal and not, V^T), for experiments/fp8_bench.py --configs to time against the default.
+# causal and not, V^T), for python -m flashbook.measure.bench_fp8 --configs to time against the default.
 # Registers / shared memory (full, causal), from the compile report:
 #   128x128 occ=1 nww=8  168 regs, 165 / 165 KB   (the default: one CTA per SM)
 #   128x64 occ=1 nww=8   168 regs, 116 / 182 KB
