@@ -35,22 +35,11 @@ THRESHOLDS = [None, 20.0, 16.0, 12.0, 8.0, 6.0, 4.0, 2.0, 1.0]
 
 
 def inputs(kind, n, d=64, h=2, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    q = torch.randn(1, h, n, d, generator=g)
-    k = torch.randn(1, h, n, d, generator=g)
-    v = torch.randn(1, h, n, d, generator=g)
-    if kind == "local":
-        # Each query aligned with its own key (a local/retrieval head): logit ~ 1.5 |k|^2 /
-        # sqrt(d) ~ 12 above the rest (17 log2 units).
-        q = 1.5 * k + 0.5 * q
-    elif kind == "sink":
-        # The first 16 keys carry a logit ~ 20 (29 log2 units) for every query (an attention
-        # sink): u a unit direction, k_sink = 20 u, q = q0 + 8 u.
-        u = torch.randn(d, generator=g)
-        u = u / u.norm()
-        k[:, :, :16] = 20.0 * u
-        q = q + 8.0 * u
-    return q.half(), k.half(), v.half()
+    """q, k, v (1, h, n, d) fp16 on the CPU of one kind: random (flat attention), local (each
+    query aligned with its own key: a logit ~12 natural units above the rest), sink (the first
+    16 keys carry a logit ~20 for every query); the GPU benchmark's inputs at this size."""
+    from flashbook.measure.bench_flex import blasst_inputs
+    return blasst_inputs(kind, 1, h, n, d, dtype=torch.float16, device="cpu", seed=seed)
 
 
 def run(kind, n, causal, tile):
