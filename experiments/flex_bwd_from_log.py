@@ -1,12 +1,14 @@
-"""Rebuild results/h200/flex/flex_bench_backward.json from the run's printed rows.
+"""Rebuild results/h200/flex/flex_bench_backward_first.json from the first run's printed rows.
 
 The flex backward run (`python -m flashbook record --part flex-backward`, session of
 2026-12-02) was stopped by its command's `timeout 400` during the first bfloat16 workload, before
 the benchmark wrote its JSON (it writes once, at the end; it now writes after every row). Every
-row it finished was printed (results/h200/flex/flex_bench_backward.log): the medians and the
+row it finished was printed (results/h200/flex/flex_bench_backward_first.log): the medians and the
 TFLOPS over visited blocks. This rebuilds the dataset from those lines, with the metadata of the
 forward run recorded on the same machine minutes before, and says so in ``meta.source``. The
-rows carry no confidence intervals and no agreement check (not printed).
+rows carry no confidence intervals and no agreement check (not printed). That run used the
+64 x 64 tiles without hints; the full re-run on the per-arch tiles is flex_bench_backward.json
+(fp16) and flex_bench_backward_bf16.json, written by the bench itself.
 
     python experiments/flex_bwd_from_log.py
 """
@@ -42,7 +44,7 @@ def parse(text: str, B=4, H=32, D=128, blk=128) -> list[dict]:
 
 
 def main():
-    text = (FLEX / "flex_bench_backward.log").read_text()
+    text = (FLEX / "flex_bench_backward_first.log").read_text()
     fwd_meta = json.loads(lzma.open(FLEX / "flex_bench.json.xz").read())["meta"]
     meta = {k: v for k, v in fwd_meta.items() if k not in ("skipped", "wall_s", "passes",
                                                              "dtypes", "command")}
@@ -55,7 +57,7 @@ def main():
                        "the forward run (flex_bench.json) recorded minutes before on the same "
                        "machine")
     rows = parse(text)
-    out = FLEX / "flex_bench_backward.json.xz"
+    out = FLEX / "flex_bench_backward_first.json.xz"
     with lzma.open(out, "wt") as f:
         f.write(json.dumps(dict(meta=meta, rows=rows), indent=1) + "\n")
     print(f"wrote {out}: {len(rows)} rows")

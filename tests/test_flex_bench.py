@@ -100,13 +100,19 @@ def test_record_parts_call_the_benchmarks(monkeypatch, tmp_path):
     monkeypatch.setattr(ncu, "record_profiles",
                         lambda out, steps, N, causal, **kw: calls.append((out, steps, N)) or out)
     assert record.record_flex(tmp_path)[0] == tmp_path / "flex" / "flex_bench.json"
-    assert record.record_flex(tmp_path, passes=("bwd",))[0].name == "flex_bench_backward.json"
+    assert record.record_flex(tmp_path, passes=("bwd",), dtypes=("float16",))[0].name == \
+        "flex_bench_backward.json"
+    assert record.record_flex(tmp_path, passes=("bwd",), dtypes=("bfloat16",))[0].name == \
+        "flex_bench_backward_bf16.json"
     record.record_blasst(tmp_path)
     record.record_fp8(tmp_path)
     record.record_profile_flex_fp8(tmp_path)
-    fwd, bwd, bl, fp8, prof = calls
+    fwd, bwd, bwd16, bl, fp8, prof = calls
     assert fwd[fwd.index("--pass") + 1] == "fwd" and bwd[bwd.index("--pass") + 1] == "bwd"
-    assert [fwd[i + 1] for i, x in enumerate(fwd) if x == "--dtype"] == ["float16", "bfloat16"]
+    dtypes = (lambda args: [args[i + 1] for i, x in enumerate(args) if x == "--dtype"])
+    assert dtypes(fwd) == ["float16", "bfloat16"]
+    assert dtypes(bwd) == ["float16"] and dtypes(bwd16) == ["bfloat16"]
+    assert bwd16[bwd16.index("--name") + 1] == "flex_bench_backward_bf16.json"
     assert "--blasst" in bl
     assert [fp8[i + 1] for i, x in enumerate(fp8) if x == "--d"] == ["64", "128", "256"]
     assert prof[1] == target.FLEX_FP8_TARGETS and prof[2] == 8192

@@ -23,7 +23,9 @@ FLEX_DATA = ROOT / "experiments" / "data" / "40-flex"
 BLASST_DATA = ROOT / "experiments" / "data" / "40-blasst"
 
 BENCH = ROOT / "results" / "h200" / "flex" / "flex_bench.json"
-BENCH_BWD = ROOT / "results" / "h200" / "flex" / "flex_bench_backward.json"
+BENCH_BWD = ROOT / "results" / "h200" / "flex" / "flex_bench_backward.json"      # the per-arch tiles
+BENCH_BWD_BF16 = ROOT / "results" / "h200" / "flex" / "flex_bench_backward_bf16.json"
+BENCH_BWD_FIRST = ROOT / "results" / "h200" / "flex" / "flex_bench_backward_first.json"  # 64x64
 BLASST_BENCH = ROOT / "results" / "h200" / "flex" / "blasst_bench.json"
 PROFILE = ROOT / "results" / "h200" / "profiles" / "flex-fp8" / "summary.json"
 
@@ -353,19 +355,30 @@ def speedup_figure(data: dict | None = None, dtype: str = "float16"):
 
 
 # --- the recorded backward, BLASST's timings and the profile -----------------------------------
+def backward_path(dtype: str = "float16"):
+    """The recorded backward run of ``dtype`` (the per-arch tiles, torch and dense beside)."""
+    return {"float16": BENCH_BWD, "bfloat16": BENCH_BWD_BF16}[dtype]
+
+
 def backward_frame(data: dict | None = None, dtype: str = "float16") -> pd.DataFrame:
-    """The recorded flex backward (medians only: the file was rebuilt from the run's printed
-    rows), one row per (workload, N): torch.compile(flex)'s time over ours ("speedup", below 1:
-    ours is slower), our time over our dense causal backward's in the same rounds, and the
-    control's ratio."""
-    data = bench(BENCH_BWD) if data is None else data
+    """The recorded flex backward (forward + backward through autograd), one row per
+    (workload, N): torch.compile(flex)'s time over ours ("speedup", below 1: ours is slower),
+    our time over our dense causal backward's in the same rounds, our TFLOPS on the visited
+    blocks over the dense causal backward's on the causal mask ("vs causal"), and the control's
+    ratio."""
+    data = bench(backward_path(dtype)) if data is None else data
+    rows = _rows(data, dtype)
+    causal_flops = {r["N"]: r["visited_flops"] for r in rows if r["workload"] == "causal"}
     out = []
-    for r in _rows(data, dtype):
+    for r in rows:
         im = r["impls"]
         ours = im["flashattn.flex"]["median_ms"]
-        out.append({"workload": r["workload"], "N": r["N"],
+        dense = im["flashattn.causal"]["median_ms"]
+        out.append({"workload": r["workload"], "N": r["N"], "ms": ours,
+                    "torch ms": im["torch.flex"]["median_ms"],
                     "speedup": im["torch.flex"]["median_ms"] / ours,
-                    "time vs causal": ours / im["flashattn.causal"]["median_ms"],
+                    "time vs causal": ours / dense,
+                    "vs causal": (r["visited_flops"] / ours) / (causal_flops[r["N"]] / dense),
                     "control": ours / im["flashattn.flex#2"]["median_ms"]})
     return pd.DataFrame(out)
 
@@ -507,24 +520,28 @@ def live_timing(N: int = 8192, B: int = 4, H: int = 32, D: int = 128, window: in
 
 
 # --- the backward's tiles, re-timed ------------------------------------------------------------
-BWD_TILES = ROOT / "results" / "h200" / "flex" / "flex_bwd_tiles.json"
+BWD_TILES = ROOT / "results" / "h200" / "flex" / "flex_bwd_tiles.json"   # a short 8K run, no torch
 
 
-def backward_tiles_table(path=None, before=None) -> pd.DataFrame:
-    """The flex backward with the per-arch tiles (fp16, N=8K) beside the first recording's:
-    both times, the speed-up, and each one's time over the dense causal backward timed in the
-    same run (``flashattn.causal``)."""
+def backward_tiles_table(path=None, before=None, N: int = 8192) -> pd.DataFrame:
+    """The flex backward on the per-arch tiles (the full fp16 run) beside the first run on 64 x 64
+    tiles, at ``N``: both times, the speed-up, each one's time over the dense causal backward
+    timed in its own run, and torch.compile(flex)'s time in each run (the same code twice: how
+    far the two runs' machines differ)."""
     from flashbook.data.schema import read_json
-    new = read_json(str(path or BWD_TILES))["rows"]
-    old = read_json(str(before or BENCH.with_name("flex_bench_backward.json")))["rows"]
+    new = read_json(str(path or BENCH_BWD))["rows"]
+    old = read_json(str(before or BENCH_BWD_FIRST))["rows"]
     rows = {}
     for r in new:
+        if r["N"] != N or r["dtype"] != "float16":
+            continue
         o = next(x for x in old if x["workload"] == r["workload"] and x["N"] == r["N"]
                  and x["dtype"] == r["dtype"])
-        n_ms, o_ms = r["impls"]["flashattn.flex"]["median_ms"], o["impls"]["flashattn.flex"]["median_ms"]
+        im, om = r["impls"], o["impls"]
+        n_ms, o_ms = im["flashattn.flex"]["median_ms"], om["flashattn.flex"]["median_ms"]
         rows[WORKLOADS.get(r["workload"], r["workload"])] = {
             "first run (ms)": o_ms, "tuned tiles (ms)": n_ms, "speed-up (×)": o_ms / n_ms,
-            "first: / dense": o_ms / o["impls"]["flashattn.causal"]["median_ms"],
-            "tuned: / dense": n_ms / r["impls"]["flashattn.causal"]["median_ms"],
-            "control (×)": n_ms / r["impls"]["flashattn.flex#2"]["median_ms"]}
-    return pd.DataFrame(rows).T.rename_axis("mask (fp16, 8K)")
+            "first: / dense": o_ms / om["flashattn.causal"]["median_ms"],
+            "tuned: / dense": n_ms / im["flashattn.causal"]["median_ms"],
+            "torch, runs (×)": om["torch.flex"]["median_ms"] / im["torch.flex"]["median_ms"]}
+    return pd.DataFrame(rows).T.rename_axis(f"mask (fp16, {_k(N)})")

@@ -39,8 +39,8 @@ from flashbook.steps import HOPPER_LADDER
 from .bench import DEFAULT_STEPS, run_bench
 
 PARTS = ("bench", "bench-extra", "bench-backward", "bench-backward-bf16", "profile",
-         "profile-backward", "profile-decode", "compile", "flex", "flex-backward", "blasst",
-         "fp8", "profile-flex-fp8")
+         "profile-backward", "profile-decode", "compile", "flex", "flex-backward", "flex-backward-bf16",
+         "blasst", "fp8", "profile-flex-fp8")
 # Chapters 13 and 14: FlexAttention, BLASST and FP8 (measure.bench_flex, measure.bench_fp8).
 FLEX_BUDGET_S = dict(fwd=400.0, bwd=400.0, blasst=150.0)
 FP8_BUDGET_S = 200.0
@@ -221,17 +221,20 @@ def record_profile_decode(out: Path, *, quick: bool = False,
     return done
 
 
-def record_flex(out: Path, *, passes=("fwd",), quick: bool = False,
-                rounds: int | None = None) -> list[Path]:
-    """FlexAttention against torch.compile(flex_attention), fp16 and bf16, one pass per part
-    (``flex/flex_bench.json``, ``flex/flex_bench_backward.json``)."""
+def record_flex(out: Path, *, passes=("fwd",), dtypes=("float16", "bfloat16"),
+                quick: bool = False, rounds: int | None = None) -> list[Path]:
+    """FlexAttention against torch.compile(flex_attention), one pass per part: the forward in
+    fp16 and bf16 (``flex/flex_bench.json``); the backward one dtype per part, as each fills
+    most of a 10-minute command (``flex/flex_bench_backward.json``, ``..._backward_bf16.json``)."""
     from . import bench_flex
-    name = "flex_bench" + ("_backward" if "bwd" in passes else "") + ("-quick" if quick else "")
+    name = ("flex_bench" + ("_backward" if "bwd" in passes else "")
+            + ("_bf16" if "bwd" in passes and tuple(dtypes) == ("bfloat16",) else "")
+            + ("-quick" if quick else ""))
     args = ["--out", str(out / "flex"), "--name", name + ".json",
             "--budget-s", str(FLEX_BUDGET_S["bwd" if "bwd" in passes else "fwd"])]
     for p in passes:
         args += ["--pass", p]
-    for d in ("float16", "bfloat16"):
+    for d in dtypes:
         args += ["--dtype", d]
     if quick:
         args += ["--quick", "--n", "1024", "--rounds", "2"]
@@ -371,9 +374,11 @@ def main(argv: list[str] | None = None) -> int:
                 files = record_profile_backward(out, quick=a.quick, command=command)
             elif part == "profile-decode":
                 files = record_profile_decode(out, quick=a.quick, command=command)
-            elif part in ("flex", "flex-backward"):
-                files = record_flex(out, passes=("bwd",) if part == "flex-backward" else ("fwd",),
-                                    quick=a.quick, rounds=a.rounds)
+            elif part == "flex":
+                files = record_flex(out, quick=a.quick, rounds=a.rounds)
+            elif part in ("flex-backward", "flex-backward-bf16"):
+                files = record_flex(out, passes=("bwd",), quick=a.quick, rounds=a.rounds,
+                                    dtypes=("bfloat16",) if part.endswith("bf16") else ("float16",))
             elif part == "blasst":
                 files = record_blasst(out, quick=a.quick, rounds=a.rounds)
             elif part == "fp8":
