@@ -132,6 +132,20 @@ def test_backward_frame_on_the_recorded_run():
     assert list(t.index[:1]) == ["causal"] and not t.isna().any().any()
 
 
+def test_backward_runs_bf16_and_the_first_run():
+    # one file per dtype, the same workloads and lengths; the first run (64 x 64 tiles) beside
+    b16 = flex.backward_frame(dtype="bfloat16")
+    f16 = flex.backward_frame()
+    assert set(zip(b16["workload"], b16["N"])) == set(zip(f16["workload"], f16["N"]))
+    with pytest.raises(KeyError):
+        flex.backward_path("float32")
+    bt = flex.backward_tiles_table()
+    assert len(bt) == f16["workload"].nunique() and not bt.isna().any().any()
+    first = flex.bench(flex.BENCH_BWD_FIRST)["rows"]
+    o = next(r for r in first if r["workload"] == "causal" and r["N"] == 8192)
+    assert bt.loc["causal", "first run (ms)"] == o["impls"]["flashattn.flex"]["median_ms"]
+
+
 def test_blasst_bench_and_figure():
     b = flex.blasst_bench()
     assert set(b["kind"]) == {"random", "local", "sink"}
