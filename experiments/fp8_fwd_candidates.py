@@ -38,7 +38,9 @@ sys.path.insert(0, str(ROOT))
 
 from experiments.fp8_fwd_variants import VARIANTS  # noqa: E402
 
-CANDIDATES = ["lsum", "n256", "n256-lsum", "m64-occ2-lat2"]
+CANDIDATES = ["lsum", "rev", "n256-split", "n256-split-lsum", "n256-split-lsum-rev",
+              "m64-occ2-lat2"]
+CAUSAL_ONLY = {"rev", "n256-split-lsum-rev"}   # REV is a no-op without the causal mask
 REPORT = ROOT / "experiments" / "data" / "48-fp8-fwd-candidates" / "compile.json"
 N, D, B, H = 16384, 128, 1, 16               # bench_fp8's 16K shape: B = 16K / N, H = 2048 / D
 
@@ -58,14 +60,17 @@ def compile_rows(variants, arch="sm_90", head_dim=128, keep: Path | None = None)
             r = compile_spec(SPEC, arch, c, hints=cfg.hints(), dtype="bfloat16", align=16,
                              label=name, keep_sass=True)
             text = getattr(r, "sass_text", "")
-            loops = loop_table(text, 5000) if text else []
-            main = min((lp for lp in loops if lp["MMA"]), key=lambda lp: lp["instr"],
-                       default=None)
+            # The per-tile loops of the MMA/softmax warps (spans of at most 1,000 instructions
+            # holding an MMA), with the keys each handles: a thread holds TILE_N / 2 scores of
+            # a tile, so MUFU.EX2 = TILE_N / 2 + 2 (the two rows' alpha).
+            loops = [dict(lp, keys=2 * (lp["MUFU.EX2"] - 2)) for lp in
+                     (loop_table(text, 1000) if text else []) if lp["MMA"] and lp["MUFU.EX2"]]
+            main = max(loops, key=lambda lp: (lp["keys"], -lp["instr"]), default=None)
             row = dict(variant=name, arch=arch, D=head_dim, causal=causal, config=cfg.label(),
                        switches=VARIANTS[name][1], registers=r.registers,
                        stack_bytes=r.stack_bytes, shared_bytes=r.shared_bytes,
                        sass_lines=r.sass_lines, error=r.error, seconds=round(time.time() - t, 1),
-                       main_loop=main, keys_per_loop=c["TILE_N"])
+                       main_loop=main, loops=loops)
             rows.append(row)
             print(json.dumps(row), flush=True)
             if keep is not None and text:
@@ -75,18 +80,21 @@ def compile_rows(variants, arch="sm_90", head_dim=128, keep: Path | None = None)
 
 
 def format_compile(rows) -> str:
-    head = ("| variant | mask | config | regs | stack | smem B | SASS lines | loop instr "
-            "(per warp) | keys/loop | instr per 128 keys | MMA | MUFU.EX2 | F2FP | SEL |\n"
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+    head = ("| variant | mask | config | regs | stack | smem B | SASS lines | main loop instr "
+            "(per warp) | keys/loop | instr per 128 keys | MMA | MUFU.EX2 | F2FP | SEL | "
+            "other loops (instr/keys) |\n"
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
     out = []
     for r in rows:
         lp = r["main_loop"] or {}
-        per128 = lp.get("instr", 0) * 128 / r["keys_per_loop"] if lp else 0
+        per128 = lp["instr"] * 128 / lp["keys"] if lp else 0
+        other = ", ".join(f"{x['instr']}/{x['keys']}" for x in r["loops"] if x is not r["main_loop"]
+                          and x != r["main_loop"])
         out.append(f"| {r['variant']} | {'causal' if r['causal'] else 'full'} | {r['config']} | "
                    f"{r['registers']} | {r['stack_bytes']} | {r['shared_bytes']} | "
-                   f"{r['sass_lines']} | {lp.get('instr', '-')} | {r['keys_per_loop']} | "
+                   f"{r['sass_lines']} | {lp.get('instr', '-')} | {lp.get('keys', '-')} | "
                    f"{per128:.0f} | {lp.get('MMA', '-')} | {lp.get('MUFU.EX2', '-')} | "
-                   f"{lp.get('F2FP', '-')} | {lp.get('SEL', '-')} |"
+                   f"{lp.get('F2FP', '-')} | {lp.get('SEL', '-')} | {other or '-'} |"
                    + (f" error: {r['error']}" if r["error"] else ""))
     return head + "\n".join(out) + "\n"
 
@@ -146,15 +154,24 @@ def make_calls(x, causal, names, config=None) -> dict:
 
 
 def _warm(task):
-    """Worker process: one launch of one row at the timed shape (fills cuTile's disk cache)."""
-    name, causal = task
+    """Worker process: one launch of one row at the timed shape (fills cuTile's disk cache);
+    in the dry run one interpreted call at the dry run's shape (the plumbing only)."""
+    name, causal, dry = task
     t = time.time()
     try:
+        import contextlib
         import torch
-        with torch.no_grad():
-            x = make_inputs(1, 1, N, D, torch.device("cuda"))
-            make_calls(x, causal, [name])[name]()
-            torch.cuda.synchronize()
+        from flashattn import interpret
+        from flashattn.steps import Config
+        ctx = interpret.enabled() if dry else contextlib.nullcontext()
+        with ctx, torch.no_grad():
+            if dry:
+                x = make_inputs(1, 1, 128, 64, torch.device("cpu"))
+                make_calls(x, causal, [name], config=Config(64, 64))[name]()
+            else:
+                x = make_inputs(1, 1, N, D, torch.device("cuda"))
+                make_calls(x, causal, [name])[name]()
+                torch.cuda.synchronize()
         return name, causal, round(time.time() - t, 1), ""
     except Exception as e:  # the timing process compiles it again and reports
         return name, causal, round(time.time() - t, 1), f"{type(e).__name__}: {e}"[:300]
@@ -179,7 +196,7 @@ def main(argv=None) -> int:
     ap.add_argument("--budget-s", type=float, default=75.0)
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--variants", nargs="*", help=f"default {' '.join(CANDIDATES)}")
-    ap.add_argument("--workers", type=int, default=12, help="parallel compile processes")
+    ap.add_argument("--workers", type=int, default=14, help="parallel compile processes")
     ap.add_argument("--no-warm", action="store_true", help="skip the parallel compile")
     ap.add_argument("--dry-run", action="store_true",
                     help="CPU: tiny shapes through the interpreter, fake timing")
@@ -202,18 +219,17 @@ def main(argv=None) -> int:
     import torch
     from flashbook.measure.bench_fp8 import Timer, attention_flops
     if a.dry_run:
-        import contextlib
         from flashattn import interpret
         from flashattn.steps import Config
         device, ctx = torch.device("cpu"), interpret.enabled()
         b, h, n, d, rounds, config = 1, 2, 256, 64, 1, Config(64, 64)
-        _ = contextlib
     else:
         import contextlib
         device, ctx = torch.device("cuda"), contextlib.nullcontext()
         b, h, n, d, rounds, config = B, H, N, D, a.rounds, None
     shapes = [False, True]
-    rows_for = {c: ["fp16", "fp8", "fp8#2"] + [v for v in variants if (v, c) not in drop]
+    rows_for = {c: ["fp16", "fp8", "fp8#2"] + [v for v in variants if (v, c) not in drop
+                                                and (c or v not in CAUSAL_ONLY)]
                 for c in shapes}
     for c in shapes:
         for v in variants:
@@ -221,9 +237,9 @@ def main(argv=None) -> int:
                 log(f"dropped {v} {'causal' if c else 'full'}: spilled or failed on sm_90 "
                     f"({REPORT.relative_to(ROOT)})")
     warm = []
-    if not a.dry_run and not a.no_warm:
-        tasks = [(nm, c) for c in shapes for nm in rows_for[c] if nm != "fp8#2"]
-        warm = warm_all(tasks, a.workers)
+    if not a.no_warm:
+        tasks = [(nm, c, a.dry_run) for c in shapes for nm in rows_for[c] if nm != "fp8#2"]
+        warm = warm_all(tasks, 2 if a.dry_run else a.workers)
         for nm, c, s, err in warm:
             log(f"compiled {nm:14} {'causal' if c else 'full  '} {s:6.1f} s {err}")
         log(f"parallel compile: {time.time() - t0:.1f} s")

@@ -1,24 +1,31 @@
 """FP8 forward speed candidates (issue 26): the library's ``fmha_fp8_kernel`` with switches.
 
 The kernel here is ``flashattn/kernels/fp8.py``'s FP8 forward (V given transposed, (B, Hkv, D, Nk);
-fast accumulation; P = 2^(s - m + 8) cast to e4m3; the add-form mask) with three switches, each
-aimed at the loop that E32's SASS read and E33's profile timed (2.84 ms at SM 45 %: the products
-and the softmax mostly one after the other, MUFU, issue and tensor cores each near 1,050 clocks a
-tile but the tile taking ~2,450):
+fast accumulation; P = 2^(s - m + 8) cast to e4m3; the add-form mask) with switches aimed at the
+loop that E32's SASS read and E33's profile timed (2.84 ms at SM 45 %: MUFU, issue slots and
+tensor cores each need about 1,050 clocks a 128x128 tile, the tile takes about 2,450):
 
-* ``LSUM`` (0 off, 1 or 2: the product issued before or after P V): the row sum of P on the
-  tensor cores, ``l += P8 @ ones(TILE_N, 16)`` (an FP8 MMA of
+* ``LSUM`` (0 off, 1 or 2: the product written before or after P V; the compiler orders both
+  the same): the row sum of P on the tensor cores, ``l += P8 @ ones(TILE_N, 16)`` (an FP8 MMA of
   16 columns beside P V, 1/8 of its work) instead of 64 FADD per thread per tile; the 16 columns
   are equal, the end takes their max. The sum is then of the e4m3-rounded P that P V uses.
-* ``PIPE``: S of the next key tile is issued before the softmax of this one (FlashAttention-3's
-  intra-warpgroup pipelining written in the source: the next tile's QK^T can run on the tensor
-  cores while this tile's exponentials run); the last iteration recomputes the last tile (its
-  index clamped: no load past K), one extra QK^T per program.
-* ``LAT``: the ``latency`` hint (1-10) of the K and V loads (0: none, the library's); it moves
-  the compiler's pipeline depth, i.e. shared memory and whether two programs fit an SM.
+* ``SPLIT``: the unmasked key tiles in a loop of TILE_N keys, the masked ones (causal diagonal,
+  ragged end) in a second loop of TILE_N // 2 keys: 128x256 spilled 248 bytes causal with the
+  mask inside its one loop; split, the masked work is at 128 keys.
+* ``PIPE``: S of the next key tile written before the softmax of this one (FlashAttention-3's
+  intra-warpgroup pipelining in the source); the last iteration recomputes the last tile (index
+  clamped, no load past K).
+* ``EXP16``: the exponent in fp32, the exponential of its fp16 value (hoping for a packed
+  MUFU.EX2 of two halves).
+* ``K_LAT``, ``V_LAT``: the ``latency`` hints (1-10) of the K and V loads (0: none, the FP8
+  library kernel's; the fp16 forward uses 2 and 4); they move the compiler's pipeline depth,
+  i.e. shared memory and whether two programs fit an SM.
+* ``REV`` (causal): the longest query tiles launched first, as the fp16 forward does (chapter 8)
+  and the FP8 forward does not.
 
 Tiles and hints come from the variant's ``Config`` (``VARIANTS``). Everything else is the
-library kernel, so ``base`` (all off) must compile to the library's SASS.
+library kernel: ``base`` (all off) compiles to the library's SASS (sm_90: the same 2,880 lines,
+527-instruction loop and 165,000 bytes of shared memory).
 """
 from __future__ import annotations
 
@@ -100,10 +107,13 @@ def fmha_fp8_var_kernel(Q, K, V, Out, QDescale, KDescale, VDescale,
                         qk_scale: float, input_pos: int, num_heads: int, group_size: int,
                         TILE_M: ConstInt, TILE_N: ConstInt, TILE_D: ConstInt,
                         CAUSAL: ConstBool, EVEN_K: ConstBool,
-                        LSUM: ConstInt, PIPE: ConstBool, LAT: ConstInt,
-                        EXP16: ConstBool, SPLIT: ConstBool):
+                        LSUM: ConstInt, PIPE: ConstBool, K_LAT: ConstInt, V_LAT: ConstInt,
+                        EXP16: ConstBool, SPLIT: ConstBool, REV: ConstBool):
     """The library FP8 forward (V^T) with the LSUM / PIPE / LAT switches (module docstring)."""
-    bid_x = ct.bid(0)
+    if REV and CAUSAL:
+        bid_x = ct.num_blocks(0) - 1 - ct.bid(0)    # the longest query tiles first, as fmha.py
+    else:
+        bid_x = ct.bid(0)
     bid_y = ct.bid(1)
     batch_idx = bid_y // num_heads
     head_idx = bid_y % num_heads
@@ -129,7 +139,7 @@ def fmha_fp8_var_kernel(Q, K, V, Out, QDescale, KDescale, VDescale,
                                     k_seqlen, TILE_N, CAUSAL)
     s_next = ct.full((TILE_M, TILE_N), 0.0, dtype=ct.float32)
     if PIPE:
-        k0 = _load_k(K, batch_idx, kv_head, 0, TILE_N, TILE_D, LAT)
+        k0 = _load_k(K, batch_idx, kv_head, 0, TILE_N, TILE_D, K_LAT)
         s_next = ct.mma(q, k0, s_next, use_fast_acc=True)
 
     if SPLIT:
@@ -139,18 +149,19 @@ def fmha_fp8_var_kernel(Q, K, V, Out, QDescale, KDescale, VDescale,
             qk = s_next
             # The next tile's S before this tile's softmax (the last iteration: the last tile
             # again, its result unused; no load past K).
-            kn = _load_k(K, batch_idx, kv_head, min(j + 1, Tc - 1), TILE_N, TILE_D, LAT)
+            kn = _load_k(K, batch_idx, kv_head, min(j + 1, Tc - 1), TILE_N, TILE_D,
+                            K_LAT)
             s_next = ct.mma(q, kn, ct.full((TILE_M, TILE_N), 0.0, dtype=ct.float32),
                             use_fast_acc=True)
         else:
-            k = _load_k(K, batch_idx, kv_head, j, TILE_N, TILE_D, LAT)
+            k = _load_k(K, batch_idx, kv_head, j, TILE_N, TILE_D, K_LAT)
             qk = ct.mma(q, k, ct.full((TILE_M, TILE_N), 0.0, dtype=ct.float32),
                         use_fast_acc=True)
         if (CAUSAL or not EVEN_K) and not SPLIT and j >= mask_start:
             qk = _mask(qk, j, offs_m, offs_n_tile, k_seqlen, TILE_M, TILE_N, CAUSAL, EVEN_K)
 
         m_i, l_i, l_mm, acc = _softmax_pv(qk, m_i, l_i, l_mm, acc, ones, V, batch_idx, kv_head,
-                                          j, scale, Q.dtype, TILE_N, TILE_D, LSUM, LAT, EXP16)
+                                          j, scale, Q.dtype, TILE_N, TILE_D, LSUM, V_LAT, EXP16)
 
     if SPLIT:
         # The masked key tiles (the causal diagonal, a ragged end) in tiles of TILE_N // 2.
@@ -162,12 +173,12 @@ def fmha_fp8_var_kernel(Q, K, V, Out, QDescale, KDescale, VDescale,
         else:
             Tc2 = ct.cdiv(k_seqlen, TN2)
         for j2 in range(2 * mask_start, Tc2):
-            k = _load_k(K, batch_idx, kv_head, j2, TN2, TILE_D, LAT)
+            k = _load_k(K, batch_idx, kv_head, j2, TN2, TILE_D, K_LAT)
             qk = ct.mma(q, k, ct.full((TILE_M, TN2), 0.0, dtype=ct.float32), use_fast_acc=True)
             qk = _mask(qk, j2, offs_m, offs_n2, k_seqlen, TILE_M, TN2, CAUSAL, EVEN_K)
             m_i, l_i, l_mm, acc = _softmax_pv(qk, m_i, l_i, l_mm, acc, ones2, V, batch_idx,
                                               kv_head, j2, scale, Q.dtype, TN2, TILE_D, LSUM,
-                                              LAT, EXP16)
+                                              V_LAT, EXP16)
 
     if LSUM > 0:
         l_i = ct.max(l_mm, axis=-1, keepdims=True)                     # its 16 equal columns
@@ -183,44 +194,39 @@ SPEC = KernelSpec(
             Array("KDescale", 2, "float32"), Array("VDescale", 2, "float32")),
     scalars=(("qk_scale", float), ("input_pos", int), ("num_heads", int),
              ("group_size", int)),
-    constants=("TILE_M", "TILE_N", "TILE_D", "CAUSAL", "EVEN_K", "LSUM", "PIPE", "LAT",
-               "EXP16", "SPLIT"))
+    constants=("TILE_M", "TILE_N", "TILE_D", "CAUSAL", "EVEN_K", "LSUM", "PIPE", "K_LAT",
+               "V_LAT", "EXP16", "SPLIT", "REV"))
 
-# name -> (config label or None for the arch's library config, switches). Which ones the GPU
-# script times is decided by the compile report (experiments/fp8_fwd_candidates.py compile).
+# name -> (config label, "" for the arch's library config; the switches that differ from
+# SWITCHES). Which ones the GPU script times: CANDIDATES there, after the compile report.
 VARIANTS: dict[str, tuple[str | None, dict]] = {
-    "base": (None, dict(LSUM=0, PIPE=False, LAT=0, EXP16=False, SPLIT=False)),
-    "lsum": (None, dict(LSUM=1, PIPE=False, LAT=0, EXP16=False, SPLIT=False)),
-    "pipe": (None, dict(LSUM=0, PIPE=True, LAT=0, EXP16=False, SPLIT=False)),
-    "pipe-lsum": (None, dict(LSUM=1, PIPE=True, LAT=0, EXP16=False, SPLIT=False)),
-    "lsum2": (None, dict(LSUM=2, PIPE=False, LAT=0, EXP16=False, SPLIT=False)),
-    "e16-lsum": (None, dict(LSUM=1, PIPE=False, LAT=0, EXP16=True, SPLIT=False)),
-    "e16-lsum2": (None, dict(LSUM=2, PIPE=False, LAT=0, EXP16=True, SPLIT=False)),
-    "lat2": (None, dict(LSUM=0, PIPE=False, LAT=2, EXP16=False, SPLIT=False)),
-    "lat8": (None, dict(LSUM=0, PIPE=False, LAT=8, EXP16=False, SPLIT=False)),
-    "m64-occ2-lat2": ("64x128 occ=2", dict(LSUM=0, PIPE=False, LAT=2, EXP16=False, SPLIT=False)),
-    "m64-occ2-lsum": ("64x128 occ=2", dict(LSUM=1, PIPE=False, LAT=0, EXP16=False, SPLIT=False)),
-    "n256": ("128x256 occ=1 nww=8", dict(LSUM=0, PIPE=False, LAT=0, EXP16=False, SPLIT=False)),
-    "n256-lsum": ("128x256 occ=1 nww=8", dict(LSUM=1, PIPE=False, LAT=0, EXP16=False, SPLIT=False)),
-    "n256-lsum2": ("128x256 occ=1 nww=8", dict(LSUM=2, PIPE=False, LAT=0, EXP16=False, SPLIT=False)),
-    "n256-split": ("128x256 occ=1 nww=8", dict(LSUM=0, PIPE=False, LAT=0, EXP16=False,
-                                               SPLIT=True)),
-    "n256-split-lsum": ("128x256 occ=1 nww=8", dict(LSUM=1, PIPE=False, LAT=0, EXP16=False,
-                                                    SPLIT=True)),
-    "n256-e16-lsum": ("128x256 occ=1 nww=8", dict(LSUM=1, PIPE=False, LAT=0, EXP16=True, SPLIT=False)),
+    "base": ("", {}),
+    "lsum": ("", dict(LSUM=1)),
+    "pipe": ("", dict(PIPE=True)),
+    "e16-lsum": ("", dict(LSUM=1, EXP16=True)),
+    "lat24": ("", dict(K_LAT=2, V_LAT=4)),               # the fp16 forward's hints
+    "lat8": ("", dict(K_LAT=8, V_LAT=8)),
+    "rev": ("", dict(REV=True)),
+    "m64-occ2-lat2": ("64x128 occ=2", dict(K_LAT=2, V_LAT=2)),
+    "n256": ("128x256 occ=1 nww=8", {}),
+    "n256-lsum": ("128x256 occ=1 nww=8", dict(LSUM=1)),
+    "n256-split": ("128x256 occ=1 nww=8", dict(SPLIT=True)),
+    "n256-split-lsum": ("128x256 occ=1 nww=8", dict(LSUM=1, SPLIT=True)),
+    "n256-split-lsum-rev": ("128x256 occ=1 nww=8", dict(LSUM=1, SPLIT=True, REV=True)),
 }
+SWITCHES = dict(LSUM=0, PIPE=False, K_LAT=0, V_LAT=0, EXP16=False, SPLIT=False, REV=False)
 
 
 def variant_config(name: str, arch: str | None, head_dim: int):
     from flashattn.kernels.fp8_spec import fp8_config
     from flashattn.steps import Config
     label, _ = VARIANTS[name]
-    return fp8_config(arch, head_dim) if label is None else Config.parse(label)
+    return Config.parse(label) if label else fp8_config(arch, head_dim)
 
 
 def variant_constants(name: str, config, *, head_dim: int, causal: bool, even_k: bool) -> dict:
     from flashattn.contract import tile_d_for
-    _, sw = VARIANTS[name]
+    sw = dict(SWITCHES, **VARIANTS[name][1])
     return dict(TILE_M=config.TILE_M, TILE_N=config.TILE_N, TILE_D=tile_d_for(head_dim),
                 CAUSAL=bool(causal), EVEN_K=bool(even_k), **sw)
 
