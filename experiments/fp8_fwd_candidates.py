@@ -162,12 +162,11 @@ def _warm(task):
         import contextlib
         import torch
         from flashattn import interpret
-        from flashattn.steps import Config
         ctx = interpret.enabled() if dry else contextlib.nullcontext()
         with ctx, torch.no_grad():
             if dry:
-                x = make_inputs(1, 1, 128, 64, torch.device("cpu"))
-                make_calls(x, causal, [name], config=Config(64, 64))[name]()
+                x = make_inputs(1, 1, 256, 64, torch.device("cpu"))
+                make_calls(x, causal, [name])[name]()
             else:
                 x = make_inputs(1, 1, N, D, torch.device("cuda"))
                 make_calls(x, causal, [name])[name]()
@@ -220,9 +219,10 @@ def main(argv=None) -> int:
     from flashbook.measure.bench_fp8 import Timer, attention_flops
     if a.dry_run:
         from flashattn import interpret
-        from flashattn.steps import Config
         device, ctx = torch.device("cpu"), interpret.enabled()
-        b, h, n, d, rounds, config = 1, 2, 256, 64, 1, Config(64, 64)
+        # Each variant's own tiles (the interpreter stands in for sm_90): 512 keys are two
+        # 256-key tiles, four 128-key ones.
+        b, h, n, d, rounds, config = 1, 2, 512, 64, 1, None
     else:
         import contextlib
         device, ctx = torch.device("cuda"), contextlib.nullcontext()
@@ -252,6 +252,26 @@ def main(argv=None) -> int:
             return res
         timer.rounds = fake
     rows, skipped = [], []
+
+    def write(final=False):
+        """The JSON and the log so far (after every shape: a time limit keeps what was done)."""
+        from flashattn.env import metadata
+        meta = dict(metadata("python experiments/fp8_fwd_candidates.py " + " ".join(argv),
+                             device=device if device.type == "cuda" else None),
+                    device=(torch.cuda.get_device_name(device) if device.type == "cuda"
+                            else "cpu (interpreter dry run, fake timing)"),
+                    dry_run=a.dry_run, rounds=rounds, budget_s=a.budget_s, variants=variants,
+                    switches={v: VARIANTS[v] for v in variants},
+                    dropped=sorted(map(list, drop)), warm=[list(w) for w in warm],
+                    seconds=round(time.time() - t0, 1), complete=final,
+                    method="harness.time_in_rounds via bench_fp8.Timer: CUDA graphs, L2 flush "
+                           "+ idle per sample, random order per round, median + bootstrap CI")
+        (out / "fp8_fwd_candidates.json").write_text(json.dumps(
+            dict(meta=meta, rows=rows, skipped=skipped), indent=1, default=str) + "\n")
+        if final:
+            log(f"wrote {out}/fp8_fwd_candidates.json ({meta['seconds']} s)")
+        (out / "fp8_fwd_candidates.log").write_text("\n".join(log_lines) + "\n")
+
     from flashattn.fp8 import reference_fp8
     from flashattn.reference import attention as ref_attention
     with ctx, torch.no_grad():
@@ -305,20 +325,8 @@ def main(argv=None) -> int:
             del calls, x
             if device.type == "cuda":
                 torch.cuda.empty_cache()
-    from flashattn.env import metadata
-    meta = dict(metadata("python experiments/fp8_fwd_candidates.py " + " ".join(argv),
-                         device=device if device.type == "cuda" else None),
-                device=(torch.cuda.get_device_name(device) if device.type == "cuda"
-                        else "cpu (interpreter dry run, fake timing)"),
-                dry_run=a.dry_run, rounds=rounds, budget_s=a.budget_s, variants=variants,
-                switches={v: VARIANTS[v] for v in variants}, dropped=sorted(map(list, drop)),
-                warm=[list(w) for w in warm], seconds=round(time.time() - t0, 1),
-                method="harness.time_in_rounds via bench_fp8.Timer: CUDA graphs, L2 flush + "
-                       "idle per sample, random order per round, median + bootstrap CI")
-    (out / "fp8_fwd_candidates.json").write_text(json.dumps(
-        dict(meta=meta, rows=rows, skipped=skipped), indent=1, default=str) + "\n")
-    log(f"wrote {out}/fp8_fwd_candidates.json ({meta['seconds']} s)")
-    (out / "fp8_fwd_candidates.log").write_text("\n".join(log_lines) + "\n")
+            write()
+    write(final=True)
     return 0
 
 
