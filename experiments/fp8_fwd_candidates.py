@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 from experiments.fp8_fwd_variants import VARIANTS  # noqa: E402
 
 CANDIDATES = ["lsum", "rev", "n256-split", "n256-split-lsum", "n256-split-lsum-rev",
-              "m64-occ2-lat2"]
+              "m64-occ2-lat2", "m64-occ2-lat2-lsum"]
 CAUSAL_ONLY = {"rev", "n256-split-lsum-rev"}   # REV is a no-op without the causal mask
 REPORT = ROOT / "experiments" / "data" / "48-fp8-fwd-candidates" / "compile.json"
 N, D, B, H = 16384, 128, 1, 16               # bench_fp8's 16K shape: B = 16K / N, H = 2048 / D
@@ -195,7 +195,7 @@ def main(argv=None) -> int:
     ap.add_argument("--budget-s", type=float, default=75.0)
     ap.add_argument("--rounds", type=int, default=12)
     ap.add_argument("--variants", nargs="*", help=f"default {' '.join(CANDIDATES)}")
-    ap.add_argument("--workers", type=int, default=14, help="parallel compile processes")
+    ap.add_argument("--workers", type=int, default=16, help="parallel compile processes")
     ap.add_argument("--no-warm", action="store_true", help="skip the parallel compile")
     ap.add_argument("--dry-run", action="store_true",
                     help="CPU: tiny shapes through the interpreter, fake timing")

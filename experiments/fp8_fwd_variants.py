@@ -208,6 +208,7 @@ VARIANTS: dict[str, tuple[str | None, dict]] = {
     "lat8": ("", dict(K_LAT=8, V_LAT=8)),
     "rev": ("", dict(REV=True)),
     "m64-occ2-lat2": ("64x128 occ=2", dict(K_LAT=2, V_LAT=2)),
+    "m64-occ2-lat2-lsum": ("64x128 occ=2", dict(K_LAT=2, V_LAT=2, LSUM=1)),
     "n256": ("128x256 occ=1 nww=8", {}),
     "n256-lsum": ("128x256 occ=1 nww=8", dict(LSUM=1)),
     "n256-split": ("128x256 occ=1 nww=8", dict(SPLIT=True)),
