@@ -325,6 +325,15 @@ def main(argv=None) -> int:
                         f"x{row['vs_fp16']:.3f} fp16 x{row['vs_fp8']:.3f} fp8 "
                         f"err {errs[name]:.2e}")
                 rows.append(row)
+            cands = [r for r in rows if r["causal"] == causal and "vs_fp16" in r
+                     and r["impl"] not in ("fp16", "fp8", "fp8#2")]
+            if cands:
+                best = max(cands, key=lambda r: r["vs_fp16"])
+                ctl = res["fp8"]["median_ms"] / res["fp8#2"]["median_ms"] if "fp8#2" in res else 0
+                lib = res["fp16"]["median_ms"] / res["fp8"]["median_ms"]
+                log(f"best {'causal' if causal else 'full'}: {best['impl']} x{best['vs_fp16']:.3f} "
+                    f"fp16 (target 1.5), x{best['vs_fp8']:.3f} library fp8; library fp8 "
+                    f"x{lib:.3f} fp16; control fp8/fp8#2 {ctl:.3f}")
             del calls, x
             if device.type == "cuda":
                 torch.cuda.empty_cache()
