@@ -695,11 +695,14 @@ FLEX_BWD_CONFIGS_T: dict[str, dict[int, tuple[Config, Config]]] = {
 # dK/dV ("mn": make_flex_bwd_kernels, score tiles [queries, keys]; "t": make_flex_bwd_kernels_t)
 # and how Delta = rowsum(dO o O) is computed ("torch": fp32 copies of dO and O, multiplied and
 # summed by torch; "kernel": the dense backward's bwd_preprocess_kernel, one read of each).
+# "dkdv_score": the dK/dV pair with a score function, where it differs (sm_90's transposed
+# 64x128 dK/dV spills with softcap's tanh and its derivative).
 FLEX_BWD_VARIANTS: dict[str, dict[str, str]] = {
     "mn": dict(dq="mn", dkdv="mn", delta="torch"),
     "mn+delta": dict(dq="mn", dkdv="mn", delta="kernel"),
     "t-dq": dict(dq="t", dkdv="mn", delta="kernel"),
-    "t": dict(dq="t", dkdv="t", delta="kernel"),
+    "t": dict(dq="t", dkdv="t", dkdv_score="mn", delta="kernel"),
+    "t-all": dict(dq="t", dkdv="t", delta="kernel"),     # "t" with transposed dK/dV always
 }
 DEFAULT_BWD_VARIANT = "mn"
 _BWD_TABLES = {"mn": FLEX_BWD_CONFIGS, "t": FLEX_BWD_CONFIGS_T}
@@ -736,6 +739,8 @@ def flex_bwd_plan(*, B, Hq, Hkv, Nq, Nk, D, block_size=None, has_full=False, sco
     plans = {"delta": variant["delta"]}
     for i, name in enumerate(("dkdv", "dq")):
         kind = variant[name]
+        if name == "dkdv" and score is not None:
+            kind = variant.get("dkdv_score", kind)
         cfg = (configs or flex_bwd_configs(arch, D, kind))[i]
         tm, tn = block_mask_tiles(block_size, cfg, kernel_options)
         if (tm, tn) != (cfg.TILE_M, cfg.TILE_N):

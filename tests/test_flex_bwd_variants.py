@@ -28,6 +28,8 @@ def test_the_plan_of_each_variant():
     assert (p["delta"], p["dq"]["kind"], p["dkdv"]["kind"]) == ("torch", "mn", "mn")
     p = flex_bwd_plan(**kw, kernel_options={"BWD_VARIANT": "t"})
     assert (p["delta"], p["dq"]["kind"], p["dkdv"]["kind"]) == ("kernel", "t", "t")
+    ps = flex_bwd_plan(**kw, score=mods.softcap(20.0), kernel_options={"BWD_VARIANT": "t"})
+    assert (ps["dq"]["kind"], ps["dkdv"]["kind"]) == ("t", "mn")       # spills otherwise
     dkdv, dq = FLEX_BWD_CONFIGS_T["sm_90"][128]
     c = p["dkdv"]["constants"]
     assert (c["TILE_M"], c["TILE_N"], c["QPB"], c["TPB"]) == (64, 128, 2, 1)
