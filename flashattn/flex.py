@@ -690,6 +690,10 @@ FLEX_BWD_CONFIGS_T: dict[str, dict[int, tuple[Config, Config]]] = {
     "sm_90": {128: (Config(64, 128, num_worker_warps=8), Config(128, 64, num_worker_warps=8)),
               256: (Config(64, 64, num_worker_warps=8), Config(64, 64, num_worker_warps=8))},
     "sm_100": {128: (Config(64, 128), Config(128, 64))},
+    # Consumer Blackwell: the largest transposed dK/dV found without spills at D=128 (64x32 and
+    # 32x32 spill, as does the current pair's 64x64); with a score function it spills at every
+    # tile tried, so "t" keeps the current dK/dV there (dkdv_score).
+    "sm_120": {128: (Config(32, 16), Config(32, 32))},
 }
 # The backward's variants (kernel_options["BWD_VARIANT"]): which kernel pair computes dQ and
 # dK/dV ("mn": make_flex_bwd_kernels, score tiles [queries, keys]; "t": make_flex_bwd_kernels_t)

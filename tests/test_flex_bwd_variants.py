@@ -104,3 +104,19 @@ def test_sm90_tiles_with_blocks_of_128(variant, name, monkeypatch):
     if plan["delta"] == "kernel":
         expect.insert(0, (-(-Nq // 64), Hq, 1))
     assert grids[-len(expect):] == expect
+
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ["sm_90", "sm_100", "sm_120"])
+def test_variant_t_compiles_without_spills(arch):
+    """The candidate "t" at its tables, causal and softcap + causal (BlockMask 128, D=128): every
+    kernel it launches compiles without local memory, except the current dK/dV that sm_120's
+    "t" keeps with a score function (it spills there already: 472 bytes)."""
+    from flashattn.flex import compile_flex_bwd
+    for kw in (dict(mask=mods.causal()), dict(score=mods.softcap(50.0), mask=mods.causal())):
+        for r in compile_flex_bwd(arch, variant="t", **kw):
+            assert not r.error, (r.kernel, r.error)
+            if arch == "sm_120" and "score" in kw and r.kernel == "flex_dkdv":
+                continue
+            assert r.stack_bytes == 0, (arch, r.kernel, r.config, r.stack_bytes)
