@@ -753,8 +753,8 @@ def flex_bwd_plan(*, B, Hq, Hkv, Nq, Nk, D, block_size=None, has_full=False, sco
         qpb = block_size[0] // tm if block_size else 1
         tpb = block_size[1] // tn if block_size else 1
         if kind == "t":
-            # No bounds branch in these kernels: a sub-tile of a listed block past the end
-            # reads zeros and must be masked, so "even" is against the whole block.
+            # These kernels branch on the bounds only where a listed block can hold a
+            # sub-tile wholly past the end, and mask the ragged rest: "even" is per block.
             even_k, even_m = Nk % (tn * tpb) == 0, Nq % (tm * qpb) == 0
         else:
             even_k, even_m = Nk % tn == 0, Nq % tm == 0
