@@ -80,9 +80,9 @@ def dense(arch):
     return out
 
 
-def flex(arch, label, configs, **kw):
+def flex(arch, label, configs, variant="mn", **kw):
     return [row(label, r) for r in compile_flex_bwd(arch, configs=configs, keep_sass=True,
-                                                    **kw)]
+                                                    variant=variant, **kw)]
 
 
 def main(argv=None):
@@ -91,13 +91,18 @@ def main(argv=None):
     p.add_argument("--out", type=Path, default=OUT)
     p.add_argument("--extra", action="append", default=[],
                    help="more flex configs to try: 'M1xN1[:nww]/M2xN2[:nww]' (dkdv/dq)")
+    p.add_argument("--variant", action="append", default=[],
+                   help="flex.FLEX_BWD_VARIANTS to compile at their own tables (e.g. t)")
+    p.add_argument("--only-variants", action="store_true",
+                   help="skip the dense rows and the before/table trials")
     a = p.parse_args(argv)
     from flashattn.flex import Config
     rows = []
     for arch in a.arch or ["sm_90"]:
-        rows += [dict(arch=arch, **r) for r in dense(arch)]
-        trials = [("before 64x64", (BWD_CONFIG, BWD_CONFIG)),
-                  ("FLEX_BWD_CONFIGS", flex_bwd_configs(arch, 128))]
+        if not a.only_variants:
+            rows += [dict(arch=arch, **r) for r in dense(arch)]
+        trials = [] if a.only_variants else [("before 64x64", (BWD_CONFIG, BWD_CONFIG)),
+                                            ("FLEX_BWD_CONFIGS", flex_bwd_configs(arch, 128))]
         for e in a.extra:
             cs = []
             for part in e.split("/"):
@@ -105,16 +110,18 @@ def main(argv=None):
                 m, n = map(int, t.split("x"))
                 cs.append(Config(m, n, num_worker_warps=int(w) if w else None))
             trials.append((e, tuple(cs)))
+        trials = [(label, cfgs, "mn") for label, cfgs in trials]
+        trials += [(f"variant {v}", None, v) for v in a.variant]
         seen = set()
-        for label, cfgs in trials:
-            if cfgs in seen:
+        for label, cfgs, variant in trials:
+            if (cfgs, variant) in seen:
                 continue
-            seen.add(cfgs)
+            seen.add((cfgs, variant))
             for wl, kw in (("causal", dict(mask=mods.causal())),
                            ("softcap50+causal", dict(score=mods.softcap(50.0),
                                                      mask=mods.causal()))):
                 rows += [dict(arch=arch, **r) for r in flex(arch, f"flex {wl} {label}", cfgs,
-                                                            **kw)]
+                                                            variant=variant, **kw)]
                 print(rows[-1].get("error", "") or f"{arch} {label} {wl} done", flush=True)
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "sass.json").write_text(json.dumps(rows, indent=1))

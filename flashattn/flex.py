@@ -61,7 +61,8 @@ class Config:
 
 __all__ = ["flex_attention", "ModError", "flex_plan", "FLEX_CONFIGS", "flex_kernel",
            "block_mask_tiles", "attention_masked", "compile_flex", "compile_flex_bwd",
-           "flex_bwd_kernels", "FLEX_BWD_CONFIGS", "flex_bwd_configs", "flex_bwd_plan"]
+           "flex_bwd_kernels", "FLEX_BWD_CONFIGS", "FLEX_BWD_CONFIGS_T", "FLEX_BWD_VARIANTS",
+           "flex_bwd_configs", "flex_bwd_plan"]
 
 
 class ModError(ValueError):
@@ -77,7 +78,7 @@ FLEX_CONFIGS: dict[str, Config] = {
     "sm_120": Config(64, 64),
 }
 DEFAULT_CONFIG = Config(64, 64)
-KERNEL_OPTIONS = ("BLOCK_M", "BLOCK_N", "BLASST_THRESHOLD")
+KERNEL_OPTIONS = ("BLOCK_M", "BLOCK_N", "BLASST_THRESHOLD", "BWD_VARIANT")
 
 _KERNELS: dict = {}
 _PROBED: dict = {}
@@ -293,8 +294,9 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
         return_lse / return_aux: also return the natural-log LSE (fp32 (B, Hq, Nq); -inf for a
             row with no key): ``(out, lse)``, or ``(out, AuxOutput(lse=...))`` for
             ``return_aux=AuxRequest(lse=True)``. ``max_scores`` is not implemented (raises).
-        kernel_options: ``{"BLOCK_M": int, "BLOCK_N": int, "BLASST_THRESHOLD": float}``; other
-            keys raise.
+        kernel_options: ``{"BLOCK_M": int, "BLOCK_N": int, "BLASST_THRESHOLD": float,
+            "BWD_VARIANT": str}``; other keys raise. ``BWD_VARIANT`` picks the backward's
+            kernels from ``FLEX_BWD_VARIANTS`` (default "mn").
         sinks: float (Hq,) per-head sink logits (gpt-oss): ``exp(sinks[h])`` joins every row's
             denominator (the LSE returned includes it). Not in PyTorch's FlexAttention.
         blasst_threshold: T > 0 (log2 units): drop a key tile whose row maxima all fall more
@@ -322,6 +324,9 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
             raise ValueError("give the BLASST threshold once: blasst_threshold= or "
                              "kernel_options['BLASST_THRESHOLD']")
         blasst_threshold = ko.pop("BLASST_THRESHOLD")
+    if "BWD_VARIANT" in ko and ko["BWD_VARIANT"] not in FLEX_BWD_VARIANTS:
+        raise ValueError(f"kernel_options BWD_VARIANT={ko['BWD_VARIANT']!r}: choose from "
+                         f"{', '.join(map(repr, FLEX_BWD_VARIANTS))}")
     if blasst_threshold is not None:
         if isinstance(blasst_threshold, bool) or not isinstance(blasst_threshold, (int, float)) \
                 or not blasst_threshold > 0 or not math.isfinite(blasst_threshold):
@@ -678,40 +683,89 @@ FLEX_BWD_CONFIGS: dict[str, dict[int, tuple[Config, Config]]] = {
     "sm_100": {128: (Config(128, 64), Config(128, 64))},
 }
 BWD_CONFIG = Config(64, 64)     # elsewhere, and where an entry's tiles do not divide the blocks
+# The same for the kernels of ``kernels/flex_bwd.make_flex_bwd_kernels_t`` (the dense backward's
+# shape): dK/dV on transposed [keys, queries] tiles takes the dense table's 64 queries x 128 keys,
+# each warp group owning 64 keys' rows of dK and dV (chapter 13, the flex backward's SASS).
+FLEX_BWD_CONFIGS_T: dict[str, dict[int, tuple[Config, Config]]] = {
+    "sm_90": {128: (Config(64, 128, num_worker_warps=8), Config(128, 64, num_worker_warps=8)),
+              256: (Config(64, 64, num_worker_warps=8), Config(64, 64, num_worker_warps=8))},
+    "sm_100": {128: (Config(64, 128), Config(128, 64))},
+    # Consumer Blackwell: the largest transposed dK/dV found without spills at D=128 (64x32 and
+    # 32x32 spill, as does the current pair's 64x64); with a score function it spills at every
+    # tile tried, so "t" keeps the current dK/dV there (dkdv_score).
+    "sm_120": {128: (Config(32, 16), Config(32, 32))},
+}
+# The backward's variants (kernel_options["BWD_VARIANT"]): which kernel pair computes dQ and
+# dK/dV ("mn": make_flex_bwd_kernels, score tiles [queries, keys]; "t": make_flex_bwd_kernels_t)
+# and how Delta = rowsum(dO o O) is computed ("torch": fp32 copies of dO and O, multiplied and
+# summed by torch; "kernel": the dense backward's bwd_preprocess_kernel, one read of each).
+# "dkdv_score": the dK/dV pair with a score function, where it differs (sm_90's transposed
+# 64x128 dK/dV spills with softcap's tanh and its derivative).
+FLEX_BWD_VARIANTS: dict[str, dict[str, str]] = {
+    "mn": dict(dq="mn", dkdv="mn", delta="torch"),
+    "mn+delta": dict(dq="mn", dkdv="mn", delta="kernel"),
+    "t-dq": dict(dq="t", dkdv="mn", delta="kernel"),
+    "t": dict(dq="t", dkdv="t", dkdv_score="mn", delta="kernel"),
+    "t-all": dict(dq="t", dkdv="t", delta="kernel"),     # "t" with transposed dK/dV always
+}
+DEFAULT_BWD_VARIANT = "mn"
+_BWD_TABLES = {"mn": FLEX_BWD_CONFIGS, "t": FLEX_BWD_CONFIGS_T}
 _BWD_KERNELS: dict = {}
 
 
-def flex_bwd_configs(arch: str | None, head_dim: int) -> tuple[Config, Config]:
-    """(dK/dV config, dQ config) for ``arch`` and ``head_dim`` (BWD_CONFIG where none)."""
+def flex_bwd_configs(arch: str | None, head_dim: int, kind: str = "mn"
+                     ) -> tuple[Config, Config]:
+    """(dK/dV config, dQ config) for ``arch`` and ``head_dim`` (BWD_CONFIG where none), from the
+    table of the kernel pair ``kind`` ("mn" or "t")."""
     from .contract import tile_d_for
-    table = FLEX_BWD_CONFIGS.get(arch or "", {})
+    table = _BWD_TABLES[kind].get(arch or "", {})
     keys = [d for d in table if d >= tile_d_for(head_dim)]
     return table[min(keys)] if keys else (BWD_CONFIG, BWD_CONFIG)
+
+
+def _bwd_variant(kernel_options) -> dict:
+    name = (kernel_options or {}).get("BWD_VARIANT", DEFAULT_BWD_VARIANT)
+    if name not in FLEX_BWD_VARIANTS:
+        raise ValueError(f"kernel_options BWD_VARIANT={name!r}: choose from "
+                         f"{', '.join(map(repr, FLEX_BWD_VARIANTS))}")
+    return FLEX_BWD_VARIANTS[name]
 
 
 def flex_bwd_plan(*, B, Hq, Hkv, Nq, Nk, D, block_size=None, has_full=False, score=None,
                   mask=None, arch=None, kernel_options=None, configs=None) -> dict:
     """The backward's launch plan (pure: no GPU): per kernel ("dq", "dkdv") its config,
-    constants, hints and grid. A config whose tiles the BlockMask's blocks (or kernel_options)
-    change falls back to BWD_CONFIG's tiles, without hints. ``configs``: (dK/dV, dQ) in place
-    of ``flex_bwd_configs(arch, D)``."""
+    constants, hints, grid and kernel pair ("kind"), and "delta" (how Delta is computed), for
+    the variant ``kernel_options["BWD_VARIANT"]`` (default "mn"). A config whose tiles the
+    BlockMask's blocks (or kernel_options) change falls back to BWD_CONFIG's tiles, without
+    hints. ``configs``: (dK/dV, dQ) in place of the tables'."""
     from .contract import tile_d_for
-    plans = {}
-    for name, cfg in zip(("dkdv", "dq"), configs or flex_bwd_configs(arch, D)):
+    variant = _bwd_variant(kernel_options)
+    plans = {"delta": variant["delta"]}
+    for i, name in enumerate(("dkdv", "dq")):
+        kind = variant[name]
+        if name == "dkdv" and score is not None:
+            kind = variant.get("dkdv_score", kind)
+        cfg = (configs or flex_bwd_configs(arch, D, kind))[i]
         tm, tn = block_mask_tiles(block_size, cfg, kernel_options)
         if (tm, tn) != (cfg.TILE_M, cfg.TILE_N):
             cfg = BWD_CONFIG
             tm, tn = block_mask_tiles(block_size, cfg, kernel_options)
-        consts = dict(TILE_M=tm, TILE_N=tn, TILE_D=tile_d_for(D), EVEN_K=Nk % tn == 0,
-                      EVEN_M=Nq % tm == 0, HAS_SCORE=score is not None,
+        qpb = block_size[0] // tm if block_size else 1
+        tpb = block_size[1] // tn if block_size else 1
+        if kind == "t":
+            # These kernels branch on the bounds only where a listed block can hold a
+            # sub-tile wholly past the end, and mask the ragged rest: "even" is per block.
+            even_k, even_m = Nk % (tn * tpb) == 0, Nq % (tm * qpb) == 0
+        else:
+            even_k, even_m = Nk % tn == 0, Nq % tm == 0
+        consts = dict(TILE_M=tm, TILE_N=tn, TILE_D=tile_d_for(D), EVEN_K=even_k,
+                      EVEN_M=even_m, HAS_SCORE=score is not None,
                       HAS_GRAD=score is not None and score.grad is not None,
                       HAS_MASK=mask is not None, HAS_BLOCKS=block_size is not None,
-                      HAS_FULL=bool(has_full),
-                      QPB=block_size[0] // tm if block_size else 1,
-                      TPB=block_size[1] // tn if block_size else 1)
+                      HAS_FULL=bool(has_full), QPB=qpb, TPB=tpb)
         hints = cfg.hints() if (cfg.TILE_M, cfg.TILE_N) == (tm, tn) else {}
         grid = (-(-Nq // tm), B * Hq, 1) if name == "dq" else (-(-Nk // tn), B * Hkv, 1)
-        plans[name] = dict(config=cfg, constants=consts, hints=hints, grid=grid)
+        plans[name] = dict(config=cfg, constants=consts, hints=hints, grid=grid, kind=kind)
     return plans
 
 
@@ -729,18 +783,21 @@ def _check_differentiable(score, block_mask, blasst):
                          "lists): build it with create_block_mask")
 
 
-def flex_bwd_kernels(score=None, mask=None):
-    """(dq kernel, dkdv kernel) for a ScoreMod/MaskMod pair, built once."""
+def flex_bwd_kernels(score=None, mask=None, kind: str = "mn"):
+    """(dq kernel, dkdv kernel) of the pair ``kind`` ("mn": ``make_flex_bwd_kernels``, "t":
+    ``make_flex_bwd_kernels_t``) for a ScoreMod/MaskMod pair, built once."""
     grad = score.grad if score is not None else None
     key = (score.tile if score else None, grad, len(score.tensors) if score else 0,
-           mask.tile if mask else None, len(mask.tensors) if mask else 0)
+           mask.tile if mask else None, len(mask.tensors) if mask else 0, kind)
     with _LOCK:
         ks = _BWD_KERNELS.get(key)
         if ks is None:
             from .interpret import install_shim
             install_shim()
-            from .kernels.flex_bwd import make_flex_bwd_kernels
-            ks = make_flex_bwd_kernels(key[0], key[1], key[3], key[2], key[4])
+            from .kernels import flex_bwd
+            make = {"mn": flex_bwd.make_flex_bwd_kernels,
+                    "t": flex_bwd.make_flex_bwd_kernels_t}[kind]
+            ks = make(key[0], key[1], key[3], key[2], key[4])
             _BWD_KERNELS[key] = ks
     return ks
 
@@ -753,7 +810,6 @@ def _backward(q, k, v, out, dout, lse, sinks, *, score, mask, tensors, block_siz
     Hkv, Nk = k.shape[1], k.shape[2]
     device = q.device
     q, k, v, out, dout = (t.contiguous() for t in (q, k, v, out, dout))
-    delta = (dout.float() * out.float()).sum(-1).contiguous()                 # (B, Hq, Nq)
     lse = lse.contiguous()
     i32 = dict(dtype=torch.int32, device=device)
     z3, z4 = torch.zeros(1, 1, 1, **i32), torch.zeros(1, 1, 1, 1, **i32)
@@ -783,8 +839,18 @@ def _backward(q, k, v, out, dout, lse, sinks, *, score, mask, tensors, block_siz
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
     from .kernels import hinted
-    dq_kernel, dkdv_kernel = flex_bwd_kernels(score, mask)
+    dq_kernel = flex_bwd_kernels(score, mask, pq["kind"])[0]
+    dkdv_kernel = flex_bwd_kernels(score, mask, pkv["kind"])[1]
     with on_device(device):
+        if plan["delta"] == "kernel":
+            # One read of dO and O (the dense backward's preprocess), no fp32 copies of them.
+            from .contract import tile_d_for
+            from .kernels.fmha_bwd import bwd_preprocess_kernel
+            delta = torch.empty((B, Hq, Nq), dtype=torch.float32, device=device)
+            launch_kernel(device, (-(-Nq // 64), B * Hq, 1), bwd_preprocess_kernel,
+                          (out, dout, delta, Hq, 64, tile_d_for(D)))
+        else:
+            delta = (dout.float() * out.float()).sum(-1).contiguous()         # (B, Hq, Nq)
         launch_kernel(device, pq["grid"], hinted(dq_kernel, pq["hints"]),
                       (q, k, v, dout, lse, delta, dq, *kvt, *st, *mt, float(scale), Hq,
                        Hq // Hkv, bmul, hmul, *pq["constants"].values()))
@@ -803,9 +869,10 @@ def _backward(q, k, v, out, dout, lse, sinks, *, score, mask, tensors, block_siz
 
 def compile_flex_bwd(arch: str, *, score=None, mask=None, block_size=(128, 128), head_dim=128,
                      Nk=8192, dtype="float16", configs: tuple[Config, Config] | None = None,
-                     keep_sass=False):
+                     keep_sass=False, variant: str = DEFAULT_BWD_VARIANT):
     """Compile the two backward kernels for ``arch`` (tileiras); a KernelReport each (dQ, then
-    dK/dV). ``configs``: (dK/dV, dQ) tiles and hints (default ``FLEX_BWD_CONFIGS``)."""
+    dK/dV). ``configs``: (dK/dV, dQ) tiles and hints (default: the variant's tables);
+    ``variant``: a key of ``FLEX_BWD_VARIANTS``."""
     import hashlib
     import json
     from . import aot
@@ -828,14 +895,15 @@ def compile_flex_bwd(arch: str, *, score=None, mask=None, block_size=(128, 128),
         return out + [Array(f"{prefix}{i}", 1, "int32") for i in range(len(ts), 3)]
     plan = flex_bwd_plan(B=4, Hq=32, Hkv=32, Nq=Nk, Nk=Nk, D=head_dim, block_size=block_size,
                          has_full=block_size is not None, score=score, mask=mask, arch=arch,
-                         configs=configs)
+                         configs=configs, kernel_options={"BWD_VARIANT": variant})
     blocks = [Array(n, r, "int32") for n, r in (("A", 3), ("B", 4), ("C", 3), ("D", 4))]
     common = (Array("Q", 4), Array("K", 4), Array("V", 4), Array("dO", 4),
               Array("Lse", 3, "float32"), Array("Delta", 3, "float32"))
     scal = (("sm_scale", float), ("heads", int), ("group_size", int), ("mask_bmul", int),
             ("mask_hmul", int))
     names = "+".join(m.name for m in (score, mask) if m) or "identity"
-    kernels = dict(zip(("dq", "dkdv"), flex_bwd_kernels(score, mask)))
+    kernels = {"dq": flex_bwd_kernels(score, mask, plan["dq"]["kind"])[0],
+               "dkdv": flex_bwd_kernels(score, mask, plan["dkdv"]["kind"])[1]}
     outs = {"dq": (Array("dQ", 4),), "dkdv": (Array("dK", 4), Array("dV", 4))}
     reps = []
     for name in ("dq", "dkdv"):
@@ -844,10 +912,12 @@ def compile_flex_bwd(arch: str, *, score=None, mask=None, block_size=(128, 128),
         spec = Spec(f"flex_{name}", "", "", arrays=(*common, *outs[name], *blocks,
                                                     *slots("S", score), *slots("M", mask)),
                     scalars=scal, constants=tuple(consts))
-        rep = KernelReport(step=f"flex_bwd[{names}]", arch=arch, kernel=spec.name,
+        rep = KernelReport(step=f"flex_bwd[{names}]", arch=arch,
+                           kernel=spec.name + ("_t" if p["kind"] == "t" else ""),
                            config=p["config"].label() if hints else
                            f"{consts['TILE_M']}x{consts['TILE_N']}")
-        key = hashlib.sha256(json.dumps([aot._source_hash(), spec.name, names, _mod_key(score),
+        key = hashlib.sha256(json.dumps([aot._source_hash(), spec.name, p["kind"], names,
+                                         _mod_key(score),
                                          _mod_key(mask), sorted(consts.items()),
                                          sorted(hints.items()), arch, dtype,
                                          [(a.name, a.ndim, a.dtype) for a in spec.arrays]],

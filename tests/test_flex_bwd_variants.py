@@ -1,0 +1,122 @@
+"""The flex backward's variants (flex.FLEX_BWD_VARIANTS, kernel_options["BWD_VARIANT"]): the plan
+(pure), and dQ, dK, dV of every variant in the interpreter against a dense fp64 reference with
+the FlashAttention criterion: ragged shapes with small blocks, and sm_90's table tiles with
+BlockMask blocks of 128 (sub-tiles per block, a block past the end). No GPU."""
+import warnings
+
+import pytest
+import torch
+from torch.nn.attention.flex_attention import create_block_mask
+
+import flashattn.flex as F
+from flashattn import interpret, mods
+from flashattn.flex import FLEX_BWD_CONFIGS_T, FLEX_BWD_VARIANTS, flex_attention, flex_bwd_plan
+
+from criteria import assert_flash_criterion, seed_of
+from flex_reference import flex_reference
+from test_flex import _case
+
+warnings.filterwarnings("ignore", message=".*flex_attention.*")
+
+VARIANTS = [v for v in FLEX_BWD_VARIANTS if v != "mn"]     # "mn": test_flex_backward.py
+
+
+def test_the_plan_of_each_variant():
+    kw = dict(B=1, Hq=4, Hkv=2, Nq=1000, Nk=1000, D=128, block_size=(128, 128), has_full=True,
+              mask=mods.causal(), arch="sm_90")
+    p = flex_bwd_plan(**kw)
+    assert (p["delta"], p["dq"]["kind"], p["dkdv"]["kind"]) == ("torch", "mn", "mn")
+    p = flex_bwd_plan(**kw, kernel_options={"BWD_VARIANT": "t"})
+    assert (p["delta"], p["dq"]["kind"], p["dkdv"]["kind"]) == ("kernel", "t", "t")
+    ps = flex_bwd_plan(**kw, score=mods.softcap(20.0), kernel_options={"BWD_VARIANT": "t"})
+    assert (ps["dq"]["kind"], ps["dkdv"]["kind"]) == ("t", "mn")       # spills otherwise
+    dkdv, dq = FLEX_BWD_CONFIGS_T["sm_90"][128]
+    c = p["dkdv"]["constants"]
+    assert (c["TILE_M"], c["TILE_N"], c["QPB"], c["TPB"]) == (64, 128, 2, 1)
+    assert p["dkdv"]["hints"] == dkdv.hints() and p["dkdv"]["grid"] == (8, 2, 1)
+    # 1000 rows: the last block of 128 holds a sub-tile past the end, so not "even"
+    assert (c["EVEN_K"], c["EVEN_M"]) == (False, False)
+    assert p["dq"]["constants"]["EVEN_K"] is False
+    p = flex_bwd_plan(**dict(kw, Nq=1024, Nk=1024), kernel_options={"BWD_VARIANT": "t"})
+    assert p["dkdv"]["constants"]["EVEN_M"] and p["dq"]["constants"]["EVEN_K"]
+    with pytest.raises(ValueError, match="BWD_VARIANT"):
+        flex_bwd_plan(**kw, kernel_options={"BWD_VARIANT": "nope"})
+    q = torch.zeros(1, 1, 16, 16, dtype=torch.float16)
+    with pytest.raises(ValueError, match="BWD_VARIANT"):
+        with interpret.enabled():
+            flex_attention(q, q, q, kernel_options={"BWD_VARIANT": "nope"})
+
+
+def _check(variant, case, leaves, do, score, mask, bm, dtype, ko=None):
+    with interpret.enabled(*(("sm_90",) if ko is None else ())):
+        out = flex_attention(*leaves, score_mod=score, block_mask=bm, enable_gqa=True,
+                             kernel_options=dict(ko or {}, BWD_VARIANT=variant))
+        out.backward(do)
+
+    def ref(dt):
+        ls = [t.detach().to(dt).requires_grad_() for t in leaves]
+        o, _ = flex_reference(*ls, score, mask)
+        o.backward(do.to(dt))
+        return [t.grad for t in ls]
+    for what, a, r, p in zip(("dq", "dk", "dv"), [t.grad for t in leaves], ref(torch.float64),
+                             ref(torch.float32)):
+        assert_flash_criterion(a, r.float(), p.to(dtype), 2e-3, seed=f"{case}-{what}")
+
+
+@pytest.mark.parametrize("shape", [(37, 37, 4, 2), (20, 45, 2, 1)], ids=["37x37-GQA", "20x45-MQA"])
+@pytest.mark.parametrize("name", ["none", "window", "document", "softcap", "alibi"])
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_small_blocks(variant, name, shape):
+    Nq, Nk, Hq, Hkv = shape
+    dtype = torch.float16
+    case = f"bwdvar{variant}{name}{shape}"
+    g = torch.Generator().manual_seed(seed_of(case))
+    q, k, v, do = (torch.randn(2, h, n, 32, generator=g).to(dtype)
+                   for h, n in ((Hq, Nq), (Hkv, Nk), (Hkv, Nk), (Hq, Nq)))
+    score, mask = _case(name, Hq, Nq, Nk, True)
+    bm = create_block_mask(mask, None, None, Nq, Nk, device="cpu", BLOCK_SIZE=(16, 32))
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    _check(variant, case, leaves, do, score, mask, bm, dtype, ko={"BLOCK_M": 16, "BLOCK_N": 16})
+
+
+@pytest.mark.parametrize("name", ["causal", "softcap"])
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_sm90_tiles_with_blocks_of_128(variant, name, monkeypatch):
+    Nq = Nk = 200                      # the second block of 128 ends past the sequence
+    Hq, Hkv, D, dtype = 4, 2, 64, torch.float16
+    case = f"bwdvar128{variant}{name}"
+    g = torch.Generator().manual_seed(seed_of(case))
+    q, k, v, do = (torch.randn(1, h, n, D, generator=g).to(dtype)
+                   for h, n in ((Hq, Nq), (Hkv, Nk), (Hkv, Nk), (Hq, Nq)))
+    score = mods.softcap(20.0) if name == "softcap" else None
+    mask = mods.causal()
+    bm = create_block_mask(mask, None, None, Nq, Nk, device="cpu", BLOCK_SIZE=128)
+    grids = []
+    launch = F.launch_kernel
+    monkeypatch.setattr(F, "launch_kernel", lambda dev, grid, *a, **kw: (
+        grids.append(grid), launch(dev, grid, *a, **kw))[1])
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    _check(variant, case, leaves, do, score, mask, bm, dtype)
+    plan = flex_bwd_plan(B=1, Hq=Hq, Hkv=Hkv, Nq=Nq, Nk=Nk, D=D, block_size=(128, 128),
+                         has_full=True, score=score, mask=mask, arch="sm_90",
+                         kernel_options={"BWD_VARIANT": variant})
+    expect = [plan["dq"]["grid"], plan["dkdv"]["grid"]]
+    if plan["delta"] == "kernel":
+        expect.insert(0, (-(-Nq // 64), Hq, 1))
+    assert grids[-len(expect):] == expect
+
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ["sm_90", "sm_100", "sm_120"])
+def test_variant_t_compiles_without_spills(arch):
+    """The candidate "t" at its tables, causal and softcap + causal (BlockMask 128, D=128): every
+    kernel it launches compiles without local memory, except the current dK/dV that sm_120's
+    "t" keeps with a score function (it spills there already: 472 bytes)."""
+    from flashattn.flex import compile_flex_bwd
+    for kw in (dict(mask=mods.causal()), dict(score=mods.softcap(50.0), mask=mods.causal())):
+        for r in compile_flex_bwd(arch, variant="t", **kw):
+            assert not r.error, (r.kernel, r.error)
+            if arch == "sm_120" and "score" in kw and r.kernel == "flex_dkdv":
+                continue
+            assert r.stack_bytes == 0, (arch, r.kernel, r.config, r.stack_bytes)
