@@ -296,7 +296,7 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
             ``return_aux=AuxRequest(lse=True)``. ``max_scores`` is not implemented (raises).
         kernel_options: ``{"BLOCK_M": int, "BLOCK_N": int, "BLASST_THRESHOLD": float,
             "BWD_VARIANT": str}``; other keys raise. ``BWD_VARIANT`` picks the backward's
-            kernels from ``FLEX_BWD_VARIANTS`` (default "mn").
+            kernels from ``FLEX_BWD_VARIANTS`` (default "t").
         sinks: float (Hq,) per-head sink logits (gpt-oss): ``exp(sinks[h])`` joins every row's
             denominator (the LSE returned includes it). Not in PyTorch's FlexAttention.
         blasst_threshold: T > 0 (log2 units): drop a key tile whose row maxima all fall more
@@ -708,7 +708,7 @@ FLEX_BWD_VARIANTS: dict[str, dict[str, str]] = {
     "t": dict(dq="t", dkdv="t", dkdv_score="mn", delta="kernel"),
     "t-all": dict(dq="t", dkdv="t", delta="kernel"),     # "t" with transposed dK/dV always
 }
-DEFAULT_BWD_VARIANT = "mn"
+DEFAULT_BWD_VARIANT = "t"      # the dense backward's shape: as fast as it on causal (chapter 13)
 _BWD_TABLES = {"mn": FLEX_BWD_CONFIGS, "t": FLEX_BWD_CONFIGS_T}
 _BWD_KERNELS: dict = {}
 
@@ -735,7 +735,7 @@ def flex_bwd_plan(*, B, Hq, Hkv, Nq, Nk, D, block_size=None, has_full=False, sco
                   mask=None, arch=None, kernel_options=None, configs=None) -> dict:
     """The backward's launch plan (pure: no GPU): per kernel ("dq", "dkdv") its config,
     constants, hints, grid and kernel pair ("kind"), and "delta" (how Delta is computed), for
-    the variant ``kernel_options["BWD_VARIANT"]`` (default "mn"). A config whose tiles the
+    the variant ``kernel_options["BWD_VARIANT"]`` (default "t"). A config whose tiles the
     BlockMask's blocks (or kernel_options) change falls back to BWD_CONFIG's tiles, without
     hints. ``configs``: (dK/dV, dQ) in place of the tables'."""
     from .contract import tile_d_for

@@ -1,4 +1,5 @@
-"""The flex backward's per-architecture tiles (flex.FLEX_BWD_CONFIGS): the plan (pure), and the
+"""The flex backward's per-architecture tiles of the "mn" kernel pair (flex.FLEX_BWD_CONFIGS,
+kernel_options BWD_VARIANT="mn"; the default "t" pair: test_flex_bwd_variants.py): the plan (pure), and the
 gradients in the interpreter at the table's tiles with BlockMask blocks of 128 and 64 and GQA,
 against a dense fp64 reference (the FlashAttention criterion). No GPU."""
 import warnings
@@ -19,7 +20,8 @@ warnings.filterwarnings("ignore", message=".*flex_attention.*")
 
 def _plan(arch, block, D=128, ko=None, N=1024):
     return flex_bwd_plan(B=1, Hq=4, Hkv=2, Nq=N, Nk=N, D=D, block_size=block, has_full=True,
-                         mask=mods.causal(), arch=arch, kernel_options=ko)
+                         mask=mods.causal(), arch=arch,
+                         kernel_options=dict(ko or {}, BWD_VARIANT="mn"))
 
 
 def test_the_table_serves_blocks_of_128():
@@ -72,7 +74,8 @@ def test_gradients_at_the_table_tiles(name, block, monkeypatch):
         grids.append(grid), launch(dev, grid, *a, **kw))[1])
     leaves = [t.clone().requires_grad_() for t in (q, k, v)]
     with interpret.enabled("sm_90"):
-        out = flex_attention(*leaves, score_mod=score, block_mask=bm, enable_gqa=True)
+        out = flex_attention(*leaves, score_mod=score, block_mask=bm, enable_gqa=True,
+                             kernel_options={"BWD_VARIANT": "mn"})
         grids.clear()
         out.backward(do)
     dkdv, dq = FLEX_BWD_CONFIGS["sm_90"][128] if block == 128 else (BWD_CONFIG, BWD_CONFIG)

@@ -18,15 +18,16 @@ from test_flex import _case
 
 warnings.filterwarnings("ignore", message=".*flex_attention.*")
 
-VARIANTS = [v for v in FLEX_BWD_VARIANTS if v != "mn"]     # "mn": test_flex_backward.py
+VARIANTS = [v for v in FLEX_BWD_VARIANTS if v != "t"]      # "t", the default: test_flex_backward.py
 
 
 def test_the_plan_of_each_variant():
     kw = dict(B=1, Hq=4, Hkv=2, Nq=1000, Nk=1000, D=128, block_size=(128, 128), has_full=True,
               mask=mods.causal(), arch="sm_90")
-    p = flex_bwd_plan(**kw)
+    p = flex_bwd_plan(**kw, kernel_options={"BWD_VARIANT": "mn"})
     assert (p["delta"], p["dq"]["kind"], p["dkdv"]["kind"]) == ("torch", "mn", "mn")
-    p = flex_bwd_plan(**kw, kernel_options={"BWD_VARIANT": "t"})
+    assert flex_bwd_plan(**kw) == flex_bwd_plan(**kw, kernel_options={"BWD_VARIANT": "t"})
+    p = flex_bwd_plan(**kw)                                              # the default
     assert (p["delta"], p["dq"]["kind"], p["dkdv"]["kind"]) == ("kernel", "t", "t")
     ps = flex_bwd_plan(**kw, score=mods.softcap(20.0), kernel_options={"BWD_VARIANT": "t"})
     assert (ps["dq"]["kind"], ps["dkdv"]["kind"]) == ("t", "mn")       # spills otherwise
