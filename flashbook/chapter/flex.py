@@ -545,3 +545,32 @@ def backward_tiles_table(path=None, before=None, N: int = 8192) -> pd.DataFrame:
             "tuned: / dense": n_ms / im["flashattn.causal"]["median_ms"],
             "torch, runs (×)": om["torch.flex"]["median_ms"] / im["torch.flex"]["median_ms"]}
     return pd.DataFrame(rows).T.rename_axis(f"mask (fp16, {_k(N)})")
+
+
+# --- the backward's kernel pairs ---------------------------------------------------------------
+BWD_CANDIDATES = ROOT / "results" / "h200" / "flex" / "flex_bwd_candidates.json"
+PAIR_LABELS = {"mn": "first pair", "mn+delta": "+ Delta kernel", "t-dq": "+ dense-shaped dQ",
+               "t": "+ transposed dK/dV"}
+
+
+def backward_candidates_table(path=None) -> pd.DataFrame:
+    """The backward's kernel pairs timed in one run (backward only, fp16): the first pair's time,
+    each cumulative change's speed-up over it and the control (the first pair timed twice).
+    ``attrs["dense"]``: per causal row, the last pair's time over the dense causal backward's."""
+    from flashbook.data.schema import read_json
+    rows, dense = {}, {}
+    for r in read_json(str(path or BWD_CANDIDATES))["rows"]:
+        im = r["impls"]
+        base = im["mn"]["median_ms"]
+        row = {"first pair (ms)": base}
+        for k, label in PAIR_LABELS.items():
+            if k != "mn":
+                row[f"{label} (×)"] = base / im[k]["median_ms"]
+        row["control (×)"] = base / im["mn#2"]["median_ms"]
+        name = f"{WORKLOADS.get(r['workload'], r['workload'])}, {_k(r['N'])}"
+        if "dense causal" in im:
+            dense[name] = im["t"]["median_ms"] / im["dense causal"]["median_ms"]
+        rows[name] = row
+    out = pd.DataFrame(rows).T.rename_axis("mask (fp16)")
+    out.attrs["dense"] = dense
+    return out
