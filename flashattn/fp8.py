@@ -437,7 +437,7 @@ def decode_fp8(q, k_cache, v_cache, cache_seqlens, *, k_descale=None, v_descale=
         spec, split_consts = DECODE_FP8MMA, plan["split_constants"]
         split_grid = plan["split_grid"]
         opart_shape, lse_shape = plan["opart_shape"], plan["lse_shape"]
-        kernel = hinted(spec.kernel(), DECODE_SPLIT_HINTS.get(arch, {}))
+        kernel = hinted(spec.kernel(), plan["hints"])
     else:
         from .kernels import decode_partial_shapes, decode_split_grid
         spec = DECODE_SPLIT_FP8
@@ -669,8 +669,11 @@ def compile_cases(*, archs=("sm_90", "sm_100", "sm_120"), head_dims=(64, 128, 25
     """The FP8 kernels' variants the compile report covers: the forward for every arch, head
     dim, causal or not, V transposed (K-major, ``V_T``) or not; e5m2 and the accumulation
     without fast_acc on sm_90 at D=128; the fp8-cache decode split kernel (contiguous and
-    paged, one split FINAL or not) at D=128, paged at the other head dims. ``quick``: D=128 only."""
+    paged, one split FINAL or not) at D=128, paged at the other head dims; the FP8-MMA decode
+    (V transposed) contiguous and paged at every head dim, FINAL too at D=128. ``quick``: D=128
+    only."""
     from .kernels import decode_split_constants
+    from .kernels.fp8_decode_spec import fp8_decode_mma_constants
     cases = []
     dims = (128,) if quick else head_dims
     for arch in archs:
@@ -700,6 +703,18 @@ def compile_cases(*, archs=("sm_90", "sm_100", "sm_120"), head_dims=(64, 128, 25
                     cases.append(dict(kernel="decode_split_fp8", arch=arch, D=d, page=page,
                                       final=final, rows=4, fp8="float8_e4m3fn",
                                       constants=c))
+        # The FP8-MMA decode (V transposed): every head dim contiguous and paged, FINAL or
+        # not at D=128.
+        for d in dims:
+            for page in (None, 64):
+                for final in (False, True):
+                    if d != 128 and final:
+                        continue
+                    c = fp8_decode_mma_constants(decode_split_constants(
+                        rows=4, head_dim=d, page_size=page, arch=arch, final=final), arch)
+                    cases.append(dict(kernel="decode_fp8mma", arch=arch, D=d, page=page,
+                                      final=final, rows=4, fp8="float8_e4m3fn",
+                                      constants=c))
     return cases
 
 
@@ -711,6 +726,7 @@ def compile_report(cases=None, **kw) -> list[dict]:
     import re
     from .aot import compile_spec
     from .kernels import DECODE_SPLIT_HINTS
+    from .kernels.fp8_decode_spec import DECODE_FP8MMA, fp8_decode_mma_hints
     from .kernels.fp8_spec import with_fp8
     out = []
     for case in (compile_cases(**kw) if cases is None else cases):
@@ -727,10 +743,17 @@ def compile_report(cases=None, **kw) -> list[dict]:
                      f"{'V^T' if case['v_t'] else 'V'} {cfg.label()}"
                      + ("" if case["fast_acc"] else " exact-acc"))
         else:
-            spec = with_fp8(DECODE_SPLIT_FP8, case["fp8"])
-            consts = case["constants"]
-            hints = fp8_decode_hints(consts, arch, DECODE_SPLIT_HINTS.get(arch, {}))
-            label = (f"decode {case['fp8'].split('_')[1]} D={case['D']} "
+            if case["kernel"] == "decode_fp8mma":
+                spec = with_fp8(DECODE_FP8MMA, case["fp8"])
+                consts = case["constants"]
+                hints = fp8_decode_mma_hints(consts, arch)
+                kind = "decode-mma"
+            else:
+                spec = with_fp8(DECODE_SPLIT_FP8, case["fp8"])
+                consts = case["constants"]
+                hints = fp8_decode_hints(consts, arch, DECODE_SPLIT_HINTS.get(arch, {}))
+                kind = "decode"
+            label = (f"{kind} {case['fp8'].split('_')[1]} D={case['D']} "
                      f"{'page=' + str(case['page']) if case['page'] else 'contiguous'}"
                      f"{' final' if case['final'] else ''} "
                      f"{consts['TILE_M']}x{consts['TILE_N']}")

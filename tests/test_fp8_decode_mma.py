@@ -20,7 +20,8 @@ import flashattn
 from flashattn import interpret
 from flashattn.fp8 import (append_kv_fp8, decode_reference_fp8, fp8_kv_cache, quantize_fp8)
 from flashattn.kernels.decode_spec import decode_split_constants
-from flashattn.kernels.fp8_decode_spec import (FP8_DECODE_MMA_TILE_M, fp8_decode_mma_constants,
+from flashattn.kernels.fp8_decode_spec import (FP8_DECODE_MMA_HINTS, FP8_DECODE_MMA_MAX_TILE_N,
+                                               FP8_DECODE_MMA_TILE_M, fp8_decode_mma_constants,
                                                fp8_decode_plan)
 
 E4M3 = torch.float8_e4m3fn
@@ -152,7 +153,8 @@ def test_fp8mma_decode_matches_emulation(case, arch):
     B, Hq, Hkv, Nq, S, D = case[:6]
     assert out.dtype == q.dtype and out.shape == q.shape
     page = None if bt is None else k8.shape[2]
-    c = decode_split_constants(rows=(Hq // Hkv) * Nq, head_dim=D, page_size=page, arch=arch)
+    c = fp8_decode_mma_constants(decode_split_constants(rows=(Hq // Hkv) * Nq, head_dim=D,
+                                                        page_size=page, arch=arch), arch)
     if splits is None:
         from flashattn.contract import check_decode
         dims = check_decode(torch.empty(q.shape, dtype=k8.dtype), k8, v8t.transpose(-1, -2),
@@ -241,9 +243,9 @@ def test_fp8_kv_cache_and_append_round_trip():
 
 
 def test_fp8_decode_plan_per_arch():
-    """The plan keeps the fp16 plan's key tile and splits; the MMA kernel's row tile is 64 on
-    sm_90/sm_100 (warpgroup MMAs), the fp16 plan's elsewhere; V in K's layout plans the
-    widening kernel."""
+    """The plan keeps the fp16 plan's splits and key tile (capped where the table says); the
+    MMA kernel's row tile is 64 on sm_90/sm_100 (warpgroup MMAs), the fp16 plan's elsewhere;
+    V in K's layout plans the widening kernel."""
     from flashattn.contract import DecodeDims
     from flashattn.kernels.decode_spec import decode_plan
     for arch in ("sm_90", "sm_100", "sm_120", None):
@@ -256,7 +258,9 @@ def test_fp8_decode_plan_per_arch():
                 assert p["kernel"] == "decode_fp8mma"
                 assert p["num_splits"] == base["num_splits"]
                 c = p["split_constants"]
-                assert c["TILE_N"] == base["split_constants"]["TILE_N"]
+                cap = FP8_DECODE_MMA_MAX_TILE_N.get(arch or "", {}).get(c["TILE_D"], 1 << 30)
+                assert c["TILE_N"] == min(base["split_constants"]["TILE_N"], cap)
+                assert p["hints"] == FP8_DECODE_MMA_HINTS.get(arch or "", {}).get(c["TILE_D"], {})
                 assert c["TILE_M"] == FP8_DECODE_MMA_TILE_M.get(arch or "",
                                                                 base["split_constants"]["TILE_M"])
                 assert p["split_grid"] == (1, p["num_splits"], 64)
@@ -269,6 +273,8 @@ def test_fp8_decode_plan_per_arch():
     assert fp8_decode_mma_constants(dict(TILE_M=16, TILE_N=64, TILE_D=128, PAGED=True),
                                     "sm_90") == dict(TILE_M=64, TILE_N=64, TILE_D=128,
                                                      PAGED=True, FINAL=False, P_SHIFT=8)
+    assert fp8_decode_mma_constants(dict(TILE_M=16, TILE_N=128, TILE_D=128, PAGED=False),
+                                    "sm_120")["TILE_N"] == 64
 
 
 def test_fp8mma_decode_bad_inputs():
