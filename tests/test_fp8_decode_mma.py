@@ -3,7 +3,7 @@ fp8 cache with V stored (D, S)), run by the CPU interpreter.
 
 Two references:
 
-* ``emulate``: the kernel's arithmetic replayed in torch (q rounded to e4m3 per row, scores in
+* ``emulate`` (``flashattn.reference.fp8_decode``): the kernel's arithmetic replayed in torch (q rounded to e4m3 per row, scores in
   fp32, P = 2^(s - m + 8) rounded to e4m3 tile by tile with the running max of the split, the
   splits merged by their LSE). The interpreter agrees with it to the output's rounding: a key
   off by one, a wrong descale or a wrong split bound is far outside that.
@@ -20,79 +20,12 @@ import flashattn
 from flashattn import interpret
 from flashattn.fp8 import (append_kv_fp8, decode_reference_fp8, fp8_kv_cache, quantize_fp8)
 from flashattn.kernels.decode_spec import decode_split_constants
+from flashattn.reference.fp8_decode import emulate_decode_fp8mma as emulate
 from flashattn.kernels.fp8_decode_spec import (FP8_DECODE_MMA_HINTS, FP8_DECODE_MMA_MAX_TILE_N,
                                                FP8_DECODE_MMA_TILE_M, fp8_decode_mma_constants,
                                                fp8_decode_plan)
 
 E4M3 = torch.float8_e4m3fn
-
-
-def emulate(q, k8, v8t, lens, kd, vd, *, tile_n, num_splits, block_table=None, scale=None,
-            p_shift=8):
-    """The FP8-MMA decode kernel's arithmetic in torch (fp32), one (sequence, kv head) at a
-    time; v8t is the transposed cache. Returns fp32 (B, Hq, Nq, D)."""
-    B, Hq, Nq, D = q.shape
-    Hkv = k8.shape[1]
-    G = Hq // Hkv
-    scale = 1.0 / math.sqrt(D) if scale is None else scale
-    out = torch.zeros(B, Hq, Nq, D)
-    inv_log2 = 1.0 / math.log(2)
-    for b in range(B):
-        n = int(lens[b])
-        if block_table is None:
-            kb = k8[b].float()                                       # (Hkv, S, D)
-            vb = v8t[b].float().transpose(-1, -2)
-        else:
-            pages = block_table[b].long()
-            kb = torch.cat([k8[p].float() for p in pages], dim=1)
-            vb = torch.cat([v8t[p].float().transpose(-1, -2) for p in pages], dim=1)
-        n_tiles = -(-n // tile_n)
-        per = -(-n_tiles // num_splits) if n_tiles else 0
-        for h in range(Hkv):
-            qf = q[b, h * G:(h + 1) * G].float().reshape(G * Nq, D)  # rows g * Nq + i
-            amax = qf.abs().amax(-1, keepdim=True)
-            amax = torch.where(amax > 0, amax, torch.ones_like(amax))
-            q8 = (qf * (448.0 / amax)).to(k8.dtype).float()
-            rs = (amax * (1.0 / 448.0)) * (scale * inv_log2 * float(kd[b, h]))
-            pos = n - Nq + torch.arange(G * Nq) % Nq                 # each row's position
-            parts = []
-            for sp in range(num_splits):
-                t0 = min(sp * per, n_tiles)
-                t1 = min(t0 + per, n_tiles)
-                m = torch.full((G * Nq, 1), -math.inf)
-                l = torch.zeros(G * Nq, 1)
-                acc = torch.zeros(G * Nq, D)
-                for t in range(t0, t1):
-                    j = torch.arange(t * tile_n, (t + 1) * tile_n)
-                    jj = j.clamp(max=kb.shape[1] - 1)
-                    s = q8 @ kb[h, jj].T
-                    s = torch.where(j[None, :] <= pos[:, None], s, -math.inf)
-                    m_new = torch.maximum(m, s.amax(-1, keepdim=True) * rs)
-                    m_use = torch.where(m_new == -math.inf, torch.zeros_like(m_new), m_new)
-                    p = torch.exp2(s * rs - (m_use - p_shift))
-                    alpha = torch.exp2(m - m_use)
-                    l = l * alpha + p.sum(-1, keepdim=True)
-                    vt = torch.where((j < n)[:, None], vb[h, jj], torch.zeros(()))
-                    acc = acc * alpha + p.to(k8.dtype).float() @ vt
-                    m = m_new
-                has = l > 0
-                ls = torch.where(has, l, torch.ones_like(l))
-                o = acc / ls * float(vd[b, h])
-                lse = torch.where(has, m + torch.log2(ls) - p_shift,
-                                  torch.full_like(m, -math.inf))
-                parts.append((o, lse))
-            if num_splits == 1:
-                o = parts[0][0]
-            else:
-                lses = torch.stack([p[1] for p in parts])            # (splits, R, 1)
-                mx = lses.amax(0)
-                mx = torch.where(mx == -math.inf, torch.zeros_like(mx), mx)
-                w = torch.exp2(lses - mx)
-                tot = w.sum(0)
-                o = sum(w[i] * parts[i][0] for i in range(num_splits))
-                o = o / torch.where(tot > 0, tot, torch.ones_like(tot))
-            out[b, h * G:(h + 1) * G] = o.reshape(G, Nq, D)
-    return out
 
 
 def _caches(B, Hq, Hkv, Nq, S, D, *, seed, qdtype=torch.float16, paged=None, fp8=E4M3):
