@@ -56,6 +56,7 @@ def test_fp8_bench_decode_mma_dry_run(tmp_path, capsys):
                        "--cache", "300", "--out", str(out)]) == 0
     data = json.loads(out.read_text())
     rows = data["rows"]
+    assert data["meta"]["complete"] is True          # written after every shape, then final
     assert {r["part"] for r in rows} == {"decode"}
     assert {(r["B"], r["L"]) for r in rows} == {(1, 300), (3, 300)}
     assert {r["impl"] for r in rows} == set(bench.DECODE_IMPLS)

@@ -267,6 +267,49 @@ def main(argv=None) -> int:
     def over_budget():
         return time.time() - t_start > a.budget_s
 
+    def fmt(r):
+        if r["impl"].startswith("quant"):
+            return (f"fwd  D={r['D']:<3} N={r['N']:<6} B={r['B']:<3} H={r['H']:<3} "
+                    f"{r['impl']:8} {r['median_ms']:9.4f} ms x{r['vs_quant_v']:.3f} "
+                    f"quant-v  rel err {r['max_err']:.2e}")
+        if r["part"] == "forward":
+            return (f"fwd  D={r['D']:<3} N={r['N']:<6} B={r['B']:<3} H={r['H']:<3} "
+                    f"{'causal' if r['causal'] else 'full  '} {r['impl']:8} "
+                    f"{r['median_ms']:9.4f} ms {r['tflops']:7.1f} TFLOPS "
+                    f"x{r['vs_fp16']:.3f} fp16 x{r['vs_cudnn']:.3f} cudnn "
+                    f"err {r['max_err']:.2e}")
+        return (f"dec  B={r['B']:<3} L={r['L']:<7} {r['impl']:14} "
+                f"{r['median_ms']:9.4f} ms {r['gbps']:8.1f} GB/s (K+V "
+                f"{r['kv_bytes'] / 1e9:.3f} GB) "
+                + (f"x{r['vs_fp16']:.3f} fp16 " if r["vs_fp16"] else "")
+                + (f"x{r['vs_fp8']:.3f} fp8 " if r["vs_fp8"] else "")
+                + f"err {r['max_err']:.2e}")
+
+    from flashattn.env import metadata
+    out = Path(a.out)
+    if out.parent != Path(""):
+        out.parent.mkdir(parents=True, exist_ok=True)
+
+    def write(done: bool):
+        """The JSON so far (after every shape: a run cut short by a time limit keeps what it
+        timed; ``meta.complete`` says whether it finished)."""
+        meta = dict(metadata("python -m flashbook.measure.bench_fp8 " + " ".join(
+                        sys.argv[1:] if argv is None else argv),
+                             device=device if device.type == "cuda" else None),
+                    device=(torch.cuda.get_device_name(device) if device.type == "cuda"
+                            else "cpu (interpreter dry run)"),
+                    rounds=rounds, dry_run=a.dry_run, budget_s=a.budget_s, configs=configs,
+                    autotune=a.autotune, seconds=round(time.time() - t_start, 1),
+                    complete=done,
+                    method="the shared harness (harness.time_in_rounds): CUDA graphs, L2 "
+                           "flush + idle per sample, rounds in random order")
+        out.write_text(json.dumps(dict(meta=meta, rows=rows, skipped=skipped), indent=1) + "\n")
+        return meta
+
+    def shape_done(new_rows):
+        print("\n".join(fmt(r) for r in new_rows), flush=True)
+        write(False)
+
     with ctx, torch.no_grad():
         if a.part in ("forward", "both"):
             for D in dims:
@@ -295,6 +338,8 @@ def main(argv=None) -> int:
                                              vs_cudnn=base / r["median_ms"],
                                              vs_fp16=res["fp16"]["median_ms"] / r["median_ms"],
                                              **r))
+                        shape_done([r for r in rows if r.get("N") == N and r["part"] ==
+                                    "forward" and r["D"] == D and r.get("causal") == causal])
                         del fns
                         if device.type == "cuda":
                             torch.cuda.empty_cache()
@@ -315,46 +360,14 @@ def main(argv=None) -> int:
                                      vs_fp16=base / r["median_ms"] if base else None,
                                      vs_fp8=old8 / r["median_ms"] if old8 else None,
                                      **r))
+                shape_done(rows[-len(res):])
                 del fns
                 if device.type == "cuda":
                     torch.cuda.empty_cache()
 
-    # --- the table ---
-    lines = []
-    for r in rows:
-        if r["impl"].startswith("quant"):
-            lines.append(f"fwd  D={r['D']:<3} N={r['N']:<6} B={r['B']:<3} H={r['H']:<3} "
-                         f"{r['impl']:8} {r['median_ms']:9.4f} ms x{r['vs_quant_v']:.3f} "
-                         f"quant-v  rel err {r['max_err']:.2e}")
-        elif r["part"] == "forward":
-            lines.append(f"fwd  D={r['D']:<3} N={r['N']:<6} B={r['B']:<3} H={r['H']:<3} "
-                         f"{'causal' if r['causal'] else 'full  '} {r['impl']:8} "
-                         f"{r['median_ms']:9.4f} ms {r['tflops']:7.1f} TFLOPS "
-                         f"x{r['vs_fp16']:.3f} fp16 x{r['vs_cudnn']:.3f} cudnn "
-                         f"err {r['max_err']:.2e}")
-        else:
-            lines.append(f"dec  B={r['B']:<3} L={r['L']:<7} {r['impl']:14} "
-                         f"{r['median_ms']:9.4f} ms {r['gbps']:8.1f} GB/s (K+V "
-                         f"{r['kv_bytes'] / 1e9:.3f} GB) "
-                         + (f"x{r['vs_fp16']:.3f} fp16 " if r["vs_fp16"] else "")
-                         + (f"x{r['vs_fp8']:.3f} fp8 " if r["vs_fp8"] else "")
-                         + f"err {r['max_err']:.2e}")
-    print("\n".join(lines))
     if skipped:
         print(f"skipped (budget {a.budget_s} s spent): {skipped}")
-    from flashattn.env import metadata
-    meta = dict(metadata("python -m flashbook.measure.bench_fp8 " + " ".join(
-                    sys.argv[1:] if argv is None else argv),
-                         device=device if device.type == "cuda" else None),
-                device=(torch.cuda.get_device_name(device) if device.type == "cuda"
-                        else "cpu (interpreter dry run)"),
-                rounds=rounds, dry_run=a.dry_run, budget_s=a.budget_s, configs=configs,
-                autotune=a.autotune, seconds=round(time.time() - t_start, 1),
-                method="CUDA events, L2 flush + 10 ms idle per sample, rounds in random order")
-    out = Path(a.out)
-    if out.parent != Path(""):
-        out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(dict(meta=meta, rows=rows, skipped=skipped), indent=1) + "\n")
+    meta = write(True)
     print(f"wrote {out} ({meta['seconds']} s)")
     return 0
 
