@@ -26,6 +26,8 @@ more than the halved bytes save. The kernels here never widen the cache:
 Everything else (split plan, TILE_N, fused / row / block merge, PDL, NaN poisoning of invalid
 lengths) is the library's fp16 plan (``decode.decode_plan``), so only the tile work differs.
 Contiguous caches only (a paged V^T cache would transpose within each page; not written).
+``v2-qk8-pv8`` is now the library's ``flashattn/kernels/fp8_decode.py`` (contiguous and paged,
+``flashattn.decode(..., v_transposed=True)``); this file keeps the variants as timed in E33.
 
 Variants (``VARIANTS``): ``v2-qk8`` (QK8, V widened, 64 rows), ``v2-qk8-pv8`` (QK8 + PV8, 64
 rows), ``v2-qk8-pv8-m16`` (QK8 + PV8, 16 rows), ``v2-qk8-pv8-n64`` / ``-n256`` (key tiles of

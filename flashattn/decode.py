@@ -43,7 +43,7 @@ __all__ = ["decode", "decode_plan", "launch_decode"]
 
 def decode(q, k_cache, v_cache, cache_seqlens, *, block_table=None, scale=None,
            num_splits=None, max_seqlen=None, check_values=None, out=None, k_descale=None,
-           v_descale=None):
+           v_descale=None, v_transposed=False):
     """Attention of a few new tokens per sequence over a KV cache, split across the cache.
 
     Args:
@@ -71,6 +71,9 @@ def decode(q, k_cache, v_cache, cache_seqlens, *, block_table=None, scale=None,
         k_descale, v_descale: for fp8 caches (float8_e4m3fn or float8_e5m2, chapter 14): (B, Hkv)
             float32 descales (``flashattn.fp8.quantize_fp8``), required; the caches are read as
             fp8 (``flashattn.fp8.decode_fp8``). Given with fp16/bf16 caches: ValueError.
+        v_transposed: fp8 caches only: v_cache stored (B, Hkv, D, S), paged (num_pages, Hkv,
+            D, page_size), and both products run on FP8 tensor cores
+            (``flashattn.fp8.fp8_kv_cache`` makes such a cache; chapter 14).
 
     Returns:
         (B, Hq, Nq, D) in q's dtype. Query row i sits at position ``cache_seqlens[b] - Nq + i``
@@ -86,7 +89,10 @@ def decode(q, k_cache, v_cache, cache_seqlens, *, block_table=None, scale=None,
         return decode_fp8(q, k_cache, v_cache, cache_seqlens, k_descale=k_descale,
                           v_descale=v_descale, block_table=block_table, scale=scale,
                           num_splits=num_splits, max_seqlen=max_seqlen,
-                          check_values=check_values, out=out)
+                          check_values=check_values, out=out, v_transposed=v_transposed)
+    if v_transposed is not False:
+        raise ValueError("v_transposed=True applies to fp8 caches only (the FP8-MMA decode); "
+                         f"the caches are {getattr(k_cache, 'dtype', None)}")
     if k_descale is not None or v_descale is not None:
         raise ValueError("k_descale and v_descale apply to fp8 caches only; the caches are "
                          f"{getattr(k_cache, 'dtype', None)} (quantise with "

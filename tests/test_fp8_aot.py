@@ -9,7 +9,9 @@ kernel, contiguous and paged, FINAL or not) through ``aot.compile_spec``:
   on fp8 operands (SASS spells FP8 HGMMA "QGMMA.64xNx32.F32.E4M3.E4M3"), with E4M3 (or E5M2)
   operands and no fp16 HGMMA; on sm_100 UTCQMMA (tcgen05 on fp8); on sm_120 QMMA (mma.sync
   on fp8); P's cast to fp8 (F2FP ... E4M3) present;
-* the decode kernel on tensor cores (fp16/bf16 MMAs after widening the fp8 tiles).
+* the decode kernel on tensor cores (fp16/bf16 MMAs after widening the fp8 tiles);
+* the FP8-MMA decode kernel (V cache transposed) on FP8 tensor cores only: QGMMA on sm_90,
+  UTCQMMA on sm_100, QMMA on sm_120, no fp16 MMA, no byte loads.
 
     python -m pytest -o addopts="" -m slow tests/test_fp8_aot.py -s   # prints the table
 """
@@ -27,15 +29,25 @@ def _id(c):
         return (f"{c['arch']}-fwd-{c['fp8'].split('_')[1]}-d{c['D']}-"
                 f"{'causal' if c['causal'] else 'full'}-{'vt' if c['v_t'] else 'v'}"
                 + ("" if c["fast_acc"] else "-exactacc"))
-    return (f"{c['arch']}-decode-d{c['D']}-{'page' + str(c['page']) if c['page'] else 'contig'}"
+    kind = "decode-mma" if c["kernel"] == "decode_fp8mma" else "decode"
+    return (f"{c['arch']}-{kind}-d{c['D']}-{'page' + str(c['page']) if c['page'] else 'contig'}"
             + ("-final" if c["final"] else ""))
+
+
+class _Reports(dict):
+    """Each case compiled when a test first asks for it (``-k`` compiles only the selected)."""
+
+    def __missing__(self, case_id):
+        case = next(c for c in CASES if _id(c) == case_id)
+        self[case_id] = compile_report([case])[0]
+        return self[case_id]
 
 
 @pytest.fixture(scope="module")
 def reports():
-    rows = compile_report(CASES)
-    print("\n" + format_compile_report(rows))
-    return {_id(c): r for c, r in zip(CASES, rows)}
+    got = _Reports()
+    yield got
+    print("\n" + format_compile_report(list(got.values())))
 
 
 @pytest.mark.parametrize("case", CASES, ids=[_id(c) for c in CASES])
@@ -55,6 +67,14 @@ def test_fp8_kernel_compiles_without_spills(reports, case):
         else:
             assert s["QMMA"] > 0 and s["HMMA"] == 0, r["mma_forms"]
         assert s[f"F2FP.{fmt}"] > 0                 # P cast to fp8 on chip
+    elif case["kernel"] == "decode_fp8mma":
+        # Both products on FP8 tensor cores straight from the cache's bytes: no fp16 MMA, no
+        # byte loads; QGMMA (sm_90) / UTCQMMA (sm_100) at the 64-row tile, QMMA on sm_120.
+        fp16_mmas = s["HMMA"] + s["HGMMA"] + s["UTCHMMA"]
+        assert fp16_mmas == 0 and s["LDS.U8"] == 0, (r["mma_forms"], s)
+        want = {"sm_90": "QGMMA", "sm_100": "UTCQMMA"}.get(case["arch"], "QMMA")
+        assert s[want] > 0, r["mma_forms"]
+        assert s["F2FP.E4M3"] > 0                   # q and P cast to fp8 on chip
     else:
         assert s["HMMA"] + s["HGMMA"] + s["UTCHMMA"] > 0, r["mma_forms"]
         if case["arch"] in ("sm_90", "sm_100"):

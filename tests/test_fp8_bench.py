@@ -45,3 +45,31 @@ def test_fp8_bench_rejects_bad_config(tmp_path):
     bench = _load()
     with pytest.raises(ValueError, match="configuration"):
         bench.main(["--dry-run", "--configs", "64by64", "--out", str(tmp_path / "x.json")])
+
+
+def test_fp8_bench_decode_mma_dry_run(tmp_path, capsys):
+    """The decode part alone with the FP8-MMA row (V cache transposed) beside the fp16 cache and
+    the widening kernel: every row checked and timed, the ratios to both written."""
+    bench = _load()
+    out = tmp_path / "dec.json"
+    assert bench.main(["--dry-run", "--part", "decode", "--batch", "1", "--batch", "3",
+                       "--cache", "300", "--out", str(out)]) == 0
+    data = json.loads(out.read_text())
+    rows = data["rows"]
+    assert data["meta"]["complete"] is True          # written after every shape, then final
+    assert {r["part"] for r in rows} == {"decode"}
+    assert {(r["B"], r["L"]) for r in rows} == {(1, 300), (3, 300)}
+    assert {r["impl"] for r in rows} == set(bench.DECODE_IMPLS)
+    for r in rows:
+        assert r["median_ms"] > 0 and r["max_err"] < 0.1, r
+        assert r["vs_fp16"] > 0 and r["vs_fp8"] > 0
+        assert r["kv_bytes"] == 2 * r["B"] * 8 * r["L"] * 128 * (1 if "fp8" in r["impl"] else 2)
+    mma = [r for r in rows if r["impl"] == "decode-fp8-mma"]
+    # q and P in e4m3: a larger error than the widening kernel's, inside the tolerance.
+    assert all(1e-4 < r["max_err"] < 0.1 for r in mma)
+    printed = capsys.readouterr().out
+    assert "decode-fp8-mma" in printed and "fp8 err" in printed
+    assert bench.main(["--dry-run", "--part", "decode", "--cache", "64", "--decode-impls",
+                       "decode-fp16", "decode-fp8-mma", "--out", str(out)]) == 0
+    assert {r["impl"] for r in json.loads(out.read_text())["rows"]} == {"decode-fp16",
+                                                                      "decode-fp8-mma"}

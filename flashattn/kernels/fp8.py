@@ -29,7 +29,8 @@ read as fp8 (half the bytes of an fp16 cache: decoding is memory-bound) and wide
 query's dtype on chip; the k descale folds into the softmax scale and the v descale into the
 output (both per (batch, kv head), ``KDescale, VDescale: (B, Hkv) fp32``). Splits, paging, the fused
 merge and the NaN poisoning of invalid lengths or pages are those of the fp16 kernel, and the
-partials it writes are merged by the same combine kernels.
+partials it writes are merged by the same combine kernels. A V cache stored transposed takes
+``fp8_decode.py`` instead (both products on FP8 tensor cores, nothing widened).
 """
 import math
 

@@ -2,6 +2,8 @@
 
     FMHA_FP8          kernels/fp8.py fmha_fp8_kernel: the FP8 forward
     DECODE_SPLIT_FP8  kernels/fp8.py decode_split_fp8_kernel: split-KV decoding, FP8 cache
+                      widened to fp16 on chip (a V cache in K's layout)
+    DECODE_FP8MMA     kernels/fp8_decode.py (spec: fp8_decode_spec.py): FP8 MMAs, V transposed
 
 Imports nothing from cuda.tile. ``kernels/__init__.py`` adds both to ``SPECS``. The specs name
 e4m3 for the fp8 arrays (what ``aot.compile_spec`` compiles by default); ``with_fp8`` gives the
@@ -13,6 +15,7 @@ import dataclasses
 
 from ..contract import tile_d_for
 from ..steps import Config
+from .fp8_decode_spec import DECODE_FP8MMA
 from .spec import Array, KernelSpec
 
 __all__ = ["FMHA_FP8", "DECODE_SPLIT_FP8", "FP8_SPECS", "FP8_CONFIGS", "FP8_ALT_CONFIGS",
@@ -45,7 +48,9 @@ DECODE_SPLIT_FP8 = KernelSpec(
     scalars=(("qk_scale", float), ("num_q", int)),
     constants=("TILE_M", "TILE_N", "TILE_D", "PAGED", "FINAL", "FUSED", "PDL", "HALF_D"))
 
-FP8_SPECS = {"fmha_fp8": FMHA_FP8, "decode_split_fp8": DECODE_SPLIT_FP8}
+# decode_fp8mma (kernels/fp8_decode.py, V cache transposed) has its own spec module.
+FP8_SPECS = {"fmha_fp8": FMHA_FP8, "decode_split_fp8": DECODE_SPLIT_FP8,
+             "decode_fp8mma": DECODE_FP8MMA}
 
 # The fp8-cache decode kernel computes S in head-dim slices of at most this many columns (its
 # HALF_D) where it widens K in registers (warp MMA, TILE_M < 64): widening a whole 256-wide K

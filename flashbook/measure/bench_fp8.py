@@ -24,10 +24,15 @@ to 16K, causal and not, D=128 (``--d`` repeatable). Rows:
                  ``quantize_fp8(v, transpose_v=True)`` (V quantised straight into the layout
                  ``fp8-vt`` reads): what V^T costs a caller who quantises anyway.
 
-Decode: B in 1, 8, 64; caches 4K to 128K (every sequence full), GQA 32:8, Nq=1, D=128;
-``decode-fp16`` (``flashattn.decode``, fp16 cache), ``decode-fp16#2`` (control),
-``decode-fp8`` (e4m3 cache with descales). Reported with the bytes of K and V read per step
-and the bandwidth that makes.
+Decode: B in 8, 64, 1 (``--batch``); caches 4K to 128K (``--cache``; every sequence full),
+GQA 32:8, Nq=1, D=128; ``decode-fp16`` (``flashattn.decode``, fp16 cache), ``decode-fp16#2``
+(control), ``decode-fp8`` (e4m3 cache with descales, V as K: the tiles widened to fp16 on
+chip), ``decode-fp8-mma`` (the same cache with V stored transposed, ``decode(...,
+v_transposed=True)``: both products on FP8 tensor cores); ``--decode-impls`` picks rows.
+Reported with the bytes of K and V read per step, the bandwidth that makes, and the ratios
+to ``decode-fp16`` and ``decode-fp8``. The decode part alone, for the lead (~2 min):
+
+    python -m flashbook.measure.bench_fp8 --part decode --budget-s 100 --out $OUT/fp8dec.json
 
 Timing is the benches' shared harness (``harness.time_in_rounds``, chapter 3's method: CUDA-graph
 batches after an L2 flush and an idle GPU, every row once per round in a fresh random order, the
@@ -144,7 +149,10 @@ def forward_rows(B, H, N, D, causal, device, *, cudnn=True, configs=(), quant=Fa
 
 
 # --- decode ------------------------------------------------------------------------------------
-def decode_rows(B, L, device, *, Hq=32, Hkv=8, D=128):
+DECODE_IMPLS = ("decode-fp16", "decode-fp16#2", "decode-fp8", "decode-fp8-mma")
+
+
+def decode_rows(B, L, device, *, Hq=32, Hkv=8, D=128, impls=DECODE_IMPLS):
     import torch
     import flashattn
     from flashattn.fp8 import decode_reference_fp8
@@ -154,26 +162,39 @@ def decode_rows(B, L, device, *, Hq=32, Hkv=8, D=128):
     vc = torch.randn(B, Hkv, L, D, generator=g, device=device, dtype=torch.float16)
     # N(0, 1) values fit e4m3 as they are: descale 1 (quantize_fp8's fp32 temporaries would
     # need ~3x the cache in memory at B=64, 128K).
-    k8, v8 = kc.to(torch.float8_e4m3fn), vc.to(torch.float8_e4m3fn)
+    k8 = kc.to(torch.float8_e4m3fn)
+    v8 = vc.to(torch.float8_e4m3fn) if "decode-fp8" in impls else None
+    v8t = None
+    if "decode-fp8-mma" in impls:
+        # The V cache transposed, (B, Hkv, D, L): the layout the FP8-MMA decode reads (a byte
+        # copy of the same values: both fp8 rows read one cache).
+        v8t = torch.empty((B, Hkv, D, L), dtype=torch.float8_e4m3fn, device=device)
+        v8t.view(torch.uint8).copy_(vc.to(torch.float8_e4m3fn).view(torch.uint8)
+                                    .transpose(-1, -2))
     kd = torch.ones(B, Hkv, dtype=torch.float32, device=device)
     vd = torch.ones(B, Hkv, dtype=torch.float32, device=device)
     lens = torch.full((B,), L, dtype=torch.int32, device=device)
     out16 = torch.empty_like(q)
     out8 = torch.empty_like(q)
+    out8m = torch.empty_like(q)
     fns = {
         "decode-fp16": lambda: flashattn.decode(q, kc, vc, lens, out=out16),
         "decode-fp16#2": lambda: flashattn.decode(q, kc, vc, lens, out=out16),
         "decode-fp8": lambda: flashattn.decode(q, k8, v8, lens, k_descale=kd, v_descale=vd,
                                                out=out8),
+        "decode-fp8-mma": lambda: flashattn.decode(q, k8, v8t, lens, k_descale=kd,
+                                                   v_descale=vd, out=out8m, v_transposed=True),
     }
+    fns = {k: f for k, f in fns.items() if k in impls}
     b1 = slice(0, 1)
-    ref8 = decode_reference_fp8(q[b1], k8[b1], v8[b1], lens[b1], kd[b1], vd[b1])
+    v_ref = v8[b1] if v8 is not None else v8t[b1].transpose(-1, -2)
+    ref8 = decode_reference_fp8(q[b1], k8[b1], v_ref, lens[b1], kd[b1], vd[b1])
     ref16 = flashattn.reference.decode_attention(q[b1].float(), kc[b1].float(),
                                                  vc[b1].float(), lens[b1])
     errs = {}
     for name, fn in fns.items():
         o = fn()
-        ref = ref8 if name.endswith("fp8") else ref16
+        ref = ref8 if "fp8" in name else ref16
         errs[name] = (o[b1].float().cpu() - ref.float().cpu()).abs().max().item()
     return fns, errs
 
@@ -192,6 +213,13 @@ def main(argv=None) -> int:
                     help="FP8 forward tile configurations timed at the longest N as "
                          "'fp8-vt@CFG' rows, e.g. '128x64 occ=1 nww=8' (repeatable; default "
                          "kernels.fp8_spec.FP8_ALT_CONFIGS of the GPU's arch; 'none': none)")
+    ap.add_argument("--batch", type=int, action="append",
+                    help="decode batch sizes (repeatable; default 8, 64, 1: the target's B=8 "
+                         "first)")
+    ap.add_argument("--cache", type=int, action="append",
+                    help="decode cache lengths (repeatable; default 4K..128K)")
+    ap.add_argument("--decode-impls", nargs="+", choices=DECODE_IMPLS, default=None,
+                    help=f"decode rows (default all: {' '.join(DECODE_IMPLS)})")
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--budget-s", type=float, default=270.0)
     ap.add_argument("--autotune", action="store_true",
@@ -210,7 +238,8 @@ def main(argv=None) -> int:
         ctx = interpret.enabled()
         device = torch.device("cpu")
         lengths, dims, rounds = [128], [64], 1
-        dec_shapes = [(1, 256), (2, 512)]
+        dec_shapes = ([(b, L) for b in (a.batch or [1]) for L in (a.cache or [256])]
+                      if a.batch or a.cache else [(1, 256), (2, 512)])
         tokens, head_total = 256, 128
         configs = ["64x64"] if a.configs is None else a.configs
     else:
@@ -219,7 +248,8 @@ def main(argv=None) -> int:
         device = torch.device("cuda")
         lengths = a.n or [1024, 2048, 4096, 8192, 16384]
         dims, rounds = a.d or [128], a.rounds
-        dec_shapes = [(b, L) for b in (1, 8, 64) for L in (4096, 16384, 32768, 65536, 131072)]
+        dec_shapes = [(b, L) for b in (a.batch or (8, 64, 1))
+                      for L in (a.cache or (4096, 16384, 32768, 65536, 131072))]
         tokens, head_total = 16384, 2048
         if a.configs is None:
             from flashattn.dispatch import device_arch
@@ -236,6 +266,49 @@ def main(argv=None) -> int:
 
     def over_budget():
         return time.time() - t_start > a.budget_s
+
+    def fmt(r):
+        if r["impl"].startswith("quant"):
+            return (f"fwd  D={r['D']:<3} N={r['N']:<6} B={r['B']:<3} H={r['H']:<3} "
+                    f"{r['impl']:8} {r['median_ms']:9.4f} ms x{r['vs_quant_v']:.3f} "
+                    f"quant-v  rel err {r['max_err']:.2e}")
+        if r["part"] == "forward":
+            return (f"fwd  D={r['D']:<3} N={r['N']:<6} B={r['B']:<3} H={r['H']:<3} "
+                    f"{'causal' if r['causal'] else 'full  '} {r['impl']:8} "
+                    f"{r['median_ms']:9.4f} ms {r['tflops']:7.1f} TFLOPS "
+                    f"x{r['vs_fp16']:.3f} fp16 x{r['vs_cudnn']:.3f} cudnn "
+                    f"err {r['max_err']:.2e}")
+        return (f"dec  B={r['B']:<3} L={r['L']:<7} {r['impl']:14} "
+                f"{r['median_ms']:9.4f} ms {r['gbps']:8.1f} GB/s (K+V "
+                f"{r['kv_bytes'] / 1e9:.3f} GB) "
+                + (f"x{r['vs_fp16']:.3f} fp16 " if r["vs_fp16"] else "")
+                + (f"x{r['vs_fp8']:.3f} fp8 " if r["vs_fp8"] else "")
+                + f"err {r['max_err']:.2e}")
+
+    from flashattn.env import metadata
+    out = Path(a.out)
+    if out.parent != Path(""):
+        out.parent.mkdir(parents=True, exist_ok=True)
+
+    def write(done: bool):
+        """The JSON so far (after every shape: a run cut short by a time limit keeps what it
+        timed; ``meta.complete`` says whether it finished)."""
+        meta = dict(metadata("python -m flashbook.measure.bench_fp8 " + " ".join(
+                        sys.argv[1:] if argv is None else argv),
+                             device=device if device.type == "cuda" else None),
+                    device=(torch.cuda.get_device_name(device) if device.type == "cuda"
+                            else "cpu (interpreter dry run)"),
+                    rounds=rounds, dry_run=a.dry_run, budget_s=a.budget_s, configs=configs,
+                    autotune=a.autotune, seconds=round(time.time() - t_start, 1),
+                    complete=done,
+                    method="the shared harness (harness.time_in_rounds): CUDA graphs, L2 "
+                           "flush + idle per sample, rounds in random order")
+        out.write_text(json.dumps(dict(meta=meta, rows=rows, skipped=skipped), indent=1) + "\n")
+        return meta
+
+    def shape_done(new_rows):
+        print("\n".join(fmt(r) for r in new_rows), flush=True)
+        write(False)
 
     with ctx, torch.no_grad():
         if a.part in ("forward", "both"):
@@ -265,6 +338,8 @@ def main(argv=None) -> int:
                                              vs_cudnn=base / r["median_ms"],
                                              vs_fp16=res["fp16"]["median_ms"] / r["median_ms"],
                                              **r))
+                        shape_done([r for r in rows if r.get("N") == N and r["part"] ==
+                                    "forward" and r["D"] == D and r.get("causal") == causal])
                         del fns
                         if device.type == "cuda":
                             torch.cuda.empty_cache()
@@ -274,52 +349,25 @@ def main(argv=None) -> int:
                 if over_budget():
                     skipped.append(shape)
                     continue
-                fns, errs = decode_rows(B, L, device)
+                fns, errs = decode_rows(B, L, device, impls=a.decode_impls or DECODE_IMPLS)
                 res = timer.rounds(fns, rounds)
+                base = res.get("decode-fp16", {}).get("median_ms")
+                old8 = res.get("decode-fp8", {}).get("median_ms")
                 for name, r in res.items():
-                    nbytes = kv_bytes(B, L, elem=1 if name.endswith("fp8") else 2)
+                    nbytes = kv_bytes(B, L, elem=1 if "fp8" in name else 2)
                     rows.append(dict(shape, impl=name, max_err=errs[name], kv_bytes=nbytes,
                                      gbps=nbytes / r["median_ms"] / 1e6,
-                                     vs_fp16=res["decode-fp16"]["median_ms"] / r["median_ms"],
+                                     vs_fp16=base / r["median_ms"] if base else None,
+                                     vs_fp8=old8 / r["median_ms"] if old8 else None,
                                      **r))
+                shape_done(rows[-len(res):])
                 del fns
                 if device.type == "cuda":
                     torch.cuda.empty_cache()
 
-    # --- the table ---
-    lines = []
-    for r in rows:
-        if r["impl"].startswith("quant"):
-            lines.append(f"fwd  D={r['D']:<3} N={r['N']:<6} B={r['B']:<3} H={r['H']:<3} "
-                         f"{r['impl']:8} {r['median_ms']:9.4f} ms x{r['vs_quant_v']:.3f} "
-                         f"quant-v  rel err {r['max_err']:.2e}")
-        elif r["part"] == "forward":
-            lines.append(f"fwd  D={r['D']:<3} N={r['N']:<6} B={r['B']:<3} H={r['H']:<3} "
-                         f"{'causal' if r['causal'] else 'full  '} {r['impl']:8} "
-                         f"{r['median_ms']:9.4f} ms {r['tflops']:7.1f} TFLOPS "
-                         f"x{r['vs_fp16']:.3f} fp16 x{r['vs_cudnn']:.3f} cudnn "
-                         f"err {r['max_err']:.2e}")
-        else:
-            lines.append(f"dec  B={r['B']:<3} L={r['L']:<7} {r['impl']:14} "
-                         f"{r['median_ms']:9.4f} ms {r['gbps']:8.1f} GB/s (K+V "
-                         f"{r['kv_bytes'] / 1e9:.3f} GB) x{r['vs_fp16']:.3f} fp16 "
-                         f"err {r['max_err']:.2e}")
-    print("\n".join(lines))
     if skipped:
         print(f"skipped (budget {a.budget_s} s spent): {skipped}")
-    from flashattn.env import metadata
-    meta = dict(metadata("python -m flashbook.measure.bench_fp8 " + " ".join(
-                    sys.argv[1:] if argv is None else argv),
-                         device=device if device.type == "cuda" else None),
-                device=(torch.cuda.get_device_name(device) if device.type == "cuda"
-                        else "cpu (interpreter dry run)"),
-                rounds=rounds, dry_run=a.dry_run, budget_s=a.budget_s, configs=configs,
-                autotune=a.autotune, seconds=round(time.time() - t_start, 1),
-                method="CUDA events, L2 flush + 10 ms idle per sample, rounds in random order")
-    out = Path(a.out)
-    if out.parent != Path(""):
-        out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(dict(meta=meta, rows=rows, skipped=skipped), indent=1) + "\n")
+    meta = write(True)
     print(f"wrote {out} ({meta['seconds']} s)")
     return 0
 
