@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 
 from ..contract import tile_d_for
-from ..steps import Config
+from ..config import Config
 from .spec import Array, KernelSpec
 
 __all__ = ["FMHA_FP8", "DECODE_SPLIT_FP8", "FP8_SPECS", "FP8_CONFIGS", "FP8_ALT_CONFIGS",

@@ -13,7 +13,7 @@ their specs, the switches and the calls that run them (``variants.decode``,
 """
 from flashattn.kernels import FMHA_ARRAYS, FMHA_SCALARS, KernelSpec, register_ladder
 
-# Every flag of the ladder, in signature order (flashattn.steps.FLAGS are their names).
+# Every flag of the ladder, in signature order (flashbook.steps.FLAGS are their names).
 LADDER = KernelSpec(
     "fmha", "flashbook.ladder.fmha", "fmha_kernel", arrays=FMHA_ARRAYS, scalars=FMHA_SCALARS,
     constants=("TILE_M", "TILE_N", "TILE_D", "CAUSAL", "EVEN_K", "FAST_MATH", "SPLIT_LOOP",
