@@ -230,8 +230,8 @@ def main(argv: list[str] | None = None, prog: str = LIBRARY_PROG) -> int:
     p.add_argument("--arch", action="append", choices=ARCHS,
                    help="target architecture (repeatable; default sm_90 and sm_100)")
     p.add_argument("--step", action="append", metavar="NAME",
-                   help="step or experiment to compile (repeatable; default: every step the "
-                        "library ships: " + ", ".join(s for s in registered() if _ships(s)) + ")")
+                   help="step or experiment to compile (repeatable; default: every step that "
+                        "compiles here: " + ", ".join(_default_steps()) + ")")
     p.add_argument("--head-dim", type=head_dim_arg, default=128,
                    help="head dim D, 1 to %d as the API takes (default 128)" % MAX_HEAD_DIM)
     p.add_argument("--no-causal", action="store_true")
@@ -241,7 +241,7 @@ def main(argv: list[str] | None = None, prog: str = LIBRARY_PROG) -> int:
     p.add_argument("--no-cache", action="store_true", help="recompile even if a cubin is cached")
     a = p.parse_args(argv)
     archs = a.arch or ["sm_90", "sm_100"]
-    steps = a.step or [s for s in registered() if _ships(s)]
+    steps = a.step or _default_steps()
     unknown = [s for s in steps if s not in registered()]
     ladder = [s for s in steps if s not in unknown and not _ships(s)]
     if unknown and prog != LIBRARY_PROG:
@@ -270,6 +270,11 @@ def main(argv: list[str] | None = None, prog: str = LIBRARY_PROG) -> int:
         Path(a.out).write_text(json.dumps(doc, indent=1))
     print(json.dumps(doc, indent=1) if a.json else format_table(reports))
     return 1 if any(r.error for r in reports) else 0
+
+
+def _default_steps() -> list[str]:
+    """The registered steps (not the experiments) whose kernels are registered too."""
+    return [n for n, s in registered().items() if s.source != "experiment" and _ships(n)]
 
 
 def _ships(name: str) -> bool:
