@@ -61,9 +61,9 @@ def fmha_args(q, k, v, out, step: Step, config: Config, *, causal: bool, scale: 
     the kernel also writes each row's natural-log LSE there (WRITE_LSE)."""
     B, Hq, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
-    sms = device_sm_count(q.device) if step.flag_values().get("PERSISTENT") else None
     plan = fmha_plan(step, config, B=B, Hq=Hq, Hkv=Hkv, Nq=Nq, Nk=Nk, head_dim=D, causal=causal,
-                     scale=scale, input_pos=input_pos, write_lse=lse is not None, sm_count=sms)
+                     scale=scale, input_pos=input_pos, write_lse=lse is not None,
+                     sm_count=lambda: device_sm_count(q.device))
     args = plan.spec.args(
         dict(Q=q, K=k, V=v, Out=out, Lse=_lse_stand_in(q.device) if lse is None else lse),
         plan.scalars, plan.constants)

@@ -325,6 +325,13 @@ def test_the_ladder_data_is_the_books():
     import flashbook.steps as book
     assert LADDER_DATA - {"_STEP_LIST", "_EXPERIMENT_LIST"} <= set(vars(book))
     assert book.FLAGS == LADDER_FLAGS and len(book.STEPS) == 9 and len(book.EXPERIMENTS) == 6
+    # The ladder's own rules (PAIR's and PERSISTENT's grids, unchecked loads) are registered by
+    # the book with its kernel; only the CPU emulation of the ladder reads them in the library.
+    import re
+    reads = re.compile(r"flags(\.get\(|\[)\"(PAIR|PERSISTENT|UNCHECKED_KV)\"")
+    bad = [m for m in under(PKG) if m != "flashattn.reference.emulate"
+           and reads.search(MODULES[m].read_text())]
+    assert not bad, f"the library applies the ladder's flags: {bad}"
 
 
 def test_the_library_alone_registers_what_best_ships():

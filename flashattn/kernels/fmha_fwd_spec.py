@@ -82,12 +82,19 @@ def warp_group_space(arch: str | None) -> list[Config]:
     return list(WARP_GROUP_SPACE[arch]) if arch in WARP_GROUP_SPACE else arch_space(arch)
 
 
-_LADDER: list[KernelSpec] = []      # the book's ladder kernel, once flashbook registers it
+# The book's ladder kernel once flashbook registers it: (spec, constants rule, grid rule).
+_LADDER: list[tuple] = []
 
 
-def register_ladder(spec: KernelSpec) -> None:
-    """The book's ladder kernel (all the steps' flags): steps off the shipped flags run it."""
-    _LADDER[:] = [spec]
+def register_ladder(spec: KernelSpec, *, constants=None, grid=None) -> None:
+    """The book's ladder kernel (all the steps' flags): steps off the shipped flags run it.
+    ``constants(flags, *, head_dim, even_k) -> dict`` adjusts its constants; ``grid(flags,
+    config, *, B, Hq, Nq, sm_count) -> grid`` replaces the shipped grid rule (its own grids)."""
+    _LADDER[:] = [(spec, constants, grid)]
+
+
+def _ladder_rule(spec: KernelSpec, which: int):
+    return _LADDER[0][which] if _LADDER and spec is _LADDER[0][0] else None
 
 
 def fmha_spec(step) -> KernelSpec:
@@ -100,7 +107,7 @@ def fmha_spec(step) -> KernelSpec:
         raise ValueError(f"step {step.name!r} runs the book's ladder kernel, which the library "
                          "does not ship: import flashbook first (flashbook.attention(..., "
                          "step=NAME))")
-    return _LADDER[0]
+    return _LADDER[0][0]
 
 
 def fmha_constants(step, config: Config, *, head_dim: int, causal: bool,
@@ -109,29 +116,23 @@ def fmha_constants(step, config: Config, *, head_dim: int, causal: bool,
     ``spec``, the ladder say), by name. ``write_lse``: also write the LSE of each row (the
     forward of a training step)."""
     flags = step.flag_values()
-    td = tile_d_for(head_dim)
-    out = dict(flags, TILE_M=config.TILE_M, TILE_N=config.TILE_N, TILE_D=td,
+    spec = spec or fmha_spec(step)
+    out = dict(flags, TILE_M=config.TILE_M, TILE_N=config.TILE_N, TILE_D=tile_d_for(head_dim),
                CAUSAL=bool(causal), EVEN_K=bool(even_k), WRITE_LSE=bool(write_lse))
-    if "UNCHECKED_KV" in flags:
-        # The ladder's unchecked loads only where every K/V tile is provably in bounds.
-        out["UNCHECKED_KV"] = flags["UNCHECKED_KV"] and even_k and td == head_dim
-    names = (spec or fmha_spec(step)).constants
-    return {k: v for k, v in out.items() if k in names}
+    rule = _ladder_rule(spec, 1)
+    if rule is not None:
+        out.update(rule(flags, head_dim=head_dim, even_k=even_k))
+    return {k: v for k, v in out.items() if k in spec.constants}
 
 
 def fmha_grid(step, config: Config, *, B: int, Hq: int, Nq: int,
-              sm_count: int | None = None) -> tuple[int, int, int]:
-    """The launch grid: one program per query tile per (batch, head); the ladder's PAIR halves
-    the first axis, its PERSISTENT launches one program per SM slot (``sm_count`` x
-    occupancy)."""
-    flags = step.flag_values()
-    num_m_blocks = -(-Nq // config.TILE_M)
-    if flags.get("PERSISTENT"):
-        if sm_count is None:
-            raise ValueError("a persistent grid needs the GPU's SM count")
-        return (min(num_m_blocks * B * Hq, sm_count * (config.occupancy or 1)), 1, 1)
-    grid_x = -(-num_m_blocks // 2) if flags.get("PAIR") else num_m_blocks
-    return (grid_x, B * Hq, 1)
+              sm_count=None) -> tuple[int, int, int]:
+    """The launch grid: one program per query tile per (batch, head). The ladder's own grids
+    (its rule) may need the GPU's SM count: ``sm_count``, an int or a function giving it."""
+    rule = _ladder_rule(fmha_spec(step), 2)
+    if rule is not None:
+        return rule(step.flag_values(), config, B=B, Hq=Hq, Nq=Nq, sm_count=sm_count)
+    return (-(-Nq // config.TILE_M), B * Hq, 1)
 
 
 @dataclass(frozen=True)
@@ -147,9 +148,9 @@ class FmhaPlan:
 
 def fmha_plan(step, config: Config, *, B: int, Hq: int, Hkv: int, Nq: int, Nk: int,
               head_dim: int, causal: bool, scale: float, input_pos: int = 0,
-              write_lse: bool = False, sm_count: int | None = None) -> FmhaPlan:
+              write_lse: bool = False, sm_count=None) -> FmhaPlan:
     """What the launch of ``step`` at ``config`` runs on these shapes: pure, no GPU, no tensor.
-    ``sm_count`` only for the ladder's persistent grid."""
+    ``sm_count`` (an int, or a function giving it) only for a ladder grid that needs it."""
     spec = fmha_spec(step)              # the shipped kernel, or the book's ladder for other flags
     constants = fmha_constants(step, config, head_dim=head_dim, causal=causal,
                                even_k=Nk % config.TILE_N == 0, write_lse=write_lse, spec=spec)
