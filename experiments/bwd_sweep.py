@@ -49,7 +49,7 @@ def main(argv=None) -> int:
     from flashattn.launch_bwd import attention_backward
     from flashattn import timing
     from flashbook.measure.workload import SAMPLE_MS
-    from flashattn.steps import Config
+    from flashattn.config import Config
     B, H, D = 4, 32, 128
     scale = 1 / math.sqrt(D)
     doc = {"meta": metadata("python experiments/bwd_sweep.py " + " ".join(argv or sys.argv[1:])),

@@ -18,7 +18,7 @@ def histogram(text):
 
 def cases(only=None):
     from flashattn import kernels as K
-    from flashattn.steps import get_step, best_step_name
+    from flashbook.steps import get_step, best_step_name
     D = 128
     for arch in ("sm_90", "sm_100"):
         if only and arch != only:

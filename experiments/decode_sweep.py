@@ -271,7 +271,7 @@ def _square_padded(q, k, v, cu, N: int, causal: bool, scale: float):
 
 
 def run_varlen(rounds: int) -> list[dict]:
-    from flashattn.steps import Config
+    from flashattn.config import Config
     from flashattn.varlen import attention_varlen
     rows = []
     scale = 1 / math.sqrt(D)
@@ -390,7 +390,7 @@ def run_qtiles_cfg(rounds: int) -> list[dict]:
     from unittest import mock
 
     from flashattn import kernels
-    from flashattn.steps import Config
+    from flashattn.config import Config
     from flashattn.varlen import attention_varlen
     rows = []
     scale = 1 / math.sqrt(D)

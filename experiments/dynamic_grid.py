@@ -104,7 +104,7 @@ VARIANTS = {"dynamic": dict(PREFETCH=False, LPT=False),
 def constants(config, *, head_dim: int, causal: bool, even_k: bool, **variant) -> dict:
     """The dynamic kernel's constants: arch_tuned's flags at ``config``, plus the variant's."""
     from flashattn.kernels import fmha_constants
-    from flashattn.steps import get_step
+    from flashbook.steps import get_step
     step = get_step("arch_tuned")
     c = dict(step.flag_values(), **fmha_constants(step, config, head_dim=head_dim,
                                                   causal=causal, even_k=even_k))
@@ -162,7 +162,7 @@ def main(argv=None) -> int:
     from flashattn import timing
     from flashbook.measure.libraries import library_fn
     from flashbook.measure.workload import SAMPLE_MS
-    from flashattn.steps import Config, get_step
+    from flashbook.steps import Config, get_step
     B, H, D = 4, 32, 128
     cfg = Config(64, 128, occupancy=2)
     sms = torch.cuda.get_device_properties(0).multi_processor_count

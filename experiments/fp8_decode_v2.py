@@ -730,7 +730,7 @@ def forward_calls(B, H, N, D, causal, device, *, Hkv=None):
     kw = dict(q_descale=qd, k_descale=kd, v_descale=vd, causal=causal)
     cfg = None
     if device.type == "cpu":
-        from flashattn.steps import Config
+        from flashattn.config import Config
         cfg = Config.parse("64x64")
     fns = {
         "fwd-fp16": lambda: flashattn.attention(q, k, v, causal=causal),

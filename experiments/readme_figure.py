@@ -32,7 +32,7 @@ def main(out: Path = OUT, *, gpu: str = "h200", results_root=None) -> Path:
     r = results.load(gpu, root=results_root)
     fig = plots.tflops_vs_seqlen(r.bench, impls=IMPLS, workload=WORKLOAD, meta=r.meta)
     fig.set_size_inches(8, 4.4)
-    from flashattn.steps import best_step_name
+    from flashbook.steps import best_step_name
     for t in fig.axes[0].get_legend().get_texts():      # say which step "best" is here
         if t.get_text() == "best":
             t.set_text(f"best ({best_step_name(r.meta.get('arch'))})")

@@ -6,7 +6,7 @@ import json, sys, time
 import flashbook  # registers the ladder
 from flashattn.aot import compile_spec
 from flashattn.kernels import FMHA, fmha_constants
-from flashattn.steps import get_step
+from flashbook.steps import get_step
 from flashbook.ladder import LADDER
 rows = []
 cases = []

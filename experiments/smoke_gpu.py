@@ -7,7 +7,7 @@ import torch
 import flashattn
 from flashattn.launch import launch
 from flashattn.reference import attention as ref
-from flashattn.steps import Config, get_step, with_config
+from flashbook.steps import Config, get_step, with_config
 
 torch.manual_seed(0)
 fails = 0

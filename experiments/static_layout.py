@@ -159,7 +159,7 @@ def compile_report(out_dir: str, arch: str = "sm_90") -> str:
     """Compile the library kernel and both variants at the shipped Hopper configurations and
     write a table of registers, stack, shared memory, SASS lines and the opcodes that differ."""
     from flashattn.kernels import constants_for, fmha_spec
-    from flashattn.steps import Config, get_step
+    from flashbook.steps import Config, get_step
     step = get_step("arch_tuned")
     lib = fmha_spec(step)
     Path(out_dir).mkdir(parents=True, exist_ok=True)
@@ -215,7 +215,7 @@ def time_report(out: str, seqlens: str, rounds: int, argv) -> int:
     from flashattn import timing
     from flashbook.measure.libraries import library_fn
     from flashbook.measure.workload import SAMPLE_MS
-    from flashattn.steps import Config, get_step
+    from flashbook.steps import Config, get_step
     B, H, D = 4, 32, 128
     rows, t0 = [], time.perf_counter()
     for cfg in (Config(64, 128, occupancy=2), Config(128, 128, occupancy=1,

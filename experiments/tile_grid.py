@@ -46,7 +46,7 @@ def compile_grid(steps=STEPS, archs=ARCHS, tile_ms=TILE_MS, tile_ns=TILE_NS,
                  log=sys.stderr) -> list[dict]:
     """One compile report per (arch, step, TILE_M, TILE_N, kernel), as dicts with TILE_M/TILE_N."""
     from flashattn.aot import compile_step
-    from flashattn.steps import Config
+    from flashattn.config import Config
     rows = []
     for arch in archs:
         for step in steps:

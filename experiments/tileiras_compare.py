@@ -19,7 +19,7 @@ from importlib.metadata import version
 from pathlib import Path
 
 from flashattn.aot import compile_step
-from flashattn.steps import Config
+from flashattn.config import Config
 
 CASES = (
     # (step, config, head_dim, causal)

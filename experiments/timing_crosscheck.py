@@ -25,7 +25,7 @@ def main(argv=None) -> int:
 
     from flashattn.launch import launch
     from flashattn.timing import time_rounds
-    from flashattn.steps import Config, get_step, with_config
+    from flashbook.steps import Config, get_step, with_config
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True)
     p.add_argument("--seqlens", default="1024,2048,4096,8192,16384")

@@ -44,7 +44,7 @@ def main(argv=None) -> int:
     from flashattn.aot import compile_spec
     from flashattn.env import metadata
     from flashattn.kernels import FMHA, VARLEN_FWD, fmha_constants, varlen_config, varlen_constants
-    from flashattn.steps import get_step
+    from flashbook.steps import get_step
     cfg = varlen_config("sm_90", 128)
     reports = {
         "varlen": compile_spec(VARLEN_FWD, "sm_90", varlen_constants(cfg, head_dim=128,

@@ -14,8 +14,9 @@ data, the chapters' figures) is the package ``flashbook`` beside this one: it im
 
 The package, by layer (each imports only from the layers above it):
 
-    contract, steps, env          input rules; the kernel configurations as data; the machine
-    kernels/                      the cuTile kernels and their specs
+    config, contract, env         a tile shape and hints; input rules; the machine
+    kernels/                      the cuTile kernels, each with its spec, table and pure plan
+    registry                      named steps: what step="best" ships; the book registers its own
     dispatch, interpret/          where a launch runs: the GPU, or the CPU interpreter (opt-in)
     stats, timing                 intervals; GPU timing (the autotuner's)
     launch, autotune, aot         launching a configuration; choosing its tiles; compiling ahead of time
@@ -34,9 +35,9 @@ __all__ = ["attention", "sdpa", "decode", "attention_varlen", "attention_varlen_
 
 # Submodules load on first use (flashattn.reference, flashattn.kernels, ...): importing
 # flashattn stays cheap, and `import flashattn; flashattn.reference.attention(...)` works.
-_SUBMODULES = ("aot", "api", "autograd", "autotune", "contract", "dispatch", "env", "flex",
-               "fp8", "interpret", "kernels", "launch", "launch_bwd", "mods", "reference",
-               "stats", "steps", "timing")
+_SUBMODULES = ("aot", "api", "autograd", "autotune", "config", "contract", "dispatch", "env",
+               "flex", "fp8", "interpret", "kernels", "launch", "launch_bwd", "mods", "reference",
+               "registry", "stats", "timing")
 
 
 def __getattr__(name):

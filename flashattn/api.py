@@ -12,7 +12,7 @@ from .contract import check_causal, check_tensors
 from .autotune import resolve
 from .dispatch import on_device, interpreting
 from .launch import launch
-from .steps import get_step
+from .registry import get_step
 
 
 def attention(q, k, v, *, causal: bool = False, scale: float | None = None,
@@ -38,7 +38,7 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None,
         scale: softmax scale, default 1/sqrt(D).
         input_pos: 0 (as scaled_dot_product_attention(is_causal=True)) up to Nk - Nq
             (a prefill appended to a KV cache of Nk - Nq tokens). Causal only.
-        step: a name from flashattn.STEPS, or "best" for the fastest known one on this GPU
+        step: "best", or a registered step (the book's, once ``import flashbook`` ran) for the fastest known one on this GPU
             ("best" sends a decode step, 1 to ``DECODE_PATH_MAX_NQ`` query rows over at
             least ``DECODE_PATH_MIN_NK`` keys, to the split-KV kernels of
             ``flashattn.decode``, which are faster there: the measured crossover).
@@ -66,7 +66,7 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None,
     """
     import torch
     if not isinstance(step, str):
-        raise TypeError(f"step must be a str (a name from flashattn.STEPS, or 'best'), got "
+        raise TypeError(f"step must be a str ('best' or a step's name), got "
                         f"{type(step).__name__}")
     if _fp8_call(q, k, v, q_descale, k_descale, v_descale, out_dtype):
         # The FP8 forward (its own kernel, no backward; chapter 14).

@@ -128,7 +128,7 @@ attention_fwd.register_autograd(_backward, setup_context=_setup_context)
 
 # --- entry points ---------------------------------------------------------------------------
 def _checked(q, k, v, causal, scale, input_pos, step):
-    from .steps import get_step
+    from .registry import get_step
     if torch.compiler.is_compiling():
         # contract.check_causal reads type(causal).__module__, which dynamo cannot trace.
         if isinstance(causal, torch.Tensor) or not isinstance(causal, (bool, int)):

@@ -2,12 +2,12 @@
 
     step, config = resolve("best", q, k, causal=True)   # which step, which tiles and hints
 
-The search space differs per architecture (``Step.configs(arch)``, defined in ``steps``), because
-what is fast differs: Blackwell keeps the
-accumulator in tensor memory and likes 256x128 tiles; on Hopper those tiles spill registers
-(chapter 5) and 64-row tiles with two programs per SM win. Results are cached per GPU name
-in memory and in ``$FLASHATTN_CACHE`` (default ``~/.cache/flashattn``), keyed by the shape
-bucket, so a search runs once per GPU and shape class.
+The search space differs per architecture (``Step.configs(arch)``; the tables are
+``kernels.fmha_fwd_spec``'s), because what is fast differs: Blackwell keeps the accumulator in
+tensor memory and likes 256x128 tiles; on Hopper those tiles spill registers (chapter 5) and
+64-row tiles with two programs per SM win. Results are cached per GPU name in memory and in
+``$FLASHATTN_CACHE`` (default ``~/.cache/flashattn``), keyed by the shape bucket, so a search
+runs once per GPU and shape class.
 
 ``FLASHATTN_AUTOTUNE=0`` skips the search and uses the first configuration of the space
 (the test suite does this to keep compile time down).
@@ -26,7 +26,8 @@ from pathlib import Path
 from .contract import next_pow2
 from .dispatch import device_name, interpreting
 from .launch import arch_of, launch
-from .steps import Config, Step, resolve_name
+from .config import Config
+from .registry import Step, resolve_name
 
 _memory: dict = {}
 

@@ -313,6 +313,15 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
         TypeError, ValueError: bad tensors, block masks, mods or options (the message names
             which); ``ModError`` (a ValueError) for a mod that cannot run or compile.
     """
+    return _flex(query, key, value, score_mod, block_mask, scale, enable_gqa, return_lse,
+                 kernel_options, return_aux=return_aux, sinks=sinks,
+                 blasst_threshold=blasst_threshold, checked=False)
+
+
+def _flex(query, key, value, score_mod, block_mask, scale, enable_gqa, return_lse,
+          kernel_options, *, return_aux, sinks, blasst_threshold, checked: bool):
+    """``flex_attention``; ``checked``: the caller ran the dense contract on the tensors and the
+    scale (``attention(window_size=...)``), so they are checked once per call."""
     import torch
     ko = dict(kernel_options or {})
     bad = [k for k in ko if k not in KERNEL_OPTIONS]
@@ -340,29 +349,30 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
         if getattr(return_aux, "max_scores", False):
             raise NotImplementedError("flashattn.flex_attention does not return max_scores")
         want_lse = bool(getattr(return_aux, "lse", False))
-    # The dense family's rules (contract), under the names of torch's flex_attention.
-    check_torch_tensors(query=query, key=key, value=value)
-    for n, t in (("query", query), ("key", key), ("value", value)):
-        check_rank(n, t.shape, 4, DENSE_LAYOUT)
-    check_kernel_dtype("query", query, "flashattn kernels take", DENSE_DTYPE_HINT)
-    check_one_dtype(query=query, key=key, value=value)
-    check_one_device(query=query, key=key, value=value)
+    if not checked:
+        # The dense family's rules (contract), under the names of torch's flex_attention.
+        check_torch_tensors(query=query, key=key, value=value)
+        for n, t in (("query", query), ("key", key), ("value", value)):
+            check_rank(n, t.shape, 4, DENSE_LAYOUT)
+        check_kernel_dtype("query", query, "flashattn kernels take", DENSE_DTYPE_HINT)
+        check_one_dtype(query=query, key=key, value=value)
+        check_one_device(query=query, key=key, value=value)
+        check_kernel_device(query, interpreting(query.device), "flashattn kernels run",
+                            "torch.nn.attention.flex_attention.flex_attention")
     device = query.device
-    interp = interpreting(device)
-    check_kernel_device(query, interp, "flashattn kernels run",
-                        "torch.nn.attention.flex_attention.flex_attention")
     B, Hq, Nq, D = query.shape
     Bk, Hkv, Nk, Dk = key.shape
-    check_same_shape("key", "value", key.shape, value.shape)
-    if Bk != B:
-        raise ValueError(f"batch size differs: query has {B}, key and value have {Bk}")
-    check_head_dims(D, Dk, "key and value")
-    if Hq != Hkv:
-        if not enable_gqa:
-            raise ValueError(f"query has {Hq} heads and key {Hkv}: pass enable_gqa=True for "
-                             "grouped-query attention")
-        check_groups(Hq, Hkv)
-    check_scale(scale, positive=False)      # any finite scale, as torch's flex_attention
+    if not checked:
+        check_same_shape("key", "value", key.shape, value.shape)
+        if Bk != B:
+            raise ValueError(f"batch size differs: query has {B}, key and value have {Bk}")
+        check_head_dims(D, Dk, "key and value")
+        if Hq != Hkv:
+            if not enable_gqa:
+                raise ValueError(f"query has {Hq} heads and key {Hkv}: pass enable_gqa=True for "
+                                 "grouped-query attention")
+            check_groups(Hq, Hkv)
+        check_scale(scale, positive=False)      # any finite scale, as torch's flex_attention
     if scale is None:
         scale = 1.0 / math.sqrt(D)
 
@@ -597,8 +607,8 @@ def attention_masked(q, k, v, *, causal, scale, input_pos, step, window_size, so
         arch = device_arch(q.device)
         cfg = FLEX_CONFIGS.get(arch, DEFAULT_CONFIG)
         bm = cached_block_mask(mask, Nq, Nk, q.device, (cfg.TILE_M, cfg.TILE_N))
-    return flex_attention(q, k, v, score_mod=score, block_mask=bm, scale=scale,
-                          enable_gqa=q.shape[1] != k.shape[1])
+    return _flex(q, k, v, score, bm, scale, q.shape[1] != k.shape[1], False, None,
+                 return_aux=None, sinks=None, blasst_threshold=None, checked=True)
 
 
 

@@ -257,7 +257,7 @@ def attention_fp8(q, k, v, *, q_descale=None, k_descale=None, v_descale=None,
             reads V K-major) or "kernel" (the kernel reads (Nk, D) tiles; the compiler
             transposes them on chip).
         fast_acc: ``ct.mma(use_fast_acc=)`` (default ``kernels.fp8_spec.FP8_FAST_ACC``).
-        config: a ``steps.Config`` or its label ("128x64 occ=1 nww=8") to run instead of the
+        config: a ``flashattn.config.Config`` or its label ("128x64 occ=1 nww=8") to run instead of the
             arch's ``kernels.fp8_spec.FP8_CONFIGS`` entry (``FP8_ALT_CONFIGS`` lists the
             spill-free alternatives the benchmark times); default None: the table's.
 
@@ -285,11 +285,11 @@ def attention_fp8(q, k, v, *, q_descale=None, k_descale=None, v_descale=None,
     if not isinstance(fast_acc, bool):
         raise TypeError(f"fast_acc must be a bool, got {type(fast_acc).__name__}")
     if config is not None:
-        from .steps import Config
+        from .config import Config
         if isinstance(config, str):
             config = Config.parse(config)
         if not isinstance(config, Config):
-            raise TypeError(f"config must be a flashattn.steps.Config or its label such as "
+            raise TypeError(f"config must be a flashattn.config.Config or its label such as "
                             f"'128x64 occ=1 nww=8', got {type(config).__name__}")
     out_dtype = torch.bfloat16 if out_dtype is None else out_dtype
     if out_dtype not in (torch.bfloat16, torch.float16):

@@ -12,8 +12,9 @@ profiler target and autotune call them directly on inputs they made. Each launch
 from __future__ import annotations
 
 from .dispatch import attention_steps, device_arch, device_sm_count, expect, launch_kernel
-from .kernels import NAIVE, fmha_constants, fmha_grid, fmha_spec, hinted, naive_constants
-from .steps import Config, Step
+from .kernels import NAIVE, fmha_plan, hinted, naive_constants
+from .config import Config
+from .registry import Step
 
 NAIVE_SCRATCH_BYTES = 8 << 30   # S (fp32) + P for this many bytes of (batch, head) pairs at once
 
@@ -60,18 +61,13 @@ def fmha_args(q, k, v, out, step: Step, config: Config, *, causal: bool, scale: 
     the kernel also writes each row's natural-log LSE there (WRITE_LSE)."""
     B, Hq, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
-    sms = None
-    if step.flag_values()["PERSISTENT"]:
-        sms = device_sm_count(q.device)
-    grid = fmha_grid(step, config, B=B, Hq=Hq, Nq=Nq, sm_count=sms)
-    spec = fmha_spec(step)              # the shipped kernel, or the book's ladder for other flags
-    args = spec.args(
+    plan = fmha_plan(step, config, B=B, Hq=Hq, Hkv=Hkv, Nq=Nq, Nk=Nk, head_dim=D, causal=causal,
+                     scale=scale, input_pos=input_pos, write_lse=lse is not None,
+                     sm_count=lambda: device_sm_count(q.device))
+    args = plan.spec.args(
         dict(Q=q, K=k, V=v, Out=out, Lse=_lse_stand_in(q.device) if lse is None else lse),
-        dict(qk_scale=scale, input_pos=input_pos, num_heads=Hq, group_size=Hq // Hkv,
-             num_m_blocks=-(-Nq // config.TILE_M)),
-        fmha_constants(step, config, head_dim=D, causal=causal,
-                       even_k=Nk % config.TILE_N == 0, write_lse=lse is not None))
-    return grid, hinted(spec.kernel(), config.hints()), args
+        plan.scalars, plan.constants)
+    return plan.grid, hinted(plan.spec.kernel(), config.hints()), args
 
 
 def _naive(q, k, v, out, config: Config, *, causal, scale, input_pos):

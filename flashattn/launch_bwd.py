@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from .contract import check_causal, check_tensors
 from .dispatch import attention_steps, expect, interpreting, launch_kernel, on_device
 from .kernels import BWD, BWD_ATOMIC, KernelSpec, bwd_configs, bwd_constants, bwd_grid, hinted
-from .steps import Config
+from .config import Config
 
 
 @dataclass(frozen=True)

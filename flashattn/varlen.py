@@ -27,30 +27,10 @@ import math
 from .contract import check_varlen_tensors
 from .dispatch import (attention_steps, device_arch, expect, interpreting, launch_kernel,
                        on_device)
-from .kernels import (VARLEN_FWD, hinted, varlen_config, varlen_constants, varlen_grid,
-                      varlen_q_tiles)
+from .kernels import VARLEN_FWD, hinted
+from .kernels.varlen_spec import varlen_plan  # the pure plan (configuration, constants, grid)
 
 __all__ = ["attention_varlen", "attention_varlen_backward", "varlen_plan"]
-
-
-def varlen_plan(dims, *, max_seqlen_q: int, causal: bool, arch=None, config=None,
-                q_tiles=None) -> dict:
-    """The launch plan (pure: no GPU): configuration, constants, grid. ``dims``: a
-    ``contract.VarlenDims``; ``config``: a ``steps.Config`` to pin (default
-    ``kernels.varlen_config(arch, D)``); ``q_tiles``: query tiles per program (default
-    ``kernels.varlen_q_tiles``)."""
-    config = config or varlen_config(arch, dims.D)
-    if q_tiles is None:
-        q_tiles = varlen_q_tiles(config, max_seqlen_q=max_seqlen_q, arch=arch,
-                                 total_q=dims.total_q, B=dims.B)
-    grid = varlen_grid(config, B=dims.B, Hq=dims.Hq, max_seqlen_q=max_seqlen_q,
-                       q_tiles=q_tiles)
-    if dims.B > 65535 or dims.Hq > 65535:
-        raise ValueError(f"B = {dims.B} sequences and Hq = {dims.Hq} heads must each be at most "
-                         "65535 (grid axes): split the batch")
-    return dict(config=config, grid=grid,
-                constants=varlen_constants(config, head_dim=dims.D, causal=causal,
-                                           q_tiles=q_tiles))
 
 
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
@@ -84,7 +64,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
             synchronisation). With False (e.g. under CUDA-graph capture) the kernel clamps
             offsets for addressing and writes NaN for a sequence whose offsets are out of
             range or decreasing, or that is longer than ``max_seqlen_q`` / ``max_seqlen_k``.
-        config: a ``steps.Config`` (tiles and hints) to pin; default
+        config: a ``flashattn.config.Config`` (tiles and hints) to pin; default
             ``kernels.varlen_config(arch, D)``.
         out: optional (total_q, Hq, D) output tensor of q's dtype (its last dimension
             contiguous).
@@ -136,7 +116,7 @@ def _check_scalars(max_seqlen_q, max_seqlen_k, causal, scale, check_values, conf
     """The arguments the operator's schema types, checked before it (isinstance only:
     ``torch.compile`` traces this); the tensors are the operator's to check."""
     import torch
-    from .steps import Config
+    from .config import Config
     for name, x in (("causal", causal), ("check_values", check_values)):
         if isinstance(x, torch.Tensor) or not isinstance(x, (bool, int)):
             raise TypeError(f"{name} must be a bool, got {type(x).__name__}")
@@ -146,7 +126,7 @@ def _check_scalars(max_seqlen_q, max_seqlen_k, causal, scale, check_values, conf
     if isinstance(scale, bool) or not isinstance(scale, (int, float, type(None))):
         raise TypeError(f"scale must be a float, got {type(scale).__name__}")
     if config is not None and not isinstance(config, Config):
-        raise TypeError(f"config must be a flashattn.steps.Config (tiles and hints, e.g. "
+        raise TypeError(f"config must be a flashattn.config.Config (tiles and hints, e.g. "
                         f"Config(64, 64)) or None, got {type(config).__name__}")
 
 
@@ -162,9 +142,9 @@ def _forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
                                 causal=causal, scale=scale, check_values=check_values,
                                 interpret=interp)
     check_out(out)
-    from .steps import Config
+    from .config import Config
     if config is not None and not isinstance(config, Config):
-        raise TypeError(f"config must be a flashattn.steps.Config (tiles and hints, e.g. "
+        raise TypeError(f"config must be a flashattn.config.Config (tiles and hints, e.g. "
                         f"Config(64, 64)) or None, got {type(config).__name__}")
     if out is None:
         out = torch.empty((dims.total_q, dims.Hq, dims.D), dtype=q.dtype, device=q.device)
@@ -305,7 +285,7 @@ def attention_varlen_backward(q, k, v, out, dout, cu_seqlens_q, cu_seqlens_k,
     dq, dk, dv = (torch.zeros(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
     scale = 1.0 / math.sqrt(dims.D) if scale is None else float(scale)
     # The estimate: a recomputed forward and two backward kernels per sequence (64x64 tiles).
-    from .steps import Config
+    from .config import Config
     with torch.no_grad(), expect(
             q.device, lambda: varlen_steps(cu_seqlens_q, cu_seqlens_k, dims, Config(64, 64),
                                            causal=causal, passes=3),

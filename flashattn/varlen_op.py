@@ -23,7 +23,7 @@ _IMPL: dict = {}        # "forward", "backward": set by flashattn.varlen (no imp
 
 
 def _config(label):
-    from .steps import Config
+    from .config import Config
     return None if label is None else Config.parse(label)
 
 
@@ -99,7 +99,7 @@ attention_varlen_bwd.register_autograd(_no_double_backward,
 
 def forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal,
             scale, check_values, config):
-    """``attention_varlen`` through the operator; ``config`` a ``steps.Config`` or None."""
+    """``attention_varlen`` through the operator; ``config`` a ``flashattn.config.Config`` or None."""
     return attention_varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                 max_seqlen_k, causal, None if scale is None else float(scale),
                                 check_values, None if config is None else config.label())

@@ -10,6 +10,7 @@ readers, ``nbrun``. It imports ``flashattn``; ``flashattn`` never imports it.
 
 The package, by layer (each imports only from the layers above it, and from flashattn):
 
+    steps                         the steps of the book, registered with flashattn.registry
     ladder/                       the ladder kernel: every step's flag (the library ships it folded)
     impls, source                 the registry of implementations; a step's kernel source folded
     data/                         the recorded dataset: schema and reader (CPU only)
@@ -17,8 +18,8 @@ The package, by layer (each imports only from the layers above it, and from flas
     chapter/                      what the notebooks share: setup, glue, figures
     nbrun                         run a notebook without Jupyter
 """
-from flashattn.steps import (ARCHS, EXPERIMENTS, FLAGS, SEED_STEPS, STEP_NAMES, STEPS, Config, Step,
-                             get_step)
+from .steps import (ARCHS, EXPERIMENTS, FLAGS, SEED_STEPS, STEP_NAMES, STEPS, Config, Step,
+                    get_step)  # registers the book's steps with flashattn.registry
 
 from . import ladder  # noqa: F401  (registers the ladder kernel with flashattn.kernels)
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from flashattn.steps import EXPERIMENTS, STEP_NAMES, STEPS
+from flashbook.steps import EXPERIMENTS, STEP_NAMES, STEPS
 
 
 @dataclass(frozen=True)

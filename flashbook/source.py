@@ -19,7 +19,7 @@ import importlib.util
 import re
 import textwrap
 
-from flashattn.steps import FLAGS, Config, Step, get_step
+from flashbook.steps import FLAGS, Config, Step, get_step
 
 from .steps import previous_step
 

@@ -9,7 +9,7 @@ import pytest
 
 from flashbook import EXPERIMENTS, STEP_NAMES
 from flashattn.aot import compile_step, main
-from flashattn.steps import Config
+from flashattn.config import Config
 
 pytestmark = pytest.mark.slow
 
@@ -110,7 +110,7 @@ def test_the_forward_with_its_lse_compiles(arch, step, causal, even_k, head_dim)
     # bytes, adds one STL).
     from flashattn.aot import compile_spec
     from flashattn.kernels import constants_for, fmha_spec
-    from flashattn.steps import get_step
+    from flashbook.steps import get_step
     s = get_step(step)
     FMHA = fmha_spec(s)                 # the shipped kernel, or the book's ladder
     cfg = s.configs(arch)[0]

@@ -65,7 +65,7 @@ def test_gradients_match_the_reference(hq, hkv, nq, nk, d, dtype, causal, pos, r
 
 
 def _fused_steps():
-    from flashattn.steps import EXPERIMENTS, STEPS
+    from flashbook.steps import EXPERIMENTS, STEPS
     return [n for n, s in {**STEPS, **EXPERIMENTS}.items() if s.kernel == "fmha"]
 
 

@@ -20,7 +20,7 @@ from flashattn.contract import tile_d_for
 from flashattn.kernels import (BWD, BWD_CONFIGS, SPECS, KernelContractError, bwd_configs,
                                bwd_constants, bwd_grid)
 from flashattn.launch_bwd import backward_launches, check_backward_tensors
-from flashattn.steps import ARCHS, Config
+from flashbook.steps import ARCHS, Config
 from test_backward_gpu import reference, torch_same_precision
 
 pytestmark = pytest.mark.usefixtures("one_thread")   # tests/conftest.py: many small products

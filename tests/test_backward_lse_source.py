@@ -17,7 +17,7 @@ from criteria import assert_close_to_reference, seed_of
 from flashattn import interpret
 from flashattn import reference as R
 from flashattn.kernels import fmha_constants, fmha_grid, fmha_spec
-from flashattn.steps import EXPERIMENTS, STEPS, Config, with_config
+from flashbook.steps import EXPERIMENTS, STEPS, Config, with_config
 from test_backward_gpu import reference, torch_same_precision
 from test_backward_kernels import assert_gradients, fp16_inputs, run_backward_kernels
 

@@ -10,7 +10,7 @@ import torch
 from flashattn import reference as R
 from flashattn.reference import backward as RB
 from flashattn.reference.emulate import schedule
-from flashattn.steps import STEPS, Config
+from flashbook.steps import STEPS, Config
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")   # tests/conftest.py

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from flashattn.steps import BEST_STEP
+from flashbook.steps import BEST_STEP
 import torch
 
 from flashbook import EXPERIMENTS, STEP_NAMES, impls
@@ -19,7 +19,7 @@ from flashbook.data import schema
 from flashbook.data.schema import ROW_FIELDS, add_derived, make_row, to_frame, workload_name
 from flashbook.measure import bench, record
 from flashbook.measure.bench import DEFAULT_SEQLENS, parse_args
-from flashattn.steps import Config
+from flashattn.config import Config
 
 REPO = Path(__file__).resolve().parent.parent
 HAS_GPU = torch.cuda.is_available()
@@ -369,7 +369,8 @@ def test_record_quick(tmp_path):
 def cpu_fakes(monkeypatch):
     """run_bench's GPU parts replaced by CPU fakes: the launch writes the fp32 reference, timing
     returns 1 ms. Returns the names ``autotune.resolve`` was asked for."""
-    from flashattn import launch, steps
+    from flashattn import launch
+    from flashbook import steps
     from flashattn import timing
     resolved = []
     launches = {}      # name -> launches per sample that run_bench asked time_rounds for
@@ -630,7 +631,8 @@ def _math_attention(q, k, v, causal, scale):
 def bwd_fakes(monkeypatch):
     """run_bench_backward's GPU parts replaced by CPU fakes: every implementation is autograd
     through fp32 math attention (ours: its backward from the reference), timing fakes rounds."""
-    from flashattn import api, autograd, autotune, launch, launch_bwd, steps
+    from flashattn import api, autograd, autotune, launch, launch_bwd
+    from flashbook import steps
     from flashattn import reference as R
     from flashattn import timing
     seen = dict(rounds=[], backward=0)

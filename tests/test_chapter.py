@@ -87,7 +87,7 @@ def test_below_shows_a_small_error_as_a_bound():
 def test_tile_kinds_is_the_emulated_schedule(step, N, input_pos):
     from flashattn import reference
     from flashbook.chapter.helpers import FULL, MASKED, SKIPPED
-    from flashattn.steps import Config
+    from flashattn.config import Config
     config = Config(128, 64)
     kinds = chapter.tile_kinds(step, N, config, input_pos=input_pos)
     assert kinds.shape == (-(-N // 128), -(-(N + input_pos) // 64))

@@ -7,7 +7,7 @@ import pytest
 from flashbook import chapter
 from flashattn import reference
 from flashbook.chapter import helpers
-from flashattn.steps import Config
+from flashattn.config import Config
 
 
 def test_below_returns_the_bound():

@@ -8,7 +8,7 @@ import pytest
 
 from flashbook.chapter import summary
 from flashbook.data import results
-from flashattn.steps import STEP_NAMES
+from flashbook.steps import STEP_NAMES
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -20,10 +20,12 @@ def checks(monkeypatch):
     real = contract.check_kernel_dtype
 
     def spy(name, t, *a, **kw):
-        if name == "q":
+        if name in ("q", "query"):                 # flex_attention names it query
             seen.append(name)
         return real(name, t, *a, **kw)
     monkeypatch.setattr(contract, "check_kernel_dtype", spy)
+    from flashattn import flex
+    monkeypatch.setattr(flex, "check_kernel_dtype", spy)     # imported by name there
     return seen
 
 
@@ -52,6 +54,13 @@ CALLS = {
     "attention_varlen": lambda: flashattn.attention_varlen(*packed(), causal=True),
     "attention_varlen, differentiable": lambda: flashattn.attention_varlen(*packed(grad=True)),
     "attention_varlen, meta": lambda: flashattn.attention_varlen(*packed(device="meta")),
+    # window_size/softcap route to the flex kernels: the dense contract, not flex's again.
+    "attention, window_size": lambda: flashattn.attention(*dense(), causal=True,
+                                                          window_size=(8, 0)),
+    "attention, softcap": lambda: flashattn.attention(*dense(), softcap=30.0),
+    "attention, window_size, differentiable": lambda: flashattn.attention(
+        *dense(grad=True), window_size=(16, 16)),
+    "flex_attention": lambda: flashattn.flex_attention(*dense(), enable_gqa=True),
 }
 
 

@@ -11,7 +11,7 @@ import pytest
 from flashbook.data import results
 from flashbook.data.schema import ROW_FIELDS, add_derived, make_row, write_json
 from flashbook.impls import IMPLS, base_name
-from flashattn.steps import Config
+from flashattn.config import Config
 
 REPO = Path(__file__).resolve().parents[1]
 SEED_TEXT = sorted((REPO.parent / "shared" / "seeds").glob("000_*.txt"))

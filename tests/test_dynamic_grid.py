@@ -26,7 +26,7 @@ def dyn():
 def test_variants_equal_arch_tuned(dyn, causal):
     import flashattn
     from flashattn import interpret
-    from flashattn.steps import Config
+    from flashattn.config import Config
     g = torch.Generator().manual_seed(3 + causal)
     q = torch.randn(2, 4, 150, 64, generator=g, dtype=torch.float16)
     k, v = (torch.randn(2, 2, 150, 64, generator=g, dtype=torch.float16) for _ in range(2))
@@ -41,7 +41,7 @@ def test_variants_equal_arch_tuned(dyn, causal):
 
 def test_shuffled_programs_take_every_item_once(dyn):
     from flashattn import interpret
-    from flashattn.steps import Config
+    from flashattn.config import Config
     cfg = Config(64, 128)
     g = torch.Generator().manual_seed(11)
     q, k, v = (torch.randn(1, 3, 130, 64, generator=g, dtype=torch.float16) for _ in range(3))

@@ -20,7 +20,7 @@ import torch
 from flashattn import interpret, kernels
 from flashattn import reference as R
 from flashattn.kernels import fmha_constants, fmha_grid, fmha_spec
-from flashattn.steps import Config, get_step
+from flashbook.steps import Config, get_step
 from flashbook.ladder import LADDER
 
 pytestmark = pytest.mark.usefixtures("one_thread")   # tests/conftest.py

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from flashattn import reference as R
-from flashattn.steps import EXPERIMENTS, STEPS, Config
+from flashbook.steps import EXPERIMENTS, STEPS, Config
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")   # tests/conftest.py
@@ -190,7 +190,7 @@ def test_tile_counts_loop_split_causal():
 def test_default_configs():
     assert R.default_config("large_tiles") == Config(256, 128)
     assert R.default_config("pair") == EXPERIMENTS["pair"].config_for("sm_90")
-    from flashattn.steps import seed_space
+    from flashbook.steps import seed_space
     assert R.default_config("autotune") == seed_space("sm_90")[0]
     assert R.default_config("arch_tuned") == STEPS["arch_tuned"].configs("sm_90")[0]
     with pytest.raises(ValueError, match="naive"):

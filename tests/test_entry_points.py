@@ -174,7 +174,7 @@ def test_varlen_checks_its_other_arguments():
         flashattn.attention_varlen(q, q, q, cu, cu, 8, 8, check_values="no")
     with pytest.raises(TypeError, match="out must be a torch.Tensor or None, got list"):
         flashattn.attention_varlen(q, q, q, cu, cu, 8, 8, out=[0.0])
-    with pytest.raises(TypeError, match="config must be a flashattn.steps.Config"):
+    with pytest.raises(TypeError, match="config must be a flashattn.config.Config"):
         flashattn.attention_varlen(q, q, q, cu, cu, 8, 8, config="64x64")
     with pytest.raises(TypeError, match="max_seqlen_q must be an int, got float"):
         flashattn.attention_varlen(q, q, q, cu, cu, 8.0, 8)

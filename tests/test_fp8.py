@@ -194,7 +194,7 @@ def test_quantize_fp8_transpose_v_fused():
 def test_fp8_forward_config_override(config):
     """attention_fp8(config=...) runs the given tiles (the benchmark's --configs) with the
     same arithmetic: the emulation at that TILE_N."""
-    from flashattn.steps import Config
+    from flashattn.config import Config
     B, Hq, Hkv, Nq, Nk, D = 1, 2, 2, 70, 150, 64
     (q8, k8, v8), (qd, kd, vd) = _inputs(B, Hq, Hkv, Nq, Nk, D, seed=13,
                                          dtype=torch.float8_e4m3fn)

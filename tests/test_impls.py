@@ -5,7 +5,7 @@ import pytest
 from flashbook import impls
 from flashbook.impls import IMPLS, ORDER, base_name, color_of, get, rank
 from flashbook.measure.bench import check_impl_name
-from flashattn.steps import ARCHS, EXPERIMENTS, STEP_NAMES, STEPS, Config
+from flashbook.steps import ARCHS, EXPERIMENTS, STEP_NAMES, STEPS, Config
 
 ALL_STEPS = {**STEPS, **EXPERIMENTS}
 
@@ -32,7 +32,7 @@ def test_steps_have_distinct_colours():
 
 
 def test_best_is_drawn_as_the_step_it_runs():
-    from flashattn.steps import DEFAULT_BEST
+    from flashbook.steps import DEFAULT_BEST
     assert color_of("best") == color_of(DEFAULT_BEST)
 
 

@@ -143,7 +143,8 @@ def test_the_graph_sees_every_kind_of_import():
     assert "flashattn.contract" in GRAPH["flashbook.data.schema"]           # from flashattn.contract
     assert "flashbook.data.results" in GRAPH["flashbook.chapter.page"]      # inside a function
     assert "flashbook.data.results" not in build_graph(nested=False)["flashbook.chapter.page"]
-    assert "flashattn.steps" in GRAPH["flashbook"]                          # across packages
+    assert "flashbook.steps" in GRAPH["flashbook"]                          # from .steps import
+    assert "flashattn.registry" in GRAPH["flashbook.steps"]                 # across packages
 
 
 # --- the library never imports the book ---------------------------------------------------------
@@ -186,12 +187,13 @@ def test_no_import_cycles_at_module_level():
 
 
 # --- layers ---------------------------------------------------------------------------------------
-@pytest.mark.parametrize("leaf", ["flashattn.contract", "flashattn.steps", "flashattn.stats"])
+@pytest.mark.parametrize("leaf", ["flashattn.contract", "flashattn.config", "flashattn.stats"])
 def test_leaves_import_nothing_from_the_package(leaf):
     assert GRAPH[leaf] == set(), f"{leaf} imports {sorted(GRAPH[leaf])}\n{show()}"
 
 
-LOW = ["flashattn.kernels", "flashattn.contract", "flashattn.steps", "flashbook.impls"]
+LOW = ["flashattn.kernels", "flashattn.contract", "flashattn.config", "flashattn.registry",
+       "flashbook.impls"]
 HIGH = ["flashbook.measure", "flashbook.data", "flashbook.chapter", "flashattn.api",
         "flashattn.launch", "flashattn.autotune"]
 
@@ -216,8 +218,8 @@ def test_data_does_not_import_measure():
 
 def test_the_leaves_and_the_kernels_import_cheaply():
     # "Importing it does not import cuda.tile" (kernels); `import flashattn` stays cheap.
-    code = ("import sys, flashattn, flashattn.kernels, flashattn.contract, flashattn.steps, "
-            "flashbook.impls\n"
+    code = ("import sys, flashattn, flashattn.kernels, flashattn.contract, flashattn.config, "
+            "flashattn.registry, flashbook.impls\n"
             "heavy = sorted(m for m in ('torch', 'cuda.tile', 'pandas', 'matplotlib') "
             "if m in sys.modules)\n"
             "print(','.join(heavy))")
@@ -279,10 +281,9 @@ def test_the_library_holds_no_book_ladder():
     # Issue 21 items 2 and 4: the book's views of the steps (the Hopper ladder, predecessors, the
     # steps command) and the kernels' off switches (the fused decode merge, dependent launches)
     # live in flashbook; the library's kernels carry what ships.
-    import flashattn.steps as steps
-    from flashattn import kernels
+    from flashattn import kernels, registry
     for name in ("HOPPER_LADDER", "previous_step", "describe", "main"):
-        assert not hasattr(steps, name), name
+        assert not hasattr(registry, name), name
     for name in ("DECODE_FUSED_COMBINE", "DECODE_PDL", "DECODE_PDL_TRIGGER", "BWD_PDL",
                  "PDL_ARCHS", "register_decode_ladder"):
         assert not hasattr(kernels, name), name
@@ -293,3 +294,67 @@ def test_the_library_holds_no_book_ladder():
             assert "FUSED" not in text and "PDL" not in text, p
     import flashattn.decode as decode_module
     assert not hasattr(decode_module, "prefer_decode")   # the routing: flashattn.api
+
+
+# The steps of the book as data: the ladder's names, its flags with their defaults, the seed's
+# space, the experiments. The library keeps Config (a leaf), the registry and what "best" ships.
+LADDER_DATA = {"STEPS", "STEP_NAMES", "SEED_STEPS", "EXPERIMENTS", "FLAG_DEFAULTS", "FLAGS",
+               "seed_space", "_STEP_LIST", "_EXPERIMENT_LIST", "HOPPER_LADDER"}
+LADDER_FLAGS = ("FAST_MATH", "SPLIT_LOOP", "REMAP", "PAIR", "LAZY_RESCALE", "EXP_POLY",
+                "UNCHECKED_KV", "K_LAT", "V_LAT", "PERSISTENT", "PIPELINE")
+
+
+def _defined(path) -> set[str]:
+    """Names a module binds at its top level (assignments, functions, classes)."""
+    import ast
+    out = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            out.add(node.name)
+        targets = node.targets if isinstance(node, ast.Assign) else \
+            [node.target] if isinstance(node, ast.AnnAssign) else []
+        out |= {t.id for t in targets if isinstance(t, ast.Name)}
+    return out
+
+
+def test_the_ladder_data_is_the_books():
+    assert not (REPO / PKG / "steps.py").exists()
+    bad = {m: sorted(_defined(MODULES[m]) & LADDER_DATA) for m in under(PKG)}
+    bad = {m: hit for m, hit in bad.items() if hit}
+    assert not bad, f"the library defines the book's ladder data: {bad}"
+    import flashbook.steps as book
+    assert LADDER_DATA - {"_STEP_LIST", "_EXPERIMENT_LIST"} <= set(vars(book))
+    assert book.FLAGS == LADDER_FLAGS and len(book.STEPS) == 9 and len(book.EXPERIMENTS) == 6
+    # The ladder's own rules (PAIR's and PERSISTENT's grids, unchecked loads) are registered by
+    # the book with its kernel; only the CPU emulation of the ladder reads them in the library.
+    import re
+    reads = re.compile(r"flags(\.get\(|\[)\"(PAIR|PERSISTENT|UNCHECKED_KV)\"")
+    bad = [m for m in under(PKG) if m != "flashattn.reference.emulate"
+           and reads.search(MODULES[m].read_text())]
+    assert not bad, f"the library applies the ladder's flags: {bad}"
+
+
+def test_the_library_alone_registers_what_best_ships():
+    # Without the book: the two steps "best" resolves to; a book step names `import flashbook`.
+    code = ("import sys, flashattn, torch\n"
+            "from flashattn import registry\n"
+            "print(','.join(registry.registered()))\n"
+            "q = torch.zeros(1, 1, 16, 16, dtype=torch.float16)\n"
+            "try:\n    with flashattn.interpret.enabled():\n"
+            "        flashattn.attention(q, q, q, step='baseline')\n"
+            "except ValueError as e:\n    print(e)\n"
+            "print('flashbook' in sys.modules)")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=REPO, timeout=300)
+    assert res.returncode == 0, res.stderr
+    names, err, book = res.stdout.strip().splitlines()
+    assert names == "arch_tuned,warp_groups"
+    assert "unknown step 'baseline'" in err and "import flashbook first" in err
+    assert "flashbook.attention" in err and book == "False"
+
+
+def test_the_book_registers_its_steps_in_book_order():
+    import flashbook
+    from flashattn import registry
+    assert list(registry.registered()) == [*flashbook.STEPS, *flashbook.EXPERIMENTS]
+    assert registry.get_step("arch_tuned") is flashbook.STEPS["arch_tuned"]   # one object

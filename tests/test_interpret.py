@@ -19,7 +19,7 @@ import flashattn
 from flashattn import interpret, launch, reference
 from flashattn.interpret import InterpreterError
 from flashattn.interpret import tile as T
-from flashattn.steps import get_step
+from flashbook.steps import get_step
 
 from criteria import assert_close_to_reference
 
@@ -427,7 +427,7 @@ def test_runs_without_cuda_tile():
     code = HIDE + textwrap.dedent("""
         import torch, flashattn
         from flashattn import interpret, launch, reference
-        from flashattn.steps import get_step
+        from flashbook.steps import get_step
         assert getattr(sys.modules.get("cuda.tile"), "__interpreter_shim__", True)
         g = torch.Generator().manual_seed(0)
         q, k, v = (torch.randn(1, 2, 77, 64, generator=g).half() for _ in range(3))

@@ -19,7 +19,7 @@ import flashattn  # noqa: E402
 from criteria import assert_flash_criterion  # noqa: E402
 from flashattn import dispatch, interpret  # noqa: E402
 from flashattn import reference as R  # noqa: E402
-from flashattn.steps import SEARCH_SPACE, WARP_GROUP_SPACE  # noqa: E402
+from flashbook.steps import SEARCH_SPACE, WARP_GROUP_SPACE  # noqa: E402
 
 
 @pytest.fixture
@@ -294,7 +294,7 @@ def test_decode_and_varlen_backward_warn_once(interp, nothing_runs):
     slow = [x for x in w if issubclass(x.category, dispatch.SlowInterpreterWarning)]
     assert len(slow) == 1 and "attention_varlen_backward" in str(slow[0].message), \
         [str(x.message) for x in slow]       # the per-sequence square kernels stay quiet
-    from flashattn.steps import Config
+    from flashattn.config import Config
     from flashattn.varlen import varlen_steps
     assert varlen_steps(cu_q, cu_k, dims, Config(64, 64), causal=True) == 8 * 256 * 257 // 2
 

@@ -19,7 +19,7 @@ from flashattn.kernels import (FMHA, NAIVE, SHIPPED_FLAGS, SPECS, KernelContract
                                KernelSpec, constants_for, fmha_constants, fmha_grid, fmha_spec,
                                kernels_of, naive_constants)
 from flashbook.ladder import LADDER
-from flashattn.steps import ARCHS, EXPERIMENTS, STEPS, Config
+from flashbook.steps import ARCHS, EXPERIMENTS, STEPS, Config
 
 ALL_STEPS = {**STEPS, **EXPERIMENTS}
 FUSED = [n for n, s in ALL_STEPS.items() if s.kernel == "fmha"]

@@ -17,7 +17,7 @@ import pytest
 from criteria import assert_flash_criterion, seed_of
 
 import flashattn
-from flashattn.steps import EXPERIMENTS, STEP_NAMES
+from flashbook.steps import EXPERIMENTS, STEP_NAMES
 
 torch = pytest.importorskip("torch")
 

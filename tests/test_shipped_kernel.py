@@ -51,14 +51,20 @@ def test_the_library_does_not_ship_the_ladder():
 
 
 def test_a_ladder_step_without_the_book_says_so():
-    code = ("import flashattn.kernels as K, flashattn.steps as S\n"
-            "try:\n    K.fmha_spec(S.get_step('baseline'))\n"
+    # The book's steps are not registered, and a step off the shipped flags has no kernel.
+    code = ("import flashattn.kernels as K, flashattn.registry as S\n"
+            "try:\n    S.get_step('baseline')\n"
+            "except ValueError as e:\n    print(e)\n"
+            "off = S.Step('off', '', '', flags=dict(S.get_step('arch_tuned').flags, REMAP=False))\n"
+            "try:\n    K.fmha_spec(off)\n"
             "except ValueError as e:\n    print(e)\n"
             "print(K.fmha_spec(S.get_step('warp_groups')).module)")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          cwd=REPO, timeout=120)
     assert res.returncode == 0, res.stderr
-    assert "import flashbook first" in res.stdout
+    lines = res.stdout.splitlines()
+    assert "unknown step 'baseline'" in lines[0] and "import flashbook first" in lines[0]
+    assert "ladder kernel" in lines[1] and "import flashbook first" in lines[1]
     assert res.stdout.strip().endswith("flashattn.kernels.fmha")
 
 

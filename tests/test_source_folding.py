@@ -10,7 +10,7 @@ import pytest
 from flashbook.ladder import LADDER as FMHA   # the ladder kernel every listing folds
 from flashbook.source import (LATE_FLAGS, OUTPUT_PARAMS, prune_unused, specialize, step_diff,
                                      step_source)
-from flashattn.steps import EXPERIMENTS, STEPS
+from flashbook.steps import EXPERIMENTS, STEPS
 
 FUSED = [n for n, s in {**STEPS, **EXPERIMENTS}.items() if s.kernel == "fmha"]
 SHAPES = [(None, None), (True, True), (False, False), (True, False)]

@@ -1,4 +1,4 @@
-"""The steps as data (flashattn.steps): the configurations each step may run with per
+"""The steps as data (flashbook.steps, registered with flashattn.registry): the configurations each step may run with per
 architecture, which step ``best`` is, and autotune's cache (CPU only: no search runs)."""
 import json
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from flashattn import autotune
-from flashattn.steps import (ARCHS, BEST_STEP, DEFAULT_BEST, EXPERIMENTS, SEARCH_SPACE, STEPS,
+from flashbook.steps import (ARCHS, BEST_STEP, DEFAULT_BEST, EXPERIMENTS, SEARCH_SPACE, STEPS,
                              Config, best_step_name, get_step, resolve_name, seed_space,
                              with_config)
 

@@ -14,7 +14,7 @@ from flashattn.kernels import (SPECS, VARLEN_CONFIGS, VARLEN_FWD, varlen_config,
                                varlen_constants, varlen_grid)
 from flashattn.reference import (attention, emulate_varlen, pack, unpack, varlen_attention,
                                  varlen_visible)
-from flashattn.steps import Config
+from flashattn.config import Config
 
 torch = pytest.importorskip("torch")
 
@@ -282,10 +282,10 @@ def test_grid_covers_the_longest_sequence():
 
 
 def test_q_tiles_rule_is_capped_by_the_longest_sequence(monkeypatch):
-    from flashattn import kernels
+    from flashattn.kernels import varlen_spec   # the table the plan reads
     c = Config(64, 64)
     # E22's rule on the H200: 4 tiles a program below 64 query tiles a sequence on average.
-    assert kernels.VARLEN_Q_TILES == {"sm_90": 4} and kernels.VARLEN_Q_TILES_BELOW == 64
+    assert varlen_spec.VARLEN_Q_TILES == {"sm_90": 4} and varlen_spec.VARLEN_Q_TILES_BELOW == 64
     assert varlen_q_tiles(c, max_seqlen_q=1024, arch="sm_90", total_q=32768, B=32) == 4
     assert varlen_q_tiles(c, max_seqlen_q=256, arch="sm_90", total_q=32768, B=128) == 4
     assert varlen_q_tiles(c, max_seqlen_q=4096, arch="sm_90", total_q=32768, B=8) == 1
@@ -294,7 +294,7 @@ def test_q_tiles_rule_is_capped_by_the_longest_sequence(monkeypatch):
     assert varlen_q_tiles(c, max_seqlen_q=100, arch="sm_90", total_q=190, B=2) == 2  # 2 tiles
     assert varlen_q_tiles(c, max_seqlen_q=1024, arch="sm_100", total_q=4096, B=4) == 1
     assert varlen_q_tiles(c, max_seqlen_q=1024, total_q=4096, B=4) == 1
-    monkeypatch.setattr(kernels, "VARLEN_Q_TILES", {"sm_90": 8})
+    monkeypatch.setattr(varlen_spec, "VARLEN_Q_TILES", {"sm_90": 8})
     assert varlen_q_tiles(c, max_seqlen_q=4096, arch="sm_90", total_q=4096, B=4) == 8
     assert varlen_q_tiles(c, max_seqlen_q=130, arch="sm_90", total_q=130, B=1) == 3  # 3 tiles
     assert varlen_q_tiles(c, max_seqlen_q=0, arch="sm_90", total_q=0, B=1) == 1
@@ -359,8 +359,8 @@ def test_host_launch_computes_varlen_attention(emulated_gpu, causal):
 
 @pytest.mark.parametrize("causal", [False, True])
 def test_host_launch_with_several_tiles_per_program(emulated_gpu, monkeypatch, causal):
-    from flashattn import kernels
-    monkeypatch.setattr(kernels, "VARLEN_Q_TILES", {"sm_120": 3})     # the fixture's arch
+    from flashattn.kernels import varlen_spec   # the table the plan reads
+    monkeypatch.setattr(varlen_spec, "VARLEN_Q_TILES", {"sm_120": 3})     # the fixture's arch
     q, k, v, cu_q, cu_k, mq, mk = packed([3, 70, 0, 33], [3, 70, 5, 40], Hq=4, Hkv=2, D=24,
                                          dtype=torch.float32, seed=5)
     out = emulated_gpu.run(q, k, v, cu_q, cu_k, mq, mk, causal=causal)

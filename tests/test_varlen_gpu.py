@@ -144,13 +144,13 @@ def test_varlen_matches_reference(hq, hkv, dtype, d, causal, lens_q, lens_k, req
 def test_several_query_tiles_per_program_give_the_same_answer(q_tiles, causal, monkeypatch):
     # E22: Q_TILES tiles per program (views built once) must give bit for bit the answer of one
     # tile per program: the same tiles, the same arithmetic, only the grid differs.
-    from flashattn import kernels
+    from flashattn.kernels import varlen_spec   # the table the plan reads
     lens_q, lens_k = (1, 0, 4097, 64, 65, 700, 2000), (1, 5, 4097, 64, 30, 1500, 2000)
     q, k, v, cu_q, cu_k, mq, mk = make_packed(lens_q, lens_k, 8, 2, 128, "float16", seed=7)
-    monkeypatch.setattr(kernels, "VARLEN_Q_TILES", {})
+    monkeypatch.setattr(varlen_spec, "VARLEN_Q_TILES", {})
     one = run(q, k, v, cu_q, cu_k, mq, mk, causal=causal)
-    monkeypatch.setattr(kernels, "VARLEN_Q_TILES", {"sm_90": q_tiles, "sm_100": q_tiles,
-                                                    "sm_120": q_tiles})
+    monkeypatch.setattr(varlen_spec, "VARLEN_Q_TILES", {"sm_90": q_tiles, "sm_100": q_tiles,
+                                                        "sm_120": q_tiles})
     several = run(q, k, v, cu_q, cu_k, mq, mk, causal=causal)
     assert torch.equal(one, several), (one.float() - several.float()).abs().max().item()
     assert not torch.isnan(one).any()

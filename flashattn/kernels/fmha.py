@@ -5,8 +5,8 @@ flags the library ships folded in: fast math (chapter 6), the mask only on the d
 (chapter 7) and the longest causal tiles first (chapter 8). ``tests/test_shipped_kernel.py``
 checks that folding the ladder gives this file. The mask, the online softmax and the key-tile
 range are ``common.py``'s, shared with the backward, decoding and varlen kernels. Tile shapes
-and hints per architecture are in ``flashattn.steps`` (the search spaces), the constants and
-grid in ``flashattn.kernels``.
+and hints per architecture (the search spaces), the constants, the grid and the pure plan are
+in ``fmha_fwd_spec.py``.
 
 Layout is that of ``torch.nn.functional.scaled_dot_product_attention``::
 

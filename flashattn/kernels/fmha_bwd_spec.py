@@ -4,7 +4,7 @@ Does not import cuda.tile."""
 from __future__ import annotations
 
 from ..contract import tile_d_for
-from ..steps import Config
+from ..config import Config
 from .spec import Array, KernelSpec
 
 __all__ = ["BWD", "BWD_PREPROCESS", "BWD_DKDV", "BWD_DQ", "BWD_CONFIGS", "BWD_ATOMIC", "BWD_DKDV_DQ_ATOMIC", "BWD_PREPROCESS_CONFIG", "bwd_configs", "bwd_constants", "bwd_grid"]

@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 
 from ..contract import tile_d_for
-from ..steps import Config
+from ..config import Config
 from .fp8_decode_spec import DECODE_FP8MMA
 from .spec import Array, KernelSpec
 

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from ..contract import check_shapes, tile_d_for
-from ..steps import Config
+from ..config import Config
 from .emulate import INV_LOG_2, _as_f32, _exp2, _key_tiles
 from .exact import attention, causal_mask
 

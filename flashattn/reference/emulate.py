@@ -12,7 +12,8 @@ import numpy as np
 import torch
 
 from ..contract import check_shapes, tile_d_for
-from ..steps import Config, Step, get_step
+from ..config import Config
+from ..registry import Step, get_step
 from .exact import causal_mask
 from .online import softmax
 

@@ -62,7 +62,7 @@ def time_steps(names, config, N: int, B: int = 4, H: int = 32, D: int = 128, rep
 
     from flashattn.launch import launch
     from flashattn import timing
-    from flashattn.steps import get_step
+    from flashbook.steps import get_step
     torch.manual_seed(0)
     q, k, v = (torch.randn(B, H, N, D, device=device, dtype=torch.float16) for _ in range(3))
     out = torch.empty_like(q)

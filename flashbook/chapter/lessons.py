@@ -104,7 +104,7 @@ def sass(step: str, arch: str, config=None) -> str:
     """The SASS listing of ``step``'s fused kernel for ``arch`` ("best" resolved for ``arch``),
     compiled now (or read from the cubin cache); ``config`` pins another configuration."""
     from flashattn import aot
-    from flashattn.steps import resolve_name
+    from flashbook.steps import resolve_name
     name = resolve_name(step, arch).name
     rep = aot.compile_step(name, arch, config=config, keep_sass=True)[0]
     if rep.error:
@@ -318,7 +318,7 @@ def cutile_search(q, k, v, *, causal: bool, step: str = "best"):
     from cuda.tile import tune
 
     from flashattn.launch import arch_of, fmha_args
-    from flashattn.steps import resolve_name
+    from flashbook.steps import resolve_name
     arch = arch_of(q.device)
     s = resolve_name(step, arch)
     out = torch.empty_like(q)
@@ -352,7 +352,7 @@ def partitioning(r, step: str = "warp_groups"):
     import pandas as pd
 
     from flashattn.kernels import fmha_grid
-    from flashattn.steps import Config, get_step
+    from flashbook.steps import Config, get_step
     meta = r.profile_meta
     sh = meta["per_step"][step]["shape"]
     cfg = Config.parse(meta["per_step"][step]["config"])

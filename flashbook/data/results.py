@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..impls import LIBRARY_IMPLS, RATIO_REF, rank
-from flashattn.steps import STEP_NAMES
+from flashbook.steps import STEP_NAMES
 from .schema import json_path, read_json, to_frame
 
 DEFAULT_WORKLOAD = "fp16-causal-d128"

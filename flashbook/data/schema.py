@@ -14,7 +14,7 @@ from pathlib import Path
 
 from flashattn.contract import DTYPE_SHORT
 from ..impls import RATIO_REF, base_name, rank
-from flashattn.steps import STEP_NAMES
+from flashbook.steps import STEP_NAMES
 from flashattn.stats import ratio_ci
 
 ROW_FIELDS = ("impl", "kind", "config", "B", "Hq", "Hkv", "Nq", "Nk", "D", "dtype", "causal",

@@ -28,7 +28,7 @@ from flashattn.contract import dtype_name, parse_gqa
 from ..data.schema import (SKIPPED, add_derived, dumps, format_table, make_row, to_frame,
                            workload_name, write_json)
 from ..impls import LIBRARY_OPTIONS, STEP_IMPLS
-from flashattn.steps import Config, get_step, resolve_name, with_config
+from flashbook.steps import Config, get_step, resolve_name, with_config
 from .libraries import _FLEX, _causal_mod, _flex_fn, library_fn  # noqa: F401 (bench's names)
 from flashattn.timing import attention_flops
 from .harness import (INNER, INPUT_SETS, ROUNDS, SEED_STRIDE, check_once, error_text,
@@ -194,7 +194,7 @@ def _warm_job(job) -> str:
     import torch
 
     from flashattn.launch import launch
-    from flashattn.steps import Config
+    from flashattn.config import Config
     t0 = time.perf_counter()
     try:
         tdt = getattr(torch, dtype)

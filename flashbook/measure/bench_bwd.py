@@ -468,7 +468,7 @@ def parse_args(argv: list[str] | None = None) -> dict:
         p.error(f"--passes takes a comma-separated subset of {', '.join(PASSES)}, got "
                 f"{a.passes!r}")
     if a.fwd_step != "best":
-        from flashattn.steps import get_step
+        from flashbook.steps import get_step
         try:
             if get_step(a.fwd_step).kernel != "fmha":
                 p.error(f"--fwd-step {a.fwd_step!r} does not write the LSE; use a fused step")

@@ -258,7 +258,7 @@ def main(argv=None) -> int:
         else:
             configs = a.configs
     configs = [c for c in configs if c.strip().lower() != "none"]
-    from flashattn.steps import Config
+    from flashattn.config import Config
     for c in configs:
         Config.parse(c)                               # a bad label fails before any timing
     timer = Timer(device)

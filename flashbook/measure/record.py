@@ -34,7 +34,7 @@ from pathlib import Path
 from ..data.schema import workload_name, write_json
 from flashattn.env import command_line, gpu_slug, metadata
 from ..impls import STEP_IMPLS
-from flashattn.steps import STEP_NAMES
+from flashbook.steps import STEP_NAMES
 from flashbook.steps import HOPPER_LADDER
 from .bench import DEFAULT_STEPS, run_bench
 

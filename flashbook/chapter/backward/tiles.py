@@ -11,7 +11,7 @@ def visit_kinds(N, *, causal=True, dkdv=(64, 128), dq=(128, 64), input_pos=0):
     of 64 × 64 cells: what bwd_dkdv's programs (one per key tile) visit and what bwd_dq's (one
     per query tile) visit, from ``reference.backward``'s schedules, at their own tile shapes."""
     from flashattn.reference.backward import dkdv_schedule, dq_schedule
-    from flashattn.steps import Config
+    from flashattn.config import Config
     cell = 64
     n = -(-N // cell)
     a = np.zeros((n, n), dtype=int)

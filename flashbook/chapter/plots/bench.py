@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from flashattn.steps import STEP_NAMES
+from flashbook.steps import STEP_NAMES
 from .profiles import per_step
 from .style import (_book_rank, _is_library, _linestyle, _pick_workload, _plt, _title, color_of,
                     fmt_n)

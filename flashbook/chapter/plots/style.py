@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ...impls import IMPLS
 from ...impls import color_of as _color_of
-from flashattn.steps import STEP_NAMES
+from flashbook.steps import STEP_NAMES
 
 # Colours come from the implementation registry (``flashbook.impls``): one per step, per
 # experiment and per library, the same in every chapter.
