@@ -220,7 +220,7 @@ SWITCHES = dict(LSUM=0, PIPE=False, K_LAT=0, V_LAT=0, EXP16=False, SPLIT=False, 
 
 def variant_config(name: str, arch: str | None, head_dim: int):
     from flashattn.kernels.fp8_spec import fp8_config
-    from flashattn.steps import Config
+    from flashattn.config import Config
     label, _ = VARIANTS[name]
     return Config.parse(label) if label else fp8_config(arch, head_dim)
 
