@@ -36,7 +36,7 @@ import math
 from .contract import check_decode_tensors, check_optional_int, check_out
 from .dispatch import device_arch, device_sm_count, expect, interpreting, launch_kernel
 from .kernels import DECODE_COMBINE, DECODE_COMBINE_ROW, DECODE_SPLIT, DECODE_SPLIT_HINTS, hinted
-from .kernels.decode_spec import decode_plan
+from .kernels.decode_spec import decode_plan, decode_steps
 
 __all__ = ["decode", "decode_plan", "launch_decode"]
 
@@ -154,13 +154,3 @@ def launch_decode(q, k_cache, v_cache, cache_seqlens, block_table, dims, *, scal
                           spec.args(dict(Opart=opart, Lse=lse, Out=out_rows), {},
                                     plan["combine_constants"]))
     return out
-
-
-def decode_steps(plan, cache_seqlens, dims) -> int:
-    """(query tile, key tile) steps of a decode call (``dispatch.expect``'s estimate): each row
-    block of each (sequence, kv head) over its sequence's key tiles, plus a partial per split
-    (``cache_seqlens`` read on the host: a CPU tensor)."""
-    c = plan["split_constants"]
-    lens = [min(max(int(n), 0), dims.capacity) for n in cache_seqlens.tolist()]
-    blocks = plan["split_grid"][0] * dims.Hkv
-    return blocks * sum(-(-n // c["TILE_N"]) + plan["num_splits"] for n in lens)

@@ -375,11 +375,10 @@ def decode_fp8(q, k_cache, v_cache, cache_seqlens, *, k_descale=None, v_descale=
     capturable as ``decode`` (descales are device tensors read by the kernel).
     """
     import torch
-    import importlib
-    _decode_mod = importlib.import_module("flashattn.decode")   # flashattn.decode is the function
     from .contract import check_decode, check_optional_int, check_out
     from .dispatch import device_sm_count
     from .kernels import DECODE_COMBINE, DECODE_COMBINE_ROW, DECODE_SPLIT_HINTS
+    from .kernels.decode_spec import decode_steps
     from .kernels.fp8_decode_spec import DECODE_FP8MMA, fp8_decode_plan
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache),
                     ("cache_seqlens", cache_seqlens)):
@@ -468,7 +467,7 @@ def decode_fp8(q, k_cache, v_cache, cache_seqlens, *, k_descale=None, v_descale=
     if not v_transposed:
         arrays["Counter"] = torch.empty((1, 1), dtype=torch.int32, device=q.device)  # unused
     with on_device(q.device), expect(q.device,
-                                     lambda: _decode_mod.decode_steps(plan, seqlens, dims),
+                                     lambda: decode_steps(plan, seqlens, dims),
                                      "flashattn.decode (fp8 cache)"):
         launch_kernel(q.device, split_grid, kernel,
                       spec.args(arrays, dict(qk_scale=scale, num_q=Nq), split_consts))

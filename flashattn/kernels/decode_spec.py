@@ -8,7 +8,7 @@ import numbers
 from ..contract import tile_d_for
 from .spec import Array, KernelSpec
 
-__all__ = ["DECODE", "DECODE_SPLIT", "DECODE_COMBINE", "decode_tiles", "decode_split_constants", "decode_combine_constants", "decode_split_grid", "DECODE_SPLIT_HINTS", "DECODE_COMBINE_ROW", "decode_combine_row_constants", "decode_combine_kind", "decode_combine_grid", "decode_partial_shapes", "decode_num_splits", "decode_row_blocks", "decode_plan", "DECODE_MAX_TILE_M", "DECODE_WAVES", "DECODE_MAX_SPLITS", "DECODE_COMBINE_ELEMS", "DECODE_COMBINE_CHUNK", "DECODE_ROW_COMBINE_MAX", "DECODE_ROW_COMBINE_MIN_SPLITS", "DECODE_TILE_BUDGET", "DECODE_TILE_BUDGET_WIDE", "DECODE_WIDE_MMA_ARCHS"]
+__all__ = ["DECODE", "DECODE_SPLIT", "DECODE_COMBINE", "decode_tiles", "decode_split_constants", "decode_combine_constants", "decode_split_grid", "DECODE_SPLIT_HINTS", "DECODE_COMBINE_ROW", "decode_combine_row_constants", "decode_combine_kind", "decode_combine_grid", "decode_partial_shapes", "decode_num_splits", "decode_row_blocks", "decode_plan", "decode_steps", "DECODE_MAX_TILE_M", "DECODE_WAVES", "DECODE_MAX_SPLITS", "DECODE_COMBINE_ELEMS", "DECODE_COMBINE_CHUNK", "DECODE_ROW_COMBINE_MAX", "DECODE_ROW_COMBINE_MIN_SPLITS", "DECODE_TILE_BUDGET", "DECODE_TILE_BUDGET_WIDE", "DECODE_WIDE_MMA_ARCHS"]
 
 # kernels/decode.py: decode_split_kernel (partials per split) and decode_combine_kernel (the LSE
 # merge). Not steps: the host module flashattn/decode.py launches them, aot.compile_spec compiles
@@ -237,3 +237,13 @@ def decode_plan(dims, *, num_splits=None, max_seqlen=None, sm_count: int, arch=N
                 combine_grid=(None if kind is None else decode_combine_grid(
                     B=dims.B, Hkv=dims.Hkv, rows=rows, tile_m=comb_c.get("TILE_M", 1))),
                 opart_shape=opart_shape, lse_shape=lse_shape)
+
+
+def decode_steps(plan, cache_seqlens, dims) -> int:
+    """(query tile, key tile) steps of a decode call (``dispatch.expect``'s estimate): each row
+    block of each (sequence, kv head) over its sequence's key tiles, plus a partial per split
+    (``cache_seqlens`` read on the host: a CPU tensor)."""
+    c = plan["split_constants"]
+    lens = [min(max(int(n), 0), dims.capacity) for n in cache_seqlens.tolist()]
+    blocks = plan["split_grid"][0] * dims.Hkv
+    return blocks * sum(-(-n // c["TILE_N"]) + plan["num_splits"] for n in lens)

@@ -93,7 +93,7 @@ def decode(q, k_cache, v_cache, cache_seqlens, *, block_table=None, scale=None,
     """``flashattn.decode`` (fp16/bf16 caches) with the ladder's decode kernels and switches."""
     import torch
     from flashattn.contract import check_decode_tensors, check_optional_int, check_out
-    from flashattn.decode import decode_steps
+    from flashattn.kernels.decode_spec import decode_steps
     from flashattn.dispatch import (device_arch, device_sm_count, expect, interpreting,
                                     launch_kernel)
     dims = check_decode_tensors(q, k_cache, v_cache, cache_seqlens, block_table, scale=scale,
