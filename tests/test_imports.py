@@ -358,3 +358,17 @@ def test_the_book_registers_its_steps_in_book_order():
     from flashattn import registry
     assert list(registry.registered()) == [*flashbook.STEPS, *flashbook.EXPERIMENTS]
     assert registry.get_step("arch_tuned") is flashbook.STEPS["arch_tuned"]   # one object
+
+
+def test_no_hidden_imports_of_the_package():
+    # importlib.import_module("flashattn.x") is an import the graph above cannot see: it once
+    # hid a circle (fp8 -> decode -> fp8). Package modules are imported with `import` only.
+    hits = []
+    for p in sorted((REPO / PKG).rglob("*.py")):
+        for node in ast.walk(ast.parse(p.read_text())):
+            if (isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(
+                    node.func, "id", None)) == "import_module" and node.args
+                    and isinstance(node.args[0], ast.Constant)
+                    and str(node.args[0].value).startswith((PKG, BOOK, "."))):
+                hits.append(f"{p.relative_to(REPO)}:{node.lineno}")
+    assert not hits, hits
