@@ -401,6 +401,8 @@ def decode_speed_table(b: pd.DataFrame | None = None) -> pd.DataFrame:
 
 # --- the redesign: the decode on FP8 MMAs (experiments/fp8_decode_v2.py) ------------------------
 DECODE_V2 = ROOT / "results" / "h200" / "fp8" / "fp8_decode_v2.json"
+# The library's FP8-MMA decode (decode(..., v_transposed=True)), bench_fp8 --part decode.
+DECODE_MMA = ROOT / "results" / "h200" / "fp8" / "fp8_decode_mma.json"
 
 
 def decode_v2(path: Path | None = None) -> pd.DataFrame:
