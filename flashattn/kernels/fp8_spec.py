@@ -16,7 +16,7 @@ from ..steps import Config
 from .spec import Array, KernelSpec
 
 __all__ = ["FMHA_FP8", "DECODE_SPLIT_FP8", "FP8_SPECS", "FP8_CONFIGS", "FP8_ALT_CONFIGS",
-           "FP8_P_SHIFT", "FP8_FAST_ACC", "fp8_config", "fp8_constants", "fp8_grid", "with_fp8",
+           "FP8_P_SHIFT", "FP8_FAST_ACC", "FP8_SPLIT_TILE_N", "fp8_config", "fp8_constants", "fp8_grid", "with_fp8",
            "FP8_DTYPES", "FP8_DECODE_SLICE", "FP8_DECODE_WIDE_TILE_M",
            "fp8_decode_constants", "fp8_decode_hints"]
 
@@ -31,7 +31,7 @@ FMHA_FP8 = KernelSpec(
     scalars=(("qk_scale", float), ("input_pos", int), ("num_heads", int),
              ("group_size", int)),
     constants=("TILE_M", "TILE_N", "TILE_D", "CAUSAL", "EVEN_K", "V_T", "FAST_ACC",
-               "P_SHIFT"))
+               "P_SHIFT", "SPLIT"))
 
 # Q, Out fp16/bf16 ("io"); K, V fp8 caches; KDescale, VDescale (B, Hkv) fp32. The rest
 # as DECODE_SPLIT (kernels/__init__.py), whose constants, grid and scratch it shares.
@@ -105,13 +105,19 @@ FP8_P_SHIFT = 8
 # fp32; the sums here are D (<= 256) or TILE_N long. The compile report shows both.
 FP8_FAST_ACC = True
 
+# Key tiles of this many keys or more run the masked ones (causal diagonal, ragged end) at half
+# the keys in a loop of their own (the kernel's SPLIT): 128x256 on sm_90 spilled 248 bytes
+# causal with the mask inside its one loop, and compiles without spills split (compile report).
+FP8_SPLIT_TILE_N = 256
+
 # Tiles and hints per architecture and padded head dim (the smallest listed TILE_D >= it),
 # chosen from the compiler's report (tests/test_fp8_aot.py prints it; experiments/data/
 # 42-fp8-aot/report.txt): no spills. Chapter 14 times them (python -m flashbook record --part fp8).
 FP8_CONFIGS: dict[str, dict[int, Config]] = {
-    # Hopper: two consumer warp groups (nww=8) of 64 rows each, FP8 HGMMA; 128-key tiles (an
+    # Hopper: two consumer warp groups (nww=8) of 64 rows each, FP8 HGMMA; 256-key tiles with
+    # the masked ones split to 128 (SPLIT: fewer instructions per key than 128-key tiles; an
     # fp8 K/V tile is half the bytes of fp16's: the same shared memory holds twice the keys).
-    "sm_90": {128: Config(128, 128, occupancy=1, num_worker_warps=8),
+    "sm_90": {128: Config(128, 256, occupancy=1, num_worker_warps=8),
               256: Config(128, 64, occupancy=1, num_worker_warps=8)},
     # Datacenter Blackwell (tcgen05 on fp8: UTCQMMA); at D=256, 128x64 spilled 8 bytes and
     # 64x64 8 bytes causal; 128x32 does not (255 registers).
@@ -145,10 +151,12 @@ def fp8_config(arch: str | None, head_dim: int) -> Config:
 def fp8_constants(config: Config, *, head_dim: int, causal: bool, even_k: bool,
                   v_transposed: bool, fast_acc: bool = FP8_FAST_ACC,
                   p_shift: int = FP8_P_SHIFT) -> dict:
-    """The ``ct.Constant`` values of ``fmha_fp8_kernel`` by name."""
+    """The ``ct.Constant`` values of ``fmha_fp8_kernel`` by name; SPLIT (the masked key tiles
+    at half the keys, in a loop of their own) for key tiles of ``FP8_SPLIT_TILE_N`` or more."""
     return dict(TILE_M=config.TILE_M, TILE_N=config.TILE_N, TILE_D=tile_d_for(head_dim),
                 CAUSAL=bool(causal), EVEN_K=bool(even_k), V_T=bool(v_transposed),
-                FAST_ACC=bool(fast_acc), P_SHIFT=int(p_shift))
+                FAST_ACC=bool(fast_acc), P_SHIFT=int(p_shift),
+                SPLIT=config.TILE_N >= FP8_SPLIT_TILE_N)
 
 
 def fp8_grid(config: Config, *, B: int, Hq: int, Nq: int) -> tuple[int, int, int]:
