@@ -62,3 +62,23 @@ def test_fp8_kernel_compiles_without_spills(reports, case):
             # with 16-byte loads; no byte loads (the 16-row tile had 128 LDS.U8 per thread).
             assert s["HGMMA"] + s["UTCHMMA"] > 0 and s["HMMA"] == 0, r["mma_forms"]
             assert s["LDS.U8"] == 0 and s["LDS.128"] > 0, s
+
+
+def test_fp8_forward_cases_cover_the_split_kernel():
+    """The cases compile what ships: on sm_90 the 256-key tiles with the masked ones split off
+    (SPLIT) at D 64 and 128, causal and not; 128x64 at D=256 (128x256 split spilled 528 bytes
+    there, 128x128 64: experiments/data/49-fp8-fwd-split); sm_100 and sm_120 without SPLIT."""
+    from flashattn.kernels.fp8_spec import fp8_constants
+    seen = set()
+    for c in CASES:
+        if c["kernel"] != "fmha_fp8":
+            continue
+        cfg = c["config"]
+        split = fp8_constants(cfg, head_dim=c["D"], causal=c["causal"], even_k=True,
+                              v_transposed=c["v_t"])["SPLIT"]
+        if c["arch"] == "sm_90" and c["D"] <= 128:
+            assert cfg.label() == "128x256 occ=1 nww=8" and split, c
+            seen.add((c["D"], c["causal"]))
+        else:
+            assert not split and cfg.TILE_N <= 128, c
+    assert seen == {(d, causal) for d in (64, 128) for causal in (False, True)}
