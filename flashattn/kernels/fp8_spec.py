@@ -107,7 +107,8 @@ FP8_FAST_ACC = True
 
 # Key tiles of this many keys or more run the masked ones (causal diagonal, ragged end) at half
 # the keys in a loop of their own (the kernel's SPLIT): 128x256 on sm_90 spilled 248 bytes
-# causal with the mask inside its one loop, and compiles without spills split (compile report).
+# causal with the mask inside its one loop, and compiles without spills split (compile report,
+# chapter 14). At D=256 it spills either way (528 bytes): 128x64 stays.
 FP8_SPLIT_TILE_N = 256
 
 # Tiles and hints per architecture and padded head dim (the smallest listed TILE_D >= it),
@@ -130,14 +131,15 @@ FP8_CONFIGS["sm_80"] = FP8_CONFIGS["sm_120"]
 # Alternatives to FP8_CONFIGS at D=128 that compile without spills (tileiras 13.4, sm_90,
 # causal and not, V^T), for python -m flashbook.measure.bench_fp8 --configs to time against the default.
 # Registers / shared memory (full, causal), from the compile report:
-#   128x128 occ=1 nww=8  168 regs, 165 / 165 KB   (the default: one CTA per SM)
+#   128x256 occ=1 nww=8  168 regs, 181 / 116 KB   (the default, SPLIT: one CTA per SM)
+#   128x128 occ=1 nww=8  168 regs, 165 / 165 KB   (the default before SPLIT)
 #   128x64 occ=1 nww=8   168 regs, 116 / 182 KB
 #   64x128 occ=2         128 regs, 116 /  67 KB   (two CTAs per SM causal)
 #   64x128 occ=1         255 regs, 173 / 132 KB
-# Not listed: 128x128 without nww=8 (occ=1, or nww=4) spills 256-264 bytes; 128x256 nww=8
-# spills 248 bytes causal; 256x128 nww=16 fails to compile (UnsupportedFeatureError).
+# Not listed: 128x128 without nww=8 (occ=1, or nww=4) spills 256-264 bytes; 256x128 nww=16
+# fails to compile (UnsupportedFeatureError).
 FP8_ALT_CONFIGS: dict[str, list[str]] = {
-    "sm_90": ["128x64 occ=1 nww=8", "64x128 occ=2", "64x128 occ=1"],
+    "sm_90": ["128x128 occ=1 nww=8", "128x64 occ=1 nww=8", "64x128 occ=2", "64x128 occ=1"],
 }
 
 
