@@ -4,8 +4,9 @@
 
 CPU only (tileiras + cuobjdump through ``flashattn.aot.compile_spec``): ``fmha_fp8_kernel`` at
 each (arch, head dim, causal) of ``kernels.fp8_spec.FP8_CONFIGS`` (V^T, e4m3, bf16 out, fast
-accumulation, EVEN_K), plus sm_90 at its old D=128 config (128x128 nww=8, no split: the
-baseline of the change) and the split configs that were tried and not shipped (``--tried``).
+accumulation, EVEN_K), plus sm_90 at its old configs (128x128 nww=8 at D 64/128, 128x64 at
+D=256, no split: the baseline of the change; the kernel is the new one, so causal rows launch
+the longest tiles first) and the split config tried and not shipped (``--tried``).
 Per row: registers, stack (spill) bytes, shared memory, SASS lines, and the per-tile loops
 holding an MMA and exponentials (``fp8_decode_v2.loop_table``): instructions per warp and the
 keys each trip handles (a thread holds TILE_N / 2 scores of a tile: MUFU.EX2 = keys / 2 + 2).
@@ -23,8 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-OLD_SM90 = "128x128 occ=1 nww=8"
-TRIED = [("sm_90", 256, "128x256 occ=1 nww=8"), ("sm_90", 256, "128x128 occ=1 nww=8")]
+TRIED = [("sm_90", 256, "128x256 occ=1 nww=8")]     # split, not shipped (it spills)
 
 
 def cases(archs, head_dims, tried: bool):
@@ -35,7 +35,8 @@ def cases(archs, head_dims, tried: bool):
         for d in head_dims:
             out.append((arch, d, fp8_config(arch, d), "shipped"))
     if "sm_90" in archs:
-        out.append(("sm_90", 128, Config.parse(OLD_SM90), "old"))
+        from experiments.fp8_fwd_variants import old_config
+        out += [("sm_90", d, old_config("sm_90", d), "old") for d in head_dims]
     if tried:
         out += [(a, d, Config.parse(c), "tried") for a, d, c in TRIED]
     return out

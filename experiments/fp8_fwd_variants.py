@@ -221,17 +221,27 @@ VARIANTS: dict[str, tuple[str | None, dict]] = {
 SWITCHES = dict(LSUM=0, PIPE=False, K_LAT=0, V_LAT=0, EXP16=False, SPLIT=False, REV=False)
 
 
-def variant_config(name: str, arch: str | None, head_dim: int):
+# sm_90's FP8 forward configs (by padded head dim) before SPLIT went into the library.
+OLD_SM90 = {64: "128x128 occ=1 nww=8", 128: "128x128 occ=1 nww=8", 256: "128x64 occ=1 nww=8"}
+
+
+def old_config(arch: str | None, head_dim: int):
+    """The library's FP8 forward config for ``arch`` and ``head_dim`` before SPLIT went in (only
+    sm_90's changed)."""
+    from flashattn.contract import tile_d_for
     from flashattn.kernels.fp8_spec import fp8_config
     from flashattn.steps import Config
-    import dataclasses
+    if arch == "sm_90":
+        return Config.parse(OLD_SM90[max(64, tile_d_for(head_dim))])
+    return fp8_config(arch, head_dim)
+
+
+def variant_config(name: str, arch: str | None, head_dim: int):
+    from flashattn.steps import Config
     label, _ = VARIANTS[name]
-    if label:
-        return Config.parse(label)
-    # "": the library's config before SPLIT went in (sm_90: 128x128 nww=8 where it now ships
+    # "": the library's config before SPLIT went in (sm_90 D=128: 128x128 nww=8; it now ships
     # 128x256, which without SPLIT spills causal).
-    cfg = fp8_config(arch, head_dim)
-    return dataclasses.replace(cfg, TILE_N=128) if cfg.TILE_N > 128 else cfg
+    return Config.parse(label) if label else old_config(arch, head_dim)
 
 
 def variant_constants(name: str, config, *, head_dim: int, causal: bool, even_k: bool) -> dict:

@@ -65,7 +65,7 @@ FWD_CASES = [
     (2, 4, 1, 37, 300, 64, False, 0),        # GQA 4:1, three key tiles, ragged
     (1, 3, 3, 130, 130, 128, True, 0),       # two query tiles, the diagonal
     (1, 2, 2, 20, 150, 64, True, 130),       # a prefill appended to a cache
-    (1, 2, 1, 17, 65, 256, True, 48),        # D=256 (128x64 tiles)
+    (1, 2, 1, 17, 65, 256, True, 48),        # D=256 (128x128 tiles, split)
     (1, 1, 1, 33, 47, 48, False, 0),         # D=48 padded to 64
 ]
 
@@ -248,18 +248,20 @@ SPLIT_CASES = [
     (1, 2, 1, 600, 600, 64, True, 0, "host"),        # causal, 5 query tiles, ragged
     (1, 2, 1, 200, 520, 64, True, 320, "kernel"),    # causal Nq != Nk, a prefill on a cache
     (1, 1, 1, 130, 384, 128, True, 0, "transposed"),  # causal, Nk a multiple of 128 only
+    (1, 2, 1, 150, 300, 256, True, 0, "host"),       # D=256: 128x128, masked tiles of 64
+    (1, 1, 1, 40, 200, 256, False, 0, "transposed"),  # 200 = 128 + 72: two masked 64s
 ]
 
 
 @pytest.mark.parametrize("B,Hq,Hkv,Nq,Nk,D,causal,input_pos,v_mode", SPLIT_CASES)
 def test_fp8_forward_split_follows_its_arithmetic(B, Hq, Hkv, Nq, Nk, D, causal, input_pos,
                                                   v_mode):
-    """sm_90's 256-key tiles (SPLIT: the masked tiles at 128 keys in a loop of their own, and
-    causal the longest query tiles first): the emulation of exactly those key spans per query
-    tile, and the derived bound against the dequantised reference; GQA, ragged ends of Q and
-    K, causal with Nq != Nk, each V layout."""
+    """sm_90's split tiles (128x256, at D=256 128x128; SPLIT: the masked tiles at half the keys
+    in a loop of their own, and causal the longest query tiles first): the emulation of exactly
+    those key spans per query tile, and the derived bound against the dequantised reference;
+    GQA, ragged ends of Q and K, causal with Nq != Nk, each V layout."""
     from flashattn.kernels.fp8_spec import fp8_constants
-    cfg = fp8_config("sm_90", 128)
+    cfg = fp8_config("sm_90", D)
     assert fp8_constants(cfg, head_dim=D, causal=causal, even_k=False,
                          v_transposed=True)["SPLIT"]
     (q8, k8, v8), (qd, kd, vd) = _inputs(B, Hq, Hkv, Nq, Nk, D, seed=Nq + 3 * Nk)
@@ -282,16 +284,22 @@ def test_fp8_forward_split_follows_its_arithmetic(B, Hq, Hkv, Nq, Nk, D, causal,
 
 
 def test_fp8_split_plan():
-    """SPLIT comes with the key tile (256 keys or more), not the arch; the key spans of a
-    causal query tile cover its keys once, 256-key tiles first."""
-    from flashattn.kernels.fp8_spec import FP8_SPLIT_TILE_N, fp8_constants
+    """SPLIT comes with the tile (256 keys, or 128 keys at D=256), not the arch: on sm_90 every
+    head dim, elsewhere none; the key spans of a causal query tile cover its keys once, the
+    256-key tiles first."""
+    from flashattn.kernels.fp8_spec import FP8_CONFIGS, fp8_constants
     from flashattn.steps import Config
 
-    def split(label):
-        return fp8_constants(Config.parse(label), head_dim=128, causal=True, even_k=True,
+    def split(cfg, d=128):
+        cfg = Config.parse(cfg) if isinstance(cfg, str) else cfg
+        return fp8_constants(cfg, head_dim=d, causal=True, even_k=True,
                              v_transposed=True)["SPLIT"]
-    assert FP8_SPLIT_TILE_N == 256 and split("128x256 occ=1 nww=8") and not split("128x128")
-    assert fp8_config("sm_90", 128).TILE_N == 256
+    assert split("128x256 occ=1 nww=8") and split("64x256", 64) and not split("128x128")
+    assert split("128x128", 256) and not split("128x64", 256) and not split("128x32", 256)
+    assert fp8_config("sm_90", 128).TILE_N == 256 and fp8_config("sm_90", 64).TILE_N == 256
+    for arch, table in FP8_CONFIGS.items():
+        for d, cfg in table.items():
+            assert split(cfg, d) == (arch == "sm_90"), (arch, d, cfg)
     for q0 in range(0, 1024, 128):
         spans = _key_spans(q0, q0 + 128, 1000, 256, causal=True, split=True)
         assert spans[0][0] == 0 and all(a[1] == b[0] for a, b in zip(spans, spans[1:]))

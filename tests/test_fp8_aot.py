@@ -65,9 +65,9 @@ def test_fp8_kernel_compiles_without_spills(reports, case):
 
 
 def test_fp8_forward_cases_cover_the_split_kernel():
-    """The cases compile what ships: on sm_90 the 256-key tiles with the masked ones split off
-    (SPLIT) at D 64 and 128, causal and not; 128x64 at D=256 (128x256 split spilled 528 bytes
-    there, 128x128 64: experiments/data/49-fp8-fwd-split); sm_100 and sm_120 without SPLIT."""
+    """The cases compile what ships: on sm_90 the masked key tiles split off (SPLIT), 128x256
+    at D 64 and 128, 128x128 at D=256 (128x256 split spilled 528 bytes there, 128x128 unsplit
+    64 causal: experiments/data/49-fp8-fwd-split), causal and not; sm_100, sm_120 unsplit."""
     from flashattn.kernels.fp8_spec import fp8_constants
     seen = set()
     for c in CASES:
@@ -76,9 +76,10 @@ def test_fp8_forward_cases_cover_the_split_kernel():
         cfg = c["config"]
         split = fp8_constants(cfg, head_dim=c["D"], causal=c["causal"], even_k=True,
                               v_transposed=c["v_t"])["SPLIT"]
-        if c["arch"] == "sm_90" and c["D"] <= 128:
-            assert cfg.label() == "128x256 occ=1 nww=8" and split, c
+        if c["arch"] == "sm_90":
+            want = "128x256 occ=1 nww=8" if c["D"] <= 128 else "128x128 occ=1 nww=8"
+            assert cfg.label() == want and split, c
             seen.add((c["D"], c["causal"]))
         else:
             assert not split and cfg.TILE_N <= 128, c
-    assert seen == {(d, causal) for d in (64, 128) for causal in (False, True)}
+    assert seen == {(d, causal) for d in (64, 128, 256) for causal in (False, True)}

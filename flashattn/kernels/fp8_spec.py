@@ -16,7 +16,8 @@ from ..steps import Config
 from .spec import Array, KernelSpec
 
 __all__ = ["FMHA_FP8", "DECODE_SPLIT_FP8", "FP8_SPECS", "FP8_CONFIGS", "FP8_ALT_CONFIGS",
-           "FP8_P_SHIFT", "FP8_FAST_ACC", "FP8_SPLIT_TILE_N", "fp8_config", "fp8_constants", "fp8_grid", "with_fp8",
+           "FP8_P_SHIFT", "FP8_FAST_ACC", "FP8_SPLIT_TILE_N", "FP8_SPLIT_WIDTH", "fp8_config",
+           "fp8_constants", "fp8_grid", "with_fp8",
            "FP8_DTYPES", "FP8_DECODE_SLICE", "FP8_DECODE_WIDE_TILE_M",
            "fp8_decode_constants", "fp8_decode_hints"]
 
@@ -105,11 +106,14 @@ FP8_P_SHIFT = 8
 # fp32; the sums here are D (<= 256) or TILE_N long. The compile report shows both.
 FP8_FAST_ACC = True
 
-# Key tiles of this many keys or more run the masked ones (causal diagonal, ragged end) at half
-# the keys in a loop of their own (the kernel's SPLIT): 128x256 on sm_90 spilled 248 bytes
-# causal with the mask inside its one loop, and compiles without spills split (compile report,
-# chapter 14). At D=256 it spills either way (528 bytes): 128x64 stays.
+# The kernel's SPLIT (the masked key tiles, causal diagonal and ragged end, at half the keys in
+# a loop of their own) for key tiles of FP8_SPLIT_TILE_N keys or more, or where TILE_N + TILE_D
+# reaches FP8_SPLIT_WIDTH: a warp group's 64 rows then hold S and O in at least 192 fp32
+# registers a thread, and with the mask inside the one loop the compiler spilled (sm_90:
+# 128x256 at D=128 248 bytes causal, 128x128 at D=256 64 bytes); split, neither does, nor
+# 128x256 at D=64 (compile report, chapter 14).
 FP8_SPLIT_TILE_N = 256
+FP8_SPLIT_WIDTH = 384
 
 # Tiles and hints per architecture and padded head dim (the smallest listed TILE_D >= it),
 # chosen from the compiler's report (tests/test_fp8_aot.py prints it; experiments/data/
@@ -118,8 +122,9 @@ FP8_CONFIGS: dict[str, dict[int, Config]] = {
     # Hopper: two consumer warp groups (nww=8) of 64 rows each, FP8 HGMMA; 256-key tiles with
     # the masked ones split to 128 (SPLIT: fewer instructions per key than 128-key tiles; an
     # fp8 K/V tile is half the bytes of fp16's: the same shared memory holds twice the keys).
+    # D=256: 128x128 split (128x256 spills 528 bytes even split).
     "sm_90": {128: Config(128, 256, occupancy=1, num_worker_warps=8),
-              256: Config(128, 64, occupancy=1, num_worker_warps=8)},
+              256: Config(128, 128, occupancy=1, num_worker_warps=8)},
     # Datacenter Blackwell (tcgen05 on fp8: UTCQMMA); at D=256, 128x64 spilled 8 bytes and
     # 64x64 8 bytes causal; 128x32 does not (255 registers).
     "sm_100": {128: Config(128, 128, occupancy=1), 256: Config(128, 32, occupancy=1)},
@@ -154,11 +159,14 @@ def fp8_constants(config: Config, *, head_dim: int, causal: bool, even_k: bool,
                   v_transposed: bool, fast_acc: bool = FP8_FAST_ACC,
                   p_shift: int = FP8_P_SHIFT) -> dict:
     """The ``ct.Constant`` values of ``fmha_fp8_kernel`` by name; SPLIT (the masked key tiles
-    at half the keys, in a loop of their own) for key tiles of ``FP8_SPLIT_TILE_N`` or more."""
-    return dict(TILE_M=config.TILE_M, TILE_N=config.TILE_N, TILE_D=tile_d_for(head_dim),
+    at half the keys, in a loop of their own) for TILE_N >= ``FP8_SPLIT_TILE_N`` or
+    TILE_N + TILE_D >= ``FP8_SPLIT_WIDTH``."""
+    td = tile_d_for(head_dim)
+    return dict(TILE_M=config.TILE_M, TILE_N=config.TILE_N, TILE_D=td,
                 CAUSAL=bool(causal), EVEN_K=bool(even_k), V_T=bool(v_transposed),
                 FAST_ACC=bool(fast_acc), P_SHIFT=int(p_shift),
-                SPLIT=config.TILE_N >= FP8_SPLIT_TILE_N)
+                SPLIT=(config.TILE_N >= FP8_SPLIT_TILE_N
+                       or config.TILE_N + td >= FP8_SPLIT_WIDTH))
 
 
 def fp8_grid(config: Config, *, B: int, Hq: int, Nq: int) -> tuple[int, int, int]:
