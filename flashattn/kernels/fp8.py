@@ -21,9 +21,9 @@ The forward (``fmha_fp8_kernel``), FlashAttention-3's recipe in cuTile::
   so V must be (D, Nk) in memory: ``V_T``. Without it the kernel reads V as (Nk, D) and the
   compiler transposes each tile on chip (the compile report compares both).
 
-* SPLIT (the 256-key tiles on Hopper): the key tiles that need no mask run in one loop of
-  TILE_N keys, the masked ones (the causal diagonal, the ragged end of K) in a second loop of
-  TILE_N // 2; a 256-key loop with the mask inside spilled. The mask is added (``-inf`` where
+* SPLIT (Hopper's wide tiles: 128x256, at D=256 128x128): the key tiles that need no mask run
+  in one loop of TILE_N keys, the masked ones (the causal diagonal, the ragged end of K) in a
+  second loop of TILE_N // 2; with the mask inside their one loop these tiles spilled. The mask is added (``-inf`` where
   hidden), not selected: the select form spilled on sm_100 and sm_120.
 
 Grid: ``(cdiv(Nq, TILE_M), B * Hq, 1)``, one program per query tile per (batch, head), GQA
@@ -60,7 +60,7 @@ def _scores(q, K, batch_idx, kv_head, j, TILE_M: ConstInt, TILE_N: ConstInt,
 def _mask_add(qk, offs_m, offs_n, k_seqlen, CAUSAL: ConstBool, EVEN_K: ConstBool):
     """-inf added where a key is past ``k_seqlen`` or (causal) after the query: the add form
     of ``common.mask_scores``. With the select form tileiras 13.4 spills this kernel on sm_100
-    and sm_120 (tests/test_fp8_aot.py); fp8 keys are finite, so the values are the same."""
+    and sm_120 (tests/test_fp8_aot.py); the values are the same."""
     mask = ct.full(qk.shape, True, dtype=ct.bool_)
     if not EVEN_K:
         mask = mask & (offs_n < k_seqlen)                            # keys past Nk
@@ -84,7 +84,6 @@ def _add_pv(p, acc, V, batch_idx, kv_head, j, TILE_N: ConstInt, TILE_D: ConstInt
     return ct.mma(p.astype(V.dtype), v, acc, use_fast_acc=FAST_ACC)  # [TILE_M, TILE_D]
 
 
-
 @ct.kernel
 def fmha_fp8_kernel(Q, K, V, Out, QDescale, KDescale, VDescale,
                     qk_scale: float, input_pos: int, num_heads: int, group_size: int,
@@ -98,8 +97,8 @@ def fmha_fp8_kernel(Q, K, V, Out, QDescale, KDescale, VDescale,
     accumulation without periodic promotion; the reductions here are only D or TILE_N long).
     P_SHIFT: P is computed as 2^(s - m + P_SHIFT), in [0, 2^P_SHIFT].
     SPLIT: the unmasked key tiles in one loop of TILE_N keys, the masked ones (causal diagonal,
-    ragged end of K) in a second loop of TILE_N // 2 (with the mask inside, a 256-key loop
-    spilled; chapter 14).
+    ragged end of K) in a second loop of TILE_N // 2 (with the mask inside one loop the wide
+    tiles spilled; chapter 14).
     """
     # --- Program id -> (query tile, batch, head, kv head) ---
     if CAUSAL:
