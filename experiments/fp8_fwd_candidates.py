@@ -1,19 +1,19 @@
 """FP8 forward speed candidates on the H200 (issue 26): one command, under 90 s.
 
-    python experiments/fp8_fwd_candidates.py --out $OUT/fp8cand --budget-s 75        # H200
+    python experiments/fp8_fwd_candidates.py --out $OUT/fp8split --budget-s 45       # H200
     python experiments/fp8_fwd_candidates.py --dry-run --out /tmp/fp8cand             # CPU
     python experiments/fp8_fwd_candidates.py compile --out experiments/data/48-fp8-fwd-candidates
 
 Rows, at N=16K D=128 (B=1, H=16: ``flashbook/measure/bench_fp8.py``'s 16K shape), non-causal then
-causal, then (``--head-dims``) D=64 (H=32) and D=256 (H=8) with the library rows only (fp16, fp8,
-fp8@old; a ``library`` line per shape gives fp8@old / fp8, the change): ``fp16`` (``flashattn.attention`` on fp16 inputs, the base), ``fp8`` and ``fp8#2`` (the
+causal: ``fp16`` (``flashattn.attention`` on fp16 inputs, the base), ``fp8`` and ``fp8#2`` (the
 library's FP8 forward with V^T given, twice: the control; on sm_90 now 128x256 nww=8 with the
-masked key tiles split to 128 and, causal, the longest query tiles first), ``fp8@old``
-(the library kernel at its old config: 128x128 nww=8, at D=256 128x64; no split), and each candidate of
-``experiments/fp8_fwd_variants.py`` (``CANDIDATES``; ``base`` = the library kernel before the
-change). Each row is checked once against its
-reference first (fp8 rows: ``flashattn.fp8.reference_fp8`` on head 0; fp16: fp32 attention),
-a candidate over ``4 x`` the library's error + 2e-3 is reported NOT TIMED. Timing is
+masked key tiles split to 128 and, causal, the longest query tiles first), ``fp8@old`` (the
+library kernel at its old config: 128x128 nww=8, at D=256 128x64; no split), and each
+candidate of ``experiments/fp8_fwd_variants.py`` (``CANDIDATES``; ``base`` = the library kernel
+before the change). Then (``--head-dims``) D=64 (H=32) and D=256 (H=8) with the library rows
+only (fp16, fp8, fp8@old); a ``library`` line per shape gives fp8@old / fp8, the change. Each
+row is checked once against its reference first (fp8 rows: ``flashattn.fp8.reference_fp8`` on
+head 0; fp16: fp32 attention), a candidate over ``4 x`` the library's error + 2e-3 is reported NOT TIMED. Timing is
 ``flashbook/measure/harness.time_in_rounds`` through ``bench_fp8.Timer`` (CUDA graphs, L2 flush
 and idle before each sample, random order per round, median and bootstrap interval).
 
@@ -357,9 +357,9 @@ def main(argv=None) -> int:
                 rows.append(row)
             mask = "causal" if causal else "full"
             if "fp8" in res and OLD_CONFIG_ROW in res:
-                log(f"library D={d} {mask}: fp8 x{res['fp16']['median_ms'] / res['fp8']['median_ms']:.3f}"
-                    f" fp16, {OLD_CONFIG_ROW} x{res['fp16']['median_ms'] / res[OLD_CONFIG_ROW]['median_ms']:.3f}"
-                    f" fp16: the change x{res[OLD_CONFIG_ROW]['median_ms'] / res['fp8']['median_ms']:.3f}")
+                t16, t8, t_old = (res[nm]["median_ms"] for nm in ("fp16", "fp8", OLD_CONFIG_ROW))
+                log(f"library D={d} {mask}: fp8 x{t16 / t8:.3f} fp16, {OLD_CONFIG_ROW} "
+                    f"x{t16 / t_old:.3f} fp16: the change x{t_old / t8:.3f}")
             cands = [r for r in rows if r["causal"] == causal and r["D"] == d and "vs_fp16" in r
                      and r["impl"] not in LIB_ROWS]
             if cands:

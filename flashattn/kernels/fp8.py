@@ -23,8 +23,9 @@ The forward (``fmha_fp8_kernel``), FlashAttention-3's recipe in cuTile::
 
 * SPLIT (Hopper's wide tiles: 128x256, at D=256 128x128): the key tiles that need no mask run
   in one loop of TILE_N keys, the masked ones (the causal diagonal, the ragged end of K) in a
-  second loop of TILE_N // 2; with the mask inside their one loop these tiles spilled. The mask is added (``-inf`` where
-  hidden), not selected: the select form spilled on sm_100 and sm_120.
+  second loop of TILE_N // 2; with the mask inside their one loop these tiles spilled. The
+  mask is added (``-inf`` where hidden), not selected: the select form spilled on sm_100 and
+  sm_120.
 
 Grid: ``(cdiv(Nq, TILE_M), B * Hq, 1)``, one program per query tile per (batch, head), GQA
 query head h reading key/value head ``h // group_size``; causal, the longest query tiles (the
