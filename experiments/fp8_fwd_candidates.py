@@ -14,8 +14,9 @@ before the change). Then (``--head-dims``) D=64 (H=32) and D=256 (H=8) with the 
 only (fp16, fp8, fp8@old); a ``library`` line per shape gives fp8@old / fp8, the change. Each
 row is checked once against its reference first (fp8 rows: ``flashattn.fp8.reference_fp8`` on
 head 0; fp16: fp32 attention), a candidate over ``4 x`` the library's error + 2e-3 is reported
-NOT TIMED. Timing is ``flashbook/measure/harness.time_in_rounds`` through ``bench_fp8.Timer`` (CUDA graphs, L2 flush
-and idle before each sample, random order per round, median and bootstrap interval).
+NOT TIMED. Timing is ``flashbook/measure/harness.time_in_rounds`` through ``bench_fp8.Timer``
+(CUDA graphs, L2 flush and idle before each sample, random order per round, median and
+bootstrap interval).
 
 Compiles: a candidate whose sm_90 compile spilled (``stack_bytes > 0`` in the committed report,
 ``experiments/data/48-fp8-fwd-candidates/compile.json``) is dropped for that mask. On the GPU, all
