@@ -1,23 +1,29 @@
 """FP8 forward speed candidates on the H200 (issue 26): one command, under 90 s.
 
-    python experiments/fp8_fwd_candidates.py --out $OUT/fp8cand --budget-s 75        # H200
+    python experiments/fp8_fwd_candidates.py --out $OUT/fp8split --budget-s 45       # H200
     python experiments/fp8_fwd_candidates.py --dry-run --out /tmp/fp8cand             # CPU
     python experiments/fp8_fwd_candidates.py compile --out experiments/data/48-fp8-fwd-candidates
 
 Rows, at N=16K D=128 (B=1, H=16: ``flashbook/measure/bench_fp8.py``'s 16K shape), non-causal then
 causal: ``fp16`` (``flashattn.attention`` on fp16 inputs, the base), ``fp8`` and ``fp8#2`` (the
-library's FP8 forward with V^T given, twice: the control), and each candidate of
-``experiments/fp8_fwd_variants.py`` (``CANDIDATES``). Each row is checked once against its
-reference first (fp8 rows: ``flashattn.fp8.reference_fp8`` on head 0; fp16: fp32 attention),
-a candidate over ``4 x`` the library's error + 2e-3 is reported NOT TIMED. Timing is
-``flashbook/measure/harness.time_in_rounds`` through ``bench_fp8.Timer`` (CUDA graphs, L2 flush
-and idle before each sample, random order per round, median and bootstrap interval).
+library's FP8 forward with V^T given, twice: the control; on sm_90 now 128x256 nww=8 with the
+masked key tiles split to 128 and, causal, the longest query tiles first), ``fp8@old`` (the
+library kernel at its old config: 128x128 nww=8, at D=256 128x64; no split), and each
+candidate of ``experiments/fp8_fwd_variants.py`` (``CANDIDATES``; ``base`` = the library kernel
+before the change). Then (``--head-dims``) D=64 (H=32) and D=256 (H=8) with the library rows
+only (fp16, fp8, fp8@old); a ``library`` line per shape gives fp8@old / fp8, the change. Each
+row is checked once against its reference first (fp8 rows: ``flashattn.fp8.reference_fp8`` on
+head 0; fp16: fp32 attention), a candidate over ``4 x`` the library's error + 2e-3 is reported
+NOT TIMED. Timing is ``flashbook/measure/harness.time_in_rounds`` through ``bench_fp8.Timer``
+(CUDA graphs, L2 flush and idle before each sample, random order per round, median and
+bootstrap interval).
 
 Compiles: a candidate whose sm_90 compile spilled (``stack_bytes > 0`` in the committed report,
 ``experiments/data/48-fp8-fwd-candidates/compile.json``) is dropped for that mask. On the GPU, all
 kernels are first compiled in parallel worker processes (one launch each at the timed shapes),
 which fill cuTile's disk cache, so the timing process finds them compiled (serially they would
-take most of the 90 s). ``--budget-s`` stops adding shapes once spent (the causal shape is second).
+take most of the 90 s). ``--budget-s`` stops adding shapes once spent (D=128 full, causal, then
+D=64, D=256).
 
 ``compile`` (CPU, tileiras + cuobjdump): every variant of ``VARIANTS`` for sm_90 at D=128,
 causal and not: registers, stack, shared memory, SASS lines and the main loop's instruction mix
@@ -38,11 +44,21 @@ sys.path.insert(0, str(ROOT))
 
 from experiments.fp8_fwd_variants import VARIANTS  # noqa: E402
 
-CANDIDATES = ["lsum", "rev", "n256-split", "n256-split-lsum", "n256-split-lsum-rev",
-              "m64-occ2-lat2", "m64-occ2-lat2-lsum"]
-CAUSAL_ONLY = {"rev", "n256-split-lsum-rev"}   # REV is a no-op without the causal mask
+# After SPLIT and REV went into the library (sm_90 D=128: 128x256 nww=8, split, causal
+# longest-first): ``base`` is the library kernel before (128x128, no split, shortest first),
+# ``rev`` and ``n256-split`` its two halves, ``n256-split-rev`` the variants' copy of what now
+# ships (it should time as the ``fp8`` row). The LSUM variants failed the accuracy check on the
+# H200 (2.2e-2 against the library's 1.8e-3 at 16K keys) and are no longer run by default.
+CANDIDATES = ["base", "rev", "n256-split", "n256-split-rev"]
+CAUSAL_ONLY = {"rev", "n256-split-lsum-rev", "n256-split-rev"}   # REV: a no-op without the mask
+# The library's FP8 forward at its old sm_90 config (``fp8_fwd_variants.old_config``: 128x128
+# nww=8 at D 64/128, 128x64 at D=256; no split; causal now longest-first): a row of its own, the
+# library kernel through ``attention_fp8(config=)``.
+OLD_CONFIG_ROW = "fp8@old"
+LIB_ROWS = ("fp16", "fp8", "fp8#2", OLD_CONFIG_ROW)
+HEAD_DIMS = [128, 64, 256]      # D=128 with every candidate first; the others library rows only
 REPORT = ROOT / "experiments" / "data" / "48-fp8-fwd-candidates" / "compile.json"
-N, D, B, H = 16384, 128, 1, 16               # bench_fp8's 16K shape: B = 16K / N, H = 2048 / D
+N, B = 16384, 1                              # bench_fp8's 16K shape: B = 16K / N, H = 2048 / D
 
 
 # --- compile report (CPU) ----------------------------------------------------------------------
@@ -137,8 +153,10 @@ def make_inputs(b, h, n, d, device, seed=0):
 def make_calls(x, causal, names, config=None) -> dict:
     """{row: call}. ``config``: a Config for every FP8 row (the dry run's small tiles)."""
     import flashattn
+    from flashattn.dispatch import device_arch
     from flashattn.fp8 import attention_fp8
-    from experiments.fp8_fwd_variants import attention_fp8_var
+    from experiments.fp8_fwd_variants import attention_fp8_var, old_config
+    old = old_config(device_arch(x["q8"].device), x["q8"].shape[-1])
     kw = dict(q_descale=x["qd"], k_descale=x["kd"], v_descale=x["vd"], causal=causal)
     calls = {}
     for name in names:
@@ -147,6 +165,9 @@ def make_calls(x, causal, names, config=None) -> dict:
         elif name in ("fp8", "fp8#2"):
             calls[name] = lambda: attention_fp8(x["q8"], x["k8"], x["v8t"], v_transposed=True,
                                                 config=config, **kw)
+        elif name == OLD_CONFIG_ROW:
+            calls[name] = lambda: attention_fp8(x["q8"], x["k8"], x["v8t"], v_transposed=True,
+                                                config=old, **kw)
         else:
             calls[name] = (lambda n=name: attention_fp8_var(x["q8"], x["k8"], x["v8t"],
                                                             variant=n, config=config, **kw))
@@ -156,7 +177,7 @@ def make_calls(x, causal, names, config=None) -> dict:
 def _warm(task):
     """Worker process: one launch of one row at the timed shape (fills cuTile's disk cache);
     in the dry run one interpreted call at the dry run's shape (the plumbing only)."""
-    name, causal, dry = task
+    name, causal, d, dry = task
     t = time.time()
     try:
         import contextlib
@@ -165,15 +186,15 @@ def _warm(task):
         ctx = interpret.enabled() if dry else contextlib.nullcontext()
         with ctx, torch.no_grad():
             if dry:
-                x = make_inputs(1, 1, 256, 64, torch.device("cpu"))
+                x = make_inputs(1, 1, 256, d, torch.device("cpu"))
                 make_calls(x, causal, [name])[name]()
             else:
-                x = make_inputs(B, H, N, D, torch.device("cuda"))     # the timed shape
+                x = make_inputs(B, 2048 // d, N, d, torch.device("cuda"))  # the timed shape
                 make_calls(x, causal, [name])[name]()
                 torch.cuda.synchronize()
-        return name, causal, round(time.time() - t, 1), ""
+        return name, causal, d, round(time.time() - t, 1), ""
     except Exception as e:  # the timing process compiles it again and reports
-        return name, causal, round(time.time() - t, 1), f"{type(e).__name__}: {e}"[:300]
+        return name, causal, d, round(time.time() - t, 1), f"{type(e).__name__}: {e}"[:300]
 
 
 def warm_all(tasks, workers) -> list:
@@ -195,6 +216,8 @@ def main(argv=None) -> int:
     ap.add_argument("--budget-s", type=float, default=75.0)
     ap.add_argument("--rounds", type=int, default=12)
     ap.add_argument("--variants", nargs="*", help=f"default {' '.join(CANDIDATES)}")
+    ap.add_argument("--head-dims", nargs="*", type=int, default=HEAD_DIMS,
+                    help="the first with every candidate, the others the library rows only")
     ap.add_argument("--workers", type=int, default=16, help="parallel compile processes")
     ap.add_argument("--no-warm", action="store_true", help="skip the parallel compile")
     ap.add_argument("--dry-run", action="store_true",
@@ -222,26 +245,32 @@ def main(argv=None) -> int:
         device, ctx = torch.device("cpu"), interpret.enabled()
         # Each variant's own tiles (the interpreter stands in for sm_90): 512 keys are two
         # 256-key tiles, four 128-key ones.
-        b, h, n, d, rounds, config = 1, 2, 512, 64, 1, None
+        # Head dims halved (D=128 runs at 64).
+        b, n, rounds, config = 1, 512, 1, None
+        dims = {d: max(32, d // 2) for d in a.head_dims}
     else:
         import contextlib
         device, ctx = torch.device("cuda"), contextlib.nullcontext()
-        b, h, n, d, rounds, config = B, H, N, D, a.rounds, None
-    shapes = [False, True]
-    rows_for = {c: ["fp16", "fp8", "fp8#2"] + [v for v in variants if (v, c) not in drop
-                                                and (c or v not in CAUSAL_ONLY)]
-                for c in shapes}
-    for c in shapes:
+        b, n, rounds, config = B, N, a.rounds, None
+        dims = {d: d for d in a.head_dims}
+    first = a.head_dims[0]
+    shapes = [(d, c) for d in a.head_dims for c in (False, True)]
+    rows_for = {(d, c): list(LIB_ROWS if d == first else ("fp16", "fp8", OLD_CONFIG_ROW))
+                + [v for v in variants if d == first and (v, c) not in drop
+                   and (c or v not in CAUSAL_ONLY)]
+                for d, c in shapes}
+    for c in (False, True):
         for v in variants:
             if (v, c) in drop:
                 log(f"dropped {v} {'causal' if c else 'full'}: spilled or failed on sm_90 "
                     f"({REPORT.relative_to(ROOT)})")
     warm = []
     if not a.no_warm:
-        tasks = [(nm, c, a.dry_run) for c in shapes for nm in rows_for[c] if nm != "fp8#2"]
+        tasks = [(nm, c, dims[d], a.dry_run) for d, c in shapes for nm in rows_for[(d, c)]
+                 if nm != "fp8#2"]
         warm = warm_all(tasks, 2 if a.dry_run else a.workers)
-        for nm, c, s, err in warm:
-            log(f"compiled {nm:14} {'causal' if c else 'full  '} {s:6.1f} s {err}")
+        for nm, c, d, s, err in warm:
+            log(f"compiled {nm:14} D={d:<3} {'causal' if c else 'full  '} {s:6.1f} s {err}")
         log(f"parallel compile: {time.time() - t0:.1f} s")
     timer = Timer(device)
     if a.dry_run:
@@ -275,14 +304,16 @@ def main(argv=None) -> int:
     from flashattn.fp8 import reference_fp8
     from flashattn.reference import attention as ref_attention
     with ctx, torch.no_grad():
-        for causal in shapes:
+        for dd, causal in shapes:
+            d = dims[dd]
+            h = 2 if a.dry_run else 2048 // d
             shape = dict(B=b, H=h, N=n, D=d, causal=causal)
             if time.time() - t0 > a.budget_s:
                 skipped.append(shape)
                 log(f"skipped {shape}: budget {a.budget_s} s spent")
                 continue
             x = make_inputs(b, h, n, d, device)
-            calls = make_calls(x, causal, rows_for[causal], config=config)
+            calls = make_calls(x, causal, rows_for[(dd, causal)], config=config)
             hs = slice(0, 1)
             ref8 = reference_fp8(x["q8"][:1, hs], x["k8"][:1, hs], x["v8t"][:1, hs],
                                  x["qd"][:1, hs], x["kd"][:1, hs], x["vd"][:1, hs],
@@ -291,7 +322,7 @@ def main(argv=None) -> int:
                                   x["v"][:1, hs].float(), causal=causal)
             errs, fails = {}, {}
             for name, fn in calls.items():
-                if name not in ("fp16", "fp8", "fp8#2") and time.time() - t0 > a.budget_s:
+                if name not in LIB_ROWS and time.time() - t0 > a.budget_s:
                     fails[name] = f"skipped: budget {a.budget_s} s spent before its first call"
                     continue
                 try:
@@ -305,10 +336,10 @@ def main(argv=None) -> int:
             timed = {}
             for name, fn in calls.items():
                 if name in fails:
-                    log(f"NOT TIMED {name} {'causal' if causal else 'full'}: {fails[name]}")
-                elif name not in ("fp16", "fp8", "fp8#2") and not errs[name] <= tol:
+                    log(f"NOT TIMED {name} D={d} {'causal' if causal else 'full'}: {fails[name]}")
+                elif name not in LIB_ROWS and not errs[name] <= tol:
                     fails[name] = f"error {errs[name]:.3e} over {tol:.3e}"
-                    log(f"NOT TIMED {name} {'causal' if causal else 'full'}: {fails[name]}")
+                    log(f"NOT TIMED {name} D={d} {'causal' if causal else 'full'}: {fails[name]}")
                 else:
                     timed[name] = fn
             res = timer.rounds(timed, rounds)
@@ -325,15 +356,23 @@ def main(argv=None) -> int:
                         f"x{row['vs_fp16']:.3f} fp16 x{row['vs_fp8']:.3f} fp8 "
                         f"err {errs[name]:.2e}")
                 rows.append(row)
-            cands = [r for r in rows if r["causal"] == causal and "vs_fp16" in r
-                     and r["impl"] not in ("fp16", "fp8", "fp8#2")]
+            mask = "causal" if causal else "full"
+            if "fp8" in res and OLD_CONFIG_ROW in res:
+                t16, t8, t_old = (res[nm]["median_ms"] for nm in ("fp16", "fp8", OLD_CONFIG_ROW))
+                log(f"library D={d} {mask}: fp8 x{t16 / t8:.3f} fp16, {OLD_CONFIG_ROW} "
+                    f"x{t16 / t_old:.3f} fp16: the change x{t_old / t8:.3f}")
+            cands = [r for r in rows if r["causal"] == causal and r["D"] == d and "vs_fp16" in r
+                     and r["impl"] not in LIB_ROWS]
             if cands:
                 best = max(cands, key=lambda r: r["vs_fp16"])
                 ctl = res["fp8"]["median_ms"] / res["fp8#2"]["median_ms"] if "fp8#2" in res else 0
                 lib = res["fp16"]["median_ms"] / res["fp8"]["median_ms"]
+                old = {nm: res["fp16"]["median_ms"] / res[nm]["median_ms"]
+                       for nm in (OLD_CONFIG_ROW, "base") if nm in res}
                 log(f"best {'causal' if causal else 'full'}: {best['impl']} x{best['vs_fp16']:.3f} "
                     f"fp16 (target 1.5), x{best['vs_fp8']:.3f} library fp8; library fp8 "
-                    f"x{lib:.3f} fp16; control fp8/fp8#2 {ctl:.3f}")
+                    f"x{lib:.3f} fp16; control fp8/fp8#2 {ctl:.3f}; before the change: "
+                    + ", ".join(f"{nm} x{v:.3f} fp16" for nm, v in old.items()))
             del calls, x
             if device.type == "cuda":
                 torch.cuda.empty_cache()

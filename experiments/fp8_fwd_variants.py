@@ -24,8 +24,9 @@ tensor cores each need about 1,050 clocks a 128x128 tile, the tile takes about 2
   and the FP8 forward does not.
 
 Tiles and hints come from the variant's ``Config`` (``VARIANTS``). Everything else is the
-library kernel: ``base`` (all off) compiles to the library's SASS (sm_90: the same 2,880 lines,
-527-instruction loop and 165,000 bytes of shared memory).
+library kernel as it was before SPLIT and REV went into it: ``base`` (all off) compiles to that
+kernel's SASS (sm_90: the same 2,880 lines, 527-instruction loop and 165,000 bytes of shared
+memory); ``n256-split-rev`` is what the library now ships on sm_90 at D=128.
 """
 from __future__ import annotations
 
@@ -200,7 +201,7 @@ SPEC = KernelSpec(
 # name -> (config label, "" for the arch's library config; the switches that differ from
 # SWITCHES). Which ones the GPU script times: CANDIDATES there, after the compile report.
 VARIANTS: dict[str, tuple[str | None, dict]] = {
-    "base": ("", {}),
+    "base": ("", {}),                        # the library kernel before SPLIT/REV
     "lsum": ("", dict(LSUM=1)),
     "pipe": ("", dict(PIPE=True)),
     "e16-lsum": ("", dict(LSUM=1, EXP16=True)),
@@ -214,15 +215,33 @@ VARIANTS: dict[str, tuple[str | None, dict]] = {
     "n256-split": ("128x256 occ=1 nww=8", dict(SPLIT=True)),
     "n256-split-lsum": ("128x256 occ=1 nww=8", dict(LSUM=1, SPLIT=True)),
     "n256-split-lsum-rev": ("128x256 occ=1 nww=8", dict(LSUM=1, SPLIT=True, REV=True)),
+    # What the library ships on sm_90 at D=128 since SPLIT and REV went into fmha_fp8_kernel.
+    "n256-split-rev": ("128x256 occ=1 nww=8", dict(SPLIT=True, REV=True)),
 }
 SWITCHES = dict(LSUM=0, PIPE=False, K_LAT=0, V_LAT=0, EXP16=False, SPLIT=False, REV=False)
 
 
-def variant_config(name: str, arch: str | None, head_dim: int):
+# sm_90's FP8 forward configs (by padded head dim) before SPLIT went into the library.
+OLD_SM90 = {64: "128x128 occ=1 nww=8", 128: "128x128 occ=1 nww=8", 256: "128x64 occ=1 nww=8"}
+
+
+def old_config(arch: str | None, head_dim: int):
+    """The library's FP8 forward config for ``arch`` and ``head_dim`` before SPLIT went in (only
+    sm_90's changed)."""
+    from flashattn.contract import tile_d_for
     from flashattn.kernels.fp8_spec import fp8_config
     from flashattn.config import Config
+    if arch == "sm_90":
+        return Config.parse(OLD_SM90[max(64, tile_d_for(head_dim))])
+    return fp8_config(arch, head_dim)
+
+
+def variant_config(name: str, arch: str | None, head_dim: int):
+    from flashattn.config import Config
     label, _ = VARIANTS[name]
-    return Config.parse(label) if label else fp8_config(arch, head_dim)
+    # "": the library's config before SPLIT went in (sm_90 D=128: 128x128 nww=8; it now ships
+    # 128x256, which without SPLIT spills causal).
+    return Config.parse(label) if label else old_config(arch, head_dim)
 
 
 def variant_constants(name: str, config, *, head_dim: int, causal: bool, even_k: bool) -> dict:

@@ -65,7 +65,7 @@ FWD_CASES = [
     (2, 4, 1, 37, 300, 64, False, 0),        # GQA 4:1, three key tiles, ragged
     (1, 3, 3, 130, 130, 128, True, 0),       # two query tiles, the diagonal
     (1, 2, 2, 20, 150, 64, True, 130),       # a prefill appended to a cache
-    (1, 2, 1, 17, 65, 256, True, 48),        # D=256 (128x64 tiles)
+    (1, 2, 1, 17, 65, 256, True, 48),        # D=256 (128x128 tiles, split)
     (1, 1, 1, 33, 47, 48, False, 0),         # D=48 padded to 64
 ]
 
@@ -84,35 +84,67 @@ def test_fp8_forward_matches_dequantised_reference(B, Hq, Hkv, Nq, Nk, D, causal
     assert err <= tol, f"max error {err:.4g} > derived bound {tol:.4g}"
 
 
+def _key_spans(q0, q1, Nk, tile_n, *, causal, split):
+    """The key spans [start, end) the kernel visits, in order, for the query tile of absolute
+    positions [q0, q1): every key tile (causal: up to the tile's last row); with ``split`` the
+    unmasked ones at ``tile_n`` keys, then the masked ones (causal diagonal, ragged end) at
+    ``tile_n // 2``."""
+    cdiv = lambda a, b: -(-a // b)                                   # noqa: E731
+    if causal:
+        tc, mask_start = cdiv(min(q1, Nk), tile_n), min(q0 // tile_n, Nk // tile_n)
+    else:
+        tc, mask_start = cdiv(Nk, tile_n), Nk // tile_n
+    if not split:
+        return [(j * tile_n, min((j + 1) * tile_n, Nk)) for j in range(tc)]
+    h = tile_n // 2
+    tc2 = cdiv(min(q1, Nk), h) if causal else cdiv(Nk, h)
+    return ([(j * tile_n, (j + 1) * tile_n) for j in range(mask_start)]
+            + [(j * h, min((j + 1) * h, Nk)) for j in range(2 * mask_start, tc2)])
+
+
 def _emulate(q8, k8, v8, qd, kd, vd, *, causal, input_pos, tile_n, out_dtype, fp8,
-             p_shift=FP8_P_SHIFT):
-    """The kernel's arithmetic tile by tile in torch (fp32), P rounded to ``fp8``."""
+             p_shift=FP8_P_SHIFT, tile_m=None, split=False):
+    """The kernel's arithmetic tile by tile in torch (fp32), P rounded to ``fp8``: query tiles
+    of ``tile_m`` rows (None: all rows at once, the same values without ``split``), the key
+    spans of ``_key_spans``."""
     B, Hq, Nq, D = q8.shape
     Hkv, Nk = k8.shape[1], k8.shape[2]
     G = Hq // Hkv
+    tm = tile_m or Nq
     out = torch.empty(B, Hq, Nq, D)
     for b in range(B):
         for h in range(Hq):
             kh = h // G
             scale = (1 / math.sqrt(D)) / math.log(2) * qd[b, kh].item() * kd[b, kh].item()
-            q = q8[b, h].float()
-            m = torch.full((Nq, 1), -math.inf)
-            l = torch.zeros(Nq, 1)
-            acc = torch.zeros(Nq, D)
-            rows = input_pos + torch.arange(Nq)[:, None]
-            for j0 in range(0, Nk, tile_n):
-                cols = torch.arange(j0, min(j0 + tile_n, Nk))[None, :]
-                s = q @ k8[b, kh, j0:j0 + tile_n].float().T
-                if causal:
-                    s = s.masked_fill(cols > rows, -math.inf)
-                m_new = torch.maximum(m, s.amax(-1, keepdim=True) * scale)
-                p = torch.exp2(s * scale - (m_new - p_shift))
-                alpha = torch.exp2(m - m_new)
-                l = l * alpha + p.sum(-1, keepdim=True)
-                acc = acc * alpha + p.to(fp8).float() @ v8[b, kh, j0:j0 + tile_n].float()
-                m = m_new
-            out[b, h] = acc / l * vd[b, kh].item()
+            for r0 in range(0, Nq, tm):
+                r1 = min(r0 + tm, Nq)
+                q = q8[b, h, r0:r1].float()
+                m = torch.full((r1 - r0, 1), -math.inf)
+                l = torch.zeros(r1 - r0, 1)
+                acc = torch.zeros(r1 - r0, D)
+                rows = input_pos + torch.arange(r0, r1)[:, None]
+                spans = _key_spans(input_pos + r0, input_pos + r0 + tm, Nk, tile_n,
+                                   causal=causal, split=split)
+                for j0, j1 in spans:
+                    cols = torch.arange(j0, j1)[None, :]
+                    s = q @ k8[b, kh, j0:j1].float().T
+                    if causal:
+                        s = s.masked_fill(cols > rows, -math.inf)
+                    m_new = torch.maximum(m, s.amax(-1, keepdim=True) * scale)
+                    p = torch.exp2(s * scale - (m_new - p_shift))
+                    alpha = torch.exp2(m - m_new)
+                    l = l * alpha + p.sum(-1, keepdim=True)
+                    acc = acc * alpha + p.to(fp8).float() @ v8[b, kh, j0:j1].float()
+                    m = m_new
+                out[b, h, r0:r1] = acc / l * vd[b, kh].item()
     return out.to(out_dtype)
+
+
+def _emulate_config(config, D):
+    """_emulate's tile arguments for the kernel's constants at ``config``."""
+    from flashattn.kernels.fp8_spec import fp8_constants
+    c = fp8_constants(config, head_dim=D, causal=False, even_k=True, v_transposed=True)
+    return dict(tile_m=c["TILE_M"], tile_n=c["TILE_N"], split=c["SPLIT"])
 
 
 @pytest.mark.parametrize("fp8,out_dtype,v_mode", [
@@ -130,9 +162,8 @@ def test_fp8_forward_follows_its_arithmetic(fp8, out_dtype, v_mode):
             input_pos=Nk - Nq, out_dtype=out_dtype, v_transposed=v_mode == "transposed",
             v_transpose="kernel" if v_mode == "kernel" else "host")
     assert out.dtype == out_dtype
-    tile_n = fp8_config("sm_90", D).TILE_N
-    emu = _emulate(q8, k8, v8, qd, kd, vd, causal=True, input_pos=Nk - Nq, tile_n=tile_n,
-                   out_dtype=out_dtype, fp8=fp8)
+    emu = _emulate(q8, k8, v8, qd, kd, vd, causal=True, input_pos=Nk - Nq,
+                   out_dtype=out_dtype, fp8=fp8, **_emulate_config(fp8_config("sm_90", D), D))
     vmax = dequantize_fp8(v8, vd).abs().max().item()
     err_emu = (out.float() - emu.float()).abs().max().item()
     assert err_emu <= 2.0 ** -7 * vmax, f"{err_emu:.3g} from the emulation"
@@ -183,14 +214,15 @@ def test_quantize_fp8_transpose_v_fused():
                                           v_descale=vdt, causal=True, input_pos=Nk - Nq,
                                           v_transposed=True)
     emu = _emulate(q8, k8, v8, qd, kd, vd, causal=True, input_pos=Nk - Nq,
-                   tile_n=fp8_config("sm_90", D).TILE_N, out_dtype=torch.bfloat16,
-                   fp8=torch.float8_e4m3fn)
+                   out_dtype=torch.bfloat16, fp8=torch.float8_e4m3fn,
+                   **_emulate_config(fp8_config("sm_90", D), D))
     assert (out.float() - emu.float()).abs().max().item() <= 2.0 ** -7 * v.abs().max().item()
     with pytest.raises(TypeError, match="transpose_v"):
         quantize_fp8(v, transpose_v=1)
 
 
-@pytest.mark.parametrize("config", ["64x64", "128x64 occ=1 nww=8", "64x128 occ=2"])
+@pytest.mark.parametrize("config", ["64x64", "128x64 occ=1 nww=8", "64x128 occ=2",
+                                    "128x128 occ=1 nww=8", "64x256"])
 def test_fp8_forward_config_override(config):
     """attention_fp8(config=...) runs the given tiles (the benchmark's --configs) with the
     same arithmetic: the emulation at that TILE_N."""
@@ -202,10 +234,77 @@ def test_fp8_forward_config_override(config):
         out = flashattn.fp8.attention_fp8(q8, k8, v8, q_descale=qd, k_descale=kd,
                                           v_descale=vd, causal=False, config=config)
     emu = _emulate(q8, k8, v8, qd, kd, vd, causal=False, input_pos=0,
-                   tile_n=Config.parse(config).TILE_N, out_dtype=torch.bfloat16,
-                   fp8=torch.float8_e4m3fn)
+                   out_dtype=torch.bfloat16, fp8=torch.float8_e4m3fn,
+                   **_emulate_config(Config.parse(config), D))
     vmax = dequantize_fp8(v8, vd).abs().max().item()
     assert (out.float() - emu.float()).abs().max().item() <= 2.0 ** -7 * vmax
+
+
+SPLIT_CASES = [
+    # B, Hq, Hkv, Nq, Nk, D, causal, input_pos, v_mode: both loops, every kind of end
+    (1, 2, 1, 40, 700, 64, False, 0, "host"),        # 700 = 2 x 256 + 188: two masked 128s
+    (1, 2, 2, 33, 600, 128, False, 0, "transposed"),  # 600 = 2 x 256 + 88: one masked 128
+    (1, 2, 1, 40, 512, 64, False, 0, "host"),        # even: no masked loop
+    (1, 2, 1, 600, 600, 64, True, 0, "host"),        # causal, 5 query tiles, ragged
+    (1, 2, 1, 200, 520, 64, True, 320, "kernel"),    # causal Nq != Nk, a prefill on a cache
+    (1, 1, 1, 130, 384, 128, True, 0, "transposed"),  # causal, Nk a multiple of 128 only
+    (1, 2, 1, 150, 300, 256, True, 0, "host"),       # D=256: 128x128, masked tiles of 64
+    (1, 1, 1, 40, 200, 256, False, 0, "transposed"),  # 200 = 128 + 72: two masked 64s
+]
+
+
+@pytest.mark.parametrize("B,Hq,Hkv,Nq,Nk,D,causal,input_pos,v_mode", SPLIT_CASES)
+def test_fp8_forward_split_follows_its_arithmetic(B, Hq, Hkv, Nq, Nk, D, causal, input_pos,
+                                                  v_mode):
+    """sm_90's split tiles (128x256, at D=256 128x128; SPLIT: the masked tiles at half the keys
+    in a loop of their own, and causal the longest query tiles first): the emulation of exactly
+    those key spans per query tile, and the derived bound against the dequantised reference;
+    GQA, ragged ends of Q and K, causal with Nq != Nk, each V layout."""
+    from flashattn.kernels.fp8_spec import fp8_constants
+    cfg = fp8_config("sm_90", D)
+    assert fp8_constants(cfg, head_dim=D, causal=causal, even_k=False,
+                         v_transposed=True)["SPLIT"]
+    (q8, k8, v8), (qd, kd, vd) = _inputs(B, Hq, Hkv, Nq, Nk, D, seed=Nq + 3 * Nk)
+    v_arg = v8.transpose(-1, -2).contiguous() if v_mode == "transposed" else v8
+    with interpret.enabled(arch="sm_90"):
+        out = flashattn.fp8.attention_fp8(
+            q8, k8, v_arg, q_descale=qd, k_descale=kd, v_descale=vd, causal=causal,
+            input_pos=input_pos, config=cfg, v_transposed=v_mode == "transposed",
+            v_transpose="kernel" if v_mode == "kernel" else "host")
+    assert torch.isfinite(out.float()).all()
+    emu = _emulate(q8, k8, v8, qd, kd, vd, causal=causal, input_pos=input_pos,
+                   out_dtype=torch.bfloat16, fp8=torch.float8_e4m3fn,
+                   **_emulate_config(cfg, D))
+    vmax = dequantize_fp8(v8, vd).abs().max().item()
+    err_emu = (out.float() - emu.float()).abs().max().item()
+    assert err_emu <= 2.0 ** -7 * vmax, f"{err_emu:.3g} from the emulation"
+    ref = reference_fp8(q8, k8, v8, qd, kd, vd, causal=causal, input_pos=input_pos)
+    err = (out.float() - ref).abs().max().item()
+    assert err <= _tol(v8, vd, Nk, torch.float8_e4m3fn)
+
+
+def test_fp8_split_plan():
+    """SPLIT comes with the tile (256 keys, or 128 keys at D=256), not the arch: on sm_90 every
+    head dim, elsewhere none; the key spans of a causal query tile cover its keys once, the
+    256-key tiles first."""
+    from flashattn.kernels.fp8_spec import FP8_CONFIGS, fp8_constants
+    from flashattn.config import Config
+
+    def split(cfg, d=128):
+        cfg = Config.parse(cfg) if isinstance(cfg, str) else cfg
+        return fp8_constants(cfg, head_dim=d, causal=True, even_k=True,
+                             v_transposed=True)["SPLIT"]
+    assert split("128x256 occ=1 nww=8") and split("64x256", 64) and not split("128x128")
+    assert split("128x128", 256) and not split("128x64", 256) and not split("128x32", 256)
+    assert fp8_config("sm_90", 128).TILE_N == 256 and fp8_config("sm_90", 64).TILE_N == 256
+    for arch, table in FP8_CONFIGS.items():
+        for d, cfg in table.items():
+            assert split(cfg, d) == (arch == "sm_90"), (arch, d, cfg)
+    for q0 in range(0, 1024, 128):
+        spans = _key_spans(q0, q0 + 128, 1000, 256, causal=True, split=True)
+        assert spans[0][0] == 0 and all(a[1] == b[0] for a, b in zip(spans, spans[1:]))
+        assert spans[-1][1] == min(q0 + 128, 1000)
+        assert [e - s for s, e in spans if e - s == 256] == [256] * (min(q0, 1000) // 256)
 
 
 def test_fp8_forward_bad_config():

@@ -82,3 +82,24 @@ def test_fp8_kernel_compiles_without_spills(reports, case):
             # with 16-byte loads; no byte loads (the 16-row tile had 128 LDS.U8 per thread).
             assert s["HGMMA"] + s["UTCHMMA"] > 0 and s["HMMA"] == 0, r["mma_forms"]
             assert s["LDS.U8"] == 0 and s["LDS.128"] > 0, s
+
+
+def test_fp8_forward_cases_cover_the_split_kernel():
+    """The cases compile what ships: on sm_90 the masked key tiles split off (SPLIT), 128x256
+    at D 64 and 128, 128x128 at D=256 (128x256 split spilled 528 bytes there, 128x128 unsplit
+    64 causal: experiments/data/49-fp8-fwd-split), causal and not; sm_100, sm_120 unsplit."""
+    from flashattn.kernels.fp8_spec import fp8_constants
+    seen = set()
+    for c in CASES:
+        if c["kernel"] != "fmha_fp8":
+            continue
+        cfg = c["config"]
+        split = fp8_constants(cfg, head_dim=c["D"], causal=c["causal"], even_k=True,
+                              v_transposed=c["v_t"])["SPLIT"]
+        if c["arch"] == "sm_90":
+            want = "128x256 occ=1 nww=8" if c["D"] <= 128 else "128x128 occ=1 nww=8"
+            assert cfg.label() == want and split, c
+            seen.add((c["D"], c["causal"]))
+        else:
+            assert not split and cfg.TILE_N <= 128, c
+    assert seen == {(d, causal) for d in (64, 128, 256) for causal in (False, True)}

@@ -19,7 +19,8 @@ from .fp8_decode_spec import DECODE_FP8MMA
 from .spec import Array, KernelSpec
 
 __all__ = ["FMHA_FP8", "DECODE_SPLIT_FP8", "FP8_SPECS", "FP8_CONFIGS", "FP8_ALT_CONFIGS",
-           "FP8_P_SHIFT", "FP8_FAST_ACC", "fp8_config", "fp8_constants", "fp8_grid", "with_fp8",
+           "FP8_P_SHIFT", "FP8_FAST_ACC", "FP8_SPLIT_TILE_N", "FP8_SPLIT_WIDTH", "fp8_config",
+           "fp8_constants", "fp8_grid", "with_fp8",
            "FP8_DTYPES", "FP8_DECODE_SLICE", "FP8_DECODE_WIDE_TILE_M",
            "fp8_decode_constants", "fp8_decode_hints"]
 
@@ -34,7 +35,7 @@ FMHA_FP8 = KernelSpec(
     scalars=(("qk_scale", float), ("input_pos", int), ("num_heads", int),
              ("group_size", int)),
     constants=("TILE_M", "TILE_N", "TILE_D", "CAUSAL", "EVEN_K", "V_T", "FAST_ACC",
-               "P_SHIFT"))
+               "P_SHIFT", "SPLIT"))
 
 # Q, Out fp16/bf16 ("io"); K, V fp8 caches; KDescale, VDescale (B, Hkv) fp32. The rest
 # as DECODE_SPLIT (kernels/__init__.py), whose constants, grid and scratch it shares.
@@ -110,14 +111,25 @@ FP8_P_SHIFT = 8
 # fp32; the sums here are D (<= 256) or TILE_N long. The compile report shows both.
 FP8_FAST_ACC = True
 
+# The kernel's SPLIT (the masked key tiles, causal diagonal and ragged end, at half the keys in
+# a loop of their own) for key tiles of FP8_SPLIT_TILE_N keys or more, or where TILE_N + TILE_D
+# reaches FP8_SPLIT_WIDTH: a warp group's 64 rows then hold S and O in at least 192 fp32
+# registers a thread, and with the mask inside the one loop the compiler spilled (sm_90:
+# 128x256 at D=128 248 bytes causal, 128x128 at D=256 64 bytes); split, neither does, nor
+# 128x256 at D=64 (compile report, chapter 14).
+FP8_SPLIT_TILE_N = 256
+FP8_SPLIT_WIDTH = 384
+
 # Tiles and hints per architecture and padded head dim (the smallest listed TILE_D >= it),
 # chosen from the compiler's report (tests/test_fp8_aot.py prints it; experiments/data/
 # 42-fp8-aot/report.txt): no spills. Chapter 14 times them (python -m flashbook record --part fp8).
 FP8_CONFIGS: dict[str, dict[int, Config]] = {
-    # Hopper: two consumer warp groups (nww=8) of 64 rows each, FP8 HGMMA; 128-key tiles (an
+    # Hopper: two consumer warp groups (nww=8) of 64 rows each, FP8 HGMMA; 256-key tiles with
+    # the masked ones split to 128 (SPLIT: fewer instructions per key than 128-key tiles; an
     # fp8 K/V tile is half the bytes of fp16's: the same shared memory holds twice the keys).
-    "sm_90": {128: Config(128, 128, occupancy=1, num_worker_warps=8),
-              256: Config(128, 64, occupancy=1, num_worker_warps=8)},
+    # D=256: 128x128 split (128x256 spills 528 bytes even split).
+    "sm_90": {128: Config(128, 256, occupancy=1, num_worker_warps=8),
+              256: Config(128, 128, occupancy=1, num_worker_warps=8)},
     # Datacenter Blackwell (tcgen05 on fp8: UTCQMMA); at D=256, 128x64 spilled 8 bytes and
     # 64x64 8 bytes causal; 128x32 does not (255 registers).
     "sm_100": {128: Config(128, 128, occupancy=1), 256: Config(128, 32, occupancy=1)},
@@ -129,14 +141,15 @@ FP8_CONFIGS["sm_80"] = FP8_CONFIGS["sm_120"]
 # Alternatives to FP8_CONFIGS at D=128 that compile without spills (tileiras 13.4, sm_90,
 # causal and not, V^T), for python -m flashbook.measure.bench_fp8 --configs to time against the default.
 # Registers / shared memory (full, causal), from the compile report:
-#   128x128 occ=1 nww=8  168 regs, 165 / 165 KB   (the default: one CTA per SM)
+#   128x256 occ=1 nww=8  168 regs, 181 / 116 KB   (the default, SPLIT: one CTA per SM)
+#   128x128 occ=1 nww=8  168 regs, 165 / 165 KB   (the default before SPLIT)
 #   128x64 occ=1 nww=8   168 regs, 116 / 182 KB
 #   64x128 occ=2         128 regs, 116 /  67 KB   (two CTAs per SM causal)
 #   64x128 occ=1         255 regs, 173 / 132 KB
-# Not listed: 128x128 without nww=8 (occ=1, or nww=4) spills 256-264 bytes; 128x256 nww=8
-# spills 248 bytes causal; 256x128 nww=16 fails to compile (UnsupportedFeatureError).
+# Not listed: 128x128 without nww=8 (occ=1, or nww=4) spills 256-264 bytes; 256x128 nww=16
+# fails to compile (UnsupportedFeatureError).
 FP8_ALT_CONFIGS: dict[str, list[str]] = {
-    "sm_90": ["128x64 occ=1 nww=8", "64x128 occ=2", "64x128 occ=1"],
+    "sm_90": ["128x128 occ=1 nww=8", "128x64 occ=1 nww=8", "64x128 occ=2", "64x128 occ=1"],
 }
 
 
@@ -150,10 +163,15 @@ def fp8_config(arch: str | None, head_dim: int) -> Config:
 def fp8_constants(config: Config, *, head_dim: int, causal: bool, even_k: bool,
                   v_transposed: bool, fast_acc: bool = FP8_FAST_ACC,
                   p_shift: int = FP8_P_SHIFT) -> dict:
-    """The ``ct.Constant`` values of ``fmha_fp8_kernel`` by name."""
-    return dict(TILE_M=config.TILE_M, TILE_N=config.TILE_N, TILE_D=tile_d_for(head_dim),
+    """The ``ct.Constant`` values of ``fmha_fp8_kernel`` by name; SPLIT (the masked key tiles
+    at half the keys, in a loop of their own) for TILE_N >= ``FP8_SPLIT_TILE_N`` or
+    TILE_N + TILE_D >= ``FP8_SPLIT_WIDTH``."""
+    td = tile_d_for(head_dim)
+    return dict(TILE_M=config.TILE_M, TILE_N=config.TILE_N, TILE_D=td,
                 CAUSAL=bool(causal), EVEN_K=bool(even_k), V_T=bool(v_transposed),
-                FAST_ACC=bool(fast_acc), P_SHIFT=int(p_shift))
+                FAST_ACC=bool(fast_acc), P_SHIFT=int(p_shift),
+                SPLIT=(config.TILE_N >= FP8_SPLIT_TILE_N
+                       or config.TILE_N + td >= FP8_SPLIT_WIDTH))
 
 
 def fp8_grid(config: Config, *, B: int, Hq: int, Nq: int) -> tuple[int, int, int]:
