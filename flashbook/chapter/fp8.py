@@ -504,3 +504,30 @@ def outlier_demo(N: int = 1024, D: int = 128, *, rate: float = 1e-3, std: float 
                       "score error, largest": float(e.abs().max()),
                       "output error, RMS": float((attend(s) - o_ex).pow(2).mean().sqrt())}
     return pd.DataFrame(rows).T
+
+
+# --- the split loop: 256-key tiles where no mask applies -----------------------------------------
+FORWARD_SPLIT = ROOT / "results" / "h200" / "fp8" / "fp8_fwd_split.json"
+
+
+def forward_split_table(path: Path | None = None) -> pd.DataFrame:
+    """The FP8 forward (Vᵀ given) at one length per (D, mask): our fp16 forward's time and each
+    FP8 kernel's speed-up over it (fp16 time over its time), timed in the same rounds: the
+    kernel as it was ("before": no split, shortest causal tiles first; D=128 only), the
+    shipped kernel at the previous tile configuration ("previous tiles"), and as shipped."""
+    from flashbook.data.schema import read_json
+    doc = read_json(str(path or FORWARD_SPLIT))
+    d = pd.DataFrame(doc["rows"])
+    d = d[d["error"].fillna("") == ""]
+    ms = d.pivot_table(index=["D", "causal"], columns="impl", values="median_ms", aggfunc="first")
+    base = ms["fp16"]
+    out = pd.DataFrame({"fp16 (ms)": base,
+                        "before (×)": base / ms["base"] if "base" in ms else float("nan"),
+                        "previous tiles (×)": base / ms["fp8@old"],
+                        "shipped (×)": base / ms["fp8"],
+                        "change (×)": ms["fp8@old"] / ms["fp8"]})
+    out.index = pd.MultiIndex.from_tuples(
+        [(int(D), "causal" if c else "full") for D, c in out.index], names=["D", "mask"])
+    out.attrs["N"] = int(d["N"].iloc[0])
+    out.attrs["control"] = (ms["fp8"] / ms["fp8#2"]).dropna()
+    return out
