@@ -38,26 +38,7 @@ from .contract import (DENSE_DTYPE_HINT, DENSE_LAYOUT, check_groups, check_head_
                        check_torch_tensors)
 from .dispatch import attention_steps, device_arch, expect, interpreting, launch_kernel, \
     on_device
-from dataclasses import dataclass
-
-
-@dataclass(frozen=True)
-class Config:
-    """Tiles and launch hints of a flex kernel (the fields and methods of the steps' ``Config``
-    it uses, kept here so the library does not depend on the book's steps)."""
-    TILE_M: int
-    TILE_N: int
-    occupancy: int | None = None
-    num_worker_warps: int | None = None
-
-    def hints(self) -> dict:
-        return {k: getattr(self, k) for k in ("occupancy", "num_worker_warps")
-                if getattr(self, k) is not None}
-
-    def label(self) -> str:
-        short = {"occupancy": "occ", "num_worker_warps": "nww"}
-        return " ".join([f"{self.TILE_M}x{self.TILE_N}"] +
-                        [f"{short[k]}={v}" for k, v in self.hints().items()])
+from .config import Config          # tiles and launch hints, as every kernel's
 
 __all__ = ["flex_attention", "ModError", "flex_plan", "FLEX_CONFIGS", "flex_kernel",
            "block_mask_tiles", "attention_masked", "compile_flex", "compile_flex_bwd",
