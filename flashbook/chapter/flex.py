@@ -26,6 +26,7 @@ BENCH = ROOT / "results" / "h200" / "flex" / "flex_bench.json"
 BENCH_BWD = ROOT / "results" / "h200" / "flex" / "flex_bench_backward.json"      # the per-arch tiles
 BENCH_BWD_BF16 = ROOT / "results" / "h200" / "flex" / "flex_bench_backward_bf16.json"
 BENCH_BWD_T = ROOT / "results" / "h200" / "flex" / "flex_bench_backward_t.json"   # as shipped
+BENCH_BWD_T_BF16 = ROOT / "results" / "h200" / "flex" / "flex_bench_backward_t_bf16.json"  # 2 rows
 BENCH_BWD_FIRST = ROOT / "results" / "h200" / "flex" / "flex_bench_backward_first.json"  # 64x64
 BLASST_BENCH = ROOT / "results" / "h200" / "flex" / "blasst_bench.json"
 PROFILE = ROOT / "results" / "h200" / "profiles" / "flex-fp8" / "summary.json"
