@@ -522,7 +522,6 @@ def live_timing(N: int = 8192, B: int = 4, H: int = 32, D: int = 128, window: in
 
 
 # --- the backward's tiles, re-timed ------------------------------------------------------------
-BWD_TILES = ROOT / "results" / "h200" / "flex" / "flex_bwd_tiles.json"   # a short 8K run, no torch
 
 
 def backward_tiles_table(path=None, before=None, N: int = 8192) -> pd.DataFrame:
