@@ -93,6 +93,33 @@ def driver_version() -> str | None:
         return None
 
 
+def build() -> dict:
+    """Which code a number measured: the commit (git, else ``FLASHATTN_BUILD_COMMIT``) and a
+    SHA-256 over the library's kernel sources (``flashattn/kernels/**/*.py``), which also
+    identifies a copy without ``.git`` (the GPU host's)."""
+    import hashlib
+    root = os.path.dirname(os.path.abspath(__file__))
+    h = hashlib.sha256()
+    kdir = os.path.join(root, "kernels")
+    for dirpath, dirs, files in sorted(os.walk(kdir)):
+        dirs.sort()
+        for f in sorted(files):
+            if f.endswith(".py"):
+                path = os.path.join(dirpath, f)
+                h.update(os.path.relpath(path, root).encode() + b"\0")
+                with open(path, "rb") as fh:
+                    h.update(fh.read())
+    commit = os.environ.get("FLASHATTN_BUILD_COMMIT")
+    if not commit:
+        try:
+            res = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True,
+                                 text=True, timeout=10)
+            commit = res.stdout.strip() if res.returncode == 0 else None
+        except (OSError, subprocess.SubprocessError):
+            commit = None
+    return dict(commit=commit or None, kernels_sha256=h.hexdigest()[:16])
+
+
 def _gpu_fields(device=None) -> dict:
     fields = dict(gpu=None, sm_count=None, compute_capability=None, arch=None,
                   gpu_memory_gib=None)
@@ -115,7 +142,8 @@ def metadata(command: str | None = None, device=None) -> dict:
 
     Keys: gpu (name or None), sm_count, compute_capability ("9.0"), arch ("sm_90"),
     gpu_memory_gib, driver, cuda (torch.version.cuda), torch, cuda_tile, tileiras, python,
-    platform (no host name), date (ISO 8601, UTC), command (the command line).
+    platform (no host name), date (ISO 8601, UTC), command (the command line), build (the
+    commit and a hash of the kernel sources, ``build()``).
     """
     try:
         import torch
@@ -134,6 +162,7 @@ def metadata(command: str | None = None, device=None) -> dict:
         platform=f"{platform.system()}-{platform.release()}-{platform.machine()}",
         date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         command=command_line() if command is None else command,
+        build=build(),
     )
 
 
