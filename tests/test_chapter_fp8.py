@@ -111,3 +111,44 @@ def test_head_dim_table_and_profile_card():
     card = fp8.profile_card()
     assert int(card.loc["fp8 forward (Vᵀ given)", "CTAs per SM"]) >= 1
     assert int(card.loc["fp16 forward", "threads per CTA"]) > 0
+
+
+def test_shipped_forward_table_is_the_split_runs_shipped_column():
+    st = fp8.forward_split_table()
+    sf = fp8.shipped_forward_table(st)
+    assert list(sf.index) == [64, 128, 256]
+    for D in sf.index:
+        for mask in ("full", "causal"):
+            assert sf.loc[D, f"fp8, {mask} (×)"] == st.loc[(D, mask), "shipped (×)"]
+            assert sf.loc[D, f"fp16, {mask} (ms)"] == st.loc[(D, mask), "fp16 (ms)"]
+    assert sf.attrs["N"] == st.attrs["N"]
+
+
+def test_group_rules_rule_each_new_group_only():
+    import pandas as pd
+    df = pd.DataFrame({"x": range(5)},
+                      index=pd.MultiIndex.from_tuples([("a", 1), ("a", 2), ("b", 1), ("b", 2),
+                                                       ("c", 1)], names=["g", "n"]))
+    html = fp8.group_rules(df.style.set_uuid("t")).to_html()
+    ruled = {int(m) for m in __import__("re").findall(r"#T_t_row(\d+)_col0", html)}
+    assert ruled == {2, 4}                      # not above the first group
+    flat = pd.DataFrame({"x": [1, 2]})
+    sty = flat.style
+    assert fp8.group_rules(sty) is sty
+
+
+def test_chapters_13_and_14_store_their_figures_as_images():
+    """A figure cell executed without an inline backend stores only "<Figure size ...>"."""
+    import json
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    for name in ("13_beyond_causal", "14_fp8"):
+        nb = json.loads((root / "notebooks" / f"{name}.ipynb").read_text())
+        n_png = 0
+        for cell in nb["cells"]:
+            for o in cell.get("outputs", []):
+                data = o.get("data", {})
+                text = "".join(data.get("text/plain", ""))
+                assert "image/png" in data or not text.startswith("<Figure size"), name
+                n_png += "image/png" in data
+        assert n_png >= 1, name

@@ -363,11 +363,11 @@ def backward_path(dtype: str = "float16"):
 
 
 def backward_frame(data: dict | None = None, dtype: str = "float16") -> pd.DataFrame:
-    """The recorded flex backward (forward + backward through autograd), one row per
-    (workload, N): torch.compile(flex)'s time over ours ("speedup", below 1: ours is slower),
-    our time over our dense causal backward's in the same rounds, our TFLOPS on the visited
-    blocks over the dense causal backward's on the causal mask ("vs causal"), and the control's
-    ratio."""
+    """The recorded flex backward (the backward alone: the forward runs once, outside the
+    timing), one row per (workload, N): torch.compile(flex)'s time over ours ("speedup", below
+    1: ours is slower), our time over our dense causal backward's in the same rounds, our
+    TFLOPS on the visited blocks over the dense causal backward's on the causal mask ("vs
+    causal"), and the control's ratio."""
     data = bench(backward_path(dtype)) if data is None else data
     rows = _rows(data, dtype)
     causal_flops = {r["N"]: r["visited_flops"] for r in rows if r["workload"] == "causal"}

@@ -531,3 +531,38 @@ def forward_split_table(path: Path | None = None) -> pd.DataFrame:
     out.attrs["N"] = int(d["N"].iloc[0])
     out.attrs["control"] = (ms["fp8"] / ms["fp8#2"]).dropna()
     return out
+
+
+def shipped_forward_table(st: pd.DataFrame | None = None) -> pd.DataFrame:
+    """The FP8 forward as shipped (Vᵀ given), from the run of ``forward_split_table``: per head
+    dimension, our fp16 forward's time and the FP8 kernel's speed-up over it (fp16 time over FP8
+    time, the same rounds), not causal and causal side by side. ``attrs``: N, and the control
+    (the shipped kernel timed twice: its first time over its second) where it was timed."""
+    st = forward_split_table() if st is None else st
+    cols = {}
+    for mask in ("full", "causal"):
+        s = st.xs(mask, level="mask")
+        cols[f"fp16, {mask} (ms)"] = s["fp16 (ms)"]
+        cols[f"fp8, {mask} (×)"] = s["shipped (×)"]
+    out = pd.DataFrame(cols)
+    out.index.name = "D"
+    out.attrs.update(st.attrs)
+    return out
+
+
+def group_rules(sty, level: int = 0):
+    """A pandas Styler of a table with a row MultiIndex, with a rule above each new group of
+    index level ``level`` and the group's label at the top of its rows (a centred label with no
+    rule reads as belonging to the rows around it). Other tables are returned unchanged."""
+    idx = sty.data.index
+    if not isinstance(idx, pd.MultiIndex):
+        return sty
+    keys = idx.get_level_values(level)
+    first = [i > 0 and keys[i] != keys[i - 1] for i in range(len(keys))]
+    rule = "border-top: 1.5px solid #888"
+    sty = sty.apply(lambda d: pd.DataFrame([[rule if f else ""] * d.shape[1] for f in first],
+                                           index=d.index, columns=d.columns), axis=None)
+    sty = sty.apply_index(lambda s: [rule if f else "" for f in first], axis=0,
+                          level=list(range(idx.nlevels)))
+    return sty.set_table_styles([{"selector": "tbody th", "props": "vertical-align: top;"}],
+                                overwrite=False)
