@@ -82,7 +82,8 @@ class Array:
         sl[axis] = slice(base + start, base + stop)
         return Array(self.root, tuple(sl), f"{self.name}[{start}:{stop}]")
 
-    def tiled_view(self, *a, **k):
+    def tiled_view(self, tile_shape, *, padding_mode=T.PaddingMode.UNDETERMINED,
+                   traversal_steps=None):
         _fail("Array.tiled_view is not supported by the interpreter")
 
     def __repr__(self):
@@ -183,8 +184,9 @@ def _record(op, arr, index, shape):
             tr.events.append(ev)
 
 
-def load(array, /, index, shape, *, order="C", padding_mode=None, check_bounds=True,
-         latency=None, allow_tma=None, memory_order=None, memory_scope=None):
+def load(array, /, index, shape, *, order="C", padding_mode=T.PaddingMode.UNDETERMINED,
+         check_bounds=True, latency=None, allow_tma=None, memory_order=T.MemoryOrder.WEAK,
+         memory_scope=T.MemoryScope.NONE):
     arr = _array(array)
     scalar = shape == () or shape == []
     shape = (1,) * arr.ndim if scalar else T.check_shape(shape, "load")
@@ -219,7 +221,7 @@ def load(array, /, index, shape, *, order="C", padding_mode=None, check_bounds=T
 
 
 def store(array, /, index, tile, *, order="C", check_bounds=True, latency=None,
-          allow_tma=None, memory_order=None, memory_scope=None):
+          allow_tma=None, memory_order=T.MemoryOrder.WEAK, memory_scope=T.MemoryScope.NONE):
     arr = _array(array)
     index = _ints(index, "store")
     if isinstance(tile, T.Tile):
@@ -343,29 +345,44 @@ def _atomic(op, array, indices, update, expected=None, check_bounds=True):
     return T.Tile(old, arr.dtype)
 
 
-def atomic_add(array, indices, update, /, *, check_bounds=True, memory_order=None,
-               memory_scope=None):
+def atomic_add(array, indices, update, /, *, check_bounds=True,
+               memory_order=T.MemoryOrder.ACQ_REL, memory_scope=T.MemoryScope.DEVICE):
     return _atomic("add", array, indices, update)
 
 
-def atomic_xchg(array, indices, update, /, *, check_bounds=True, memory_order=None,
-                memory_scope=None):
+def atomic_xchg(array, indices, update, /, *, check_bounds=True,
+                memory_order=T.MemoryOrder.ACQ_REL, memory_scope=T.MemoryScope.DEVICE):
     return _atomic("xchg", array, indices, update)
 
 
-def atomic_max(array, indices, update, /, *, check_bounds=True, memory_order=None,
-               memory_scope=None):
+def atomic_max(array, indices, update, /, *, check_bounds=True,
+               memory_order=T.MemoryOrder.ACQ_REL, memory_scope=T.MemoryScope.DEVICE):
     return _atomic("max", array, indices, update)
 
 
-def atomic_min(array, indices, update, /, *, check_bounds=True, memory_order=None,
-               memory_scope=None):
+def atomic_min(array, indices, update, /, *, check_bounds=True,
+               memory_order=T.MemoryOrder.ACQ_REL, memory_scope=T.MemoryScope.DEVICE):
     return _atomic("min", array, indices, update)
 
 
-def atomic_cas(array, indices, expected, desired, /, *, check_bounds=True, memory_order=None,
-               memory_scope=None):
+def atomic_cas(array, indices, expected, desired, /, *, check_bounds=True,
+               memory_order=T.MemoryOrder.ACQ_REL, memory_scope=T.MemoryScope.DEVICE):
     return _atomic("cas", array, indices, desired, expected=expected)
+
+
+def atomic_and(array, indices, update, /, *, check_bounds=True,
+               memory_order=T.MemoryOrder.ACQ_REL, memory_scope=T.MemoryScope.DEVICE):
+    return _atomic("and", array, indices, update)
+
+
+def atomic_or(array, indices, update, /, *, check_bounds=True,
+              memory_order=T.MemoryOrder.ACQ_REL, memory_scope=T.MemoryScope.DEVICE):
+    return _atomic("or", array, indices, update)
+
+
+def atomic_xor(array, indices, update, /, *, check_bounds=True,
+               memory_order=T.MemoryOrder.ACQ_REL, memory_scope=T.MemoryScope.DEVICE):
+    return _atomic("xor", array, indices, update)
 
 
 def bid(axis):
