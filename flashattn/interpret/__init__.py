@@ -16,8 +16,22 @@ NumPy implementation of cuTile's tile semantics, strict where the GPU's behaviou
         interpret.launch(grid, kernel, args)
     tr.loads("K")                                         # {program: number of K tiles loaded}
 
+    with interpret.intercept():                           # anyone's host code, unmodified:
+        o = tilegym_attention(q_cpu, k_cpu, v_cpu)        # ct.launch runs interpret.launch
+
+Every ``cuda.tile`` name it implements has cuda.tile's own signature (positional-only and
+keyword parameters, defaults), so kernels written for cuTile run as written; ``intercept()``
+also answers ``torch.cuda``'s device queries as the GPU of ``arch()`` (``host``'s docstring).
+
+Environment: ``FLASHATTN_INTERPRET=1`` (the public operators run through the interpreter on CPU
+tensors), ``FLASHATTN_INTERPRET_ARCH`` (the GPU it stands in for, default sm_90) and
+``FLASHATTN_INTERPRET_STRICT_PADDING=1``: a float load that reads past its array with the
+default ``PaddingMode.UNDETERMINED`` raises at that load (kernel, program, source line, tile
+index and the elements outside) instead of reading NaN, to find the load behind a NaN output.
+
 What is strict (each raises ``InterpreterError`` naming the kernel, the program and the tile):
-a load past the array with no ``padding_mode`` reads NaN (a GPU reads whatever is there); a tile
+a load past the array with no ``padding_mode`` reads NaN (a GPU reads whatever is there; with
+``FLASHATTN_INTERPRET_STRICT_PADDING=1`` it raises, and always for a non-float array); a tile
 wholly outside its array; ``check_bounds=False`` on a tile that leaves the array; an ``mma`` whose
 operand or accumulator dtypes cuTile does not accept; a store of a tile whose dtype is not the
 array's; two programs of one launch writing the same element (atomics excepted, applied in
@@ -36,7 +50,7 @@ import threading
 from .errors import InterpreterError
 
 __all__ = ["launch", "enabled", "active", "arch", "sm_count", "device_name", "trace",
-           "InterpreterError", "ARCH_SMS", "install_shim"]
+           "intercept", "InterpreterError", "ARCH_SMS", "install_shim", "ENV_STRICT_PADDING"]
 
 # The GPU the interpreter stands in for, by architecture: its SM count (the persistent grid
 # and the decode split count read it). sm_90: an H200, the machine the book measured.
@@ -47,6 +61,7 @@ ARCH_NAMES = {"sm_80": "NVIDIA A100", "sm_89": "NVIDIA L40S", "sm_90": "NVIDIA H
 DEFAULT_ARCH = "sm_90"
 ENV_FLAG = "FLASHATTN_INTERPRET"
 ENV_ARCH = "FLASHATTN_INTERPRET_ARCH"
+ENV_STRICT_PADDING = "FLASHATTN_INTERPRET_STRICT_PADDING"
 
 _state = threading.local()
 
@@ -130,3 +145,11 @@ def trace():
     """A context manager recording every load, store and atomic of the launches inside it."""
     from .runner import Trace
     return Trace()
+
+
+def intercept(arch: str | None = None):
+    """A context manager: ``cuda.tile.launch`` runs the interpreter, and ``torch.cuda``'s device
+    queries answer as an interpreted GPU of ``arch``, so a cuTile library's host code runs
+    unmodified on CPU tensors (``flashattn.interpret.host``)."""
+    from .host import intercept as _intercept
+    return _intercept(arch)
