@@ -13,11 +13,7 @@ TileGym comes from the package index, installed by this module's set-up when mis
 (``pip install --no-deps tilegym==1.5.1``: its metadata pins another transformers; the kernels
 need only torch and cuda-tile); without network it skips, saying so.
 """
-import importlib
 import importlib.util
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -26,40 +22,18 @@ from flashattn import interpret, reference
 from flashattn.interpret import InterpreterError
 
 from criteria import assert_close_to_reference, assert_flash_criterion
+from tilegym_setup import no_autotune, tilegym_or_skip
 
 HAVE_CT = importlib.util.find_spec("cuda.tile") is not None
 pytestmark = pytest.mark.skipif(not HAVE_CT, reason="TileGym imports cuda.tile itself")
 
 
-def _install_once():
-    from flashbook.measure import tilegym
-    if tilegym.available() is None:
-        return tilegym
-    r = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q",
-                        f"tilegym=={tilegym.VERSION}"], capture_output=True, text=True,
-                       timeout=300)
-    importlib.invalidate_caches()
-    tilegym._CACHE.clear()
-    if tilegym.available() is not None:
-        said = (r.stderr or r.stdout).strip().splitlines()
-        pytest.skip(f"TileGym could not be installed ({tilegym.INSTALL}): "
-                    f"{said[-1] if said else tilegym.available()}")
-    return tilegym
-
-
 @pytest.fixture(scope="module")
 def tg():
     """TileGym's (forward, backward, decode), autotuning off for the module."""
-    tilegym = _install_once()
-    old = os.environ.get("TILEGYM_DISABLE_AUTOTUNE")
-    os.environ["TILEGYM_DISABLE_AUTOTUNE"] = "1"
-    try:
+    tilegym = tilegym_or_skip()
+    for _ in no_autotune():
         yield tilegym.kernels()
-    finally:
-        if old is None:
-            os.environ.pop("TILEGYM_DISABLE_AUTOTUNE", None)
-        else:
-            os.environ["TILEGYM_DISABLE_AUTOTUNE"] = old
 
 
 def _qkv(B, Hq, Hkv, Nq, Nk, D, seed):

@@ -109,6 +109,9 @@ def arch() -> str:
     return _check_arch(os.environ.get(ENV_ARCH, "").strip() or DEFAULT_ARCH)
 
 
+_current_arch = arch          # for functions whose ``arch`` argument hides it
+
+
 def sm_count(a: str | None = None) -> int:
     """SMs of the GPU the interpreter stands in for."""
     return ARCH_SMS[_check_arch(a or arch())]
@@ -147,9 +150,23 @@ def trace():
     return Trace()
 
 
+@contextlib.contextmanager
 def intercept(arch: str | None = None):
-    """A context manager: ``cuda.tile.launch`` runs the interpreter, and ``torch.cuda``'s device
-    queries answer as an interpreted GPU of ``arch``, so a cuTile library's host code runs
-    unmodified on CPU tensors (``flashattn.interpret.host``)."""
-    from .host import intercept as _intercept
-    return _intercept(arch)
+    """Run a cuTile library's host code unmodified on CPU tensors: inside, ``cuda.tile.launch``
+    runs ``launch(grid, kernel, args)`` (the library's own grid, kernel objects and arguments),
+    and ``torch.cuda``'s device queries (``current_stream``, ``get_device_capability``,
+    ``get_device_properties``, ``get_device_name``) answer as an interpreted GPU of ``arch``
+    (default ``arch()``), with ``enabled(arch)`` on. Yields that GPU's properties::
+
+        with flashattn.interpret.intercept():          # TileGym picks its sm_90 tiles
+            o = tilegym.ops.cutile.attention.tile_fmha(q_cpu, k_cpu, v_cpu)
+
+    Not reached: a ``launch`` imported by name (``from cuda.tile import launch``) before, and
+    an autotuner that times kernels (TileGym's: ``TILEGYM_DISABLE_AUTOTUNE=1`` takes its first
+    configuration)."""
+    from .host import device_properties, patched
+    install_shim()
+    with enabled(arch):
+        a = _current_arch()
+        with patched(launch, device_properties(ARCH_NAMES[a], a, ARCH_SMS[a])) as props:
+            yield props
