@@ -5,7 +5,8 @@
 # FlexAttention is left out for time (torch.compile, ~30 s per shape); add flex to --baselines
 # to include it. The tilegym wheel is carried (no network there); from the project root:
 #   source .gpu/activate.sh && python3 -m pip install -q --no-index --no-deps --target \
-#     /tmp/cutile-site .whl/tilegym-1.5.1-py3-none-any.whl && bash experiments/tilegym_bench.sh $OUT/tilegym
+#     /tmp/cutile-site .whl/tilegym-1.5.1-py3-none-any.whl &&
+#   bash experiments/tilegym_bench.sh $OUT/tilegym
 set -uo pipefail
 out=${1:?output folder}; mkdir -p "$out"
 python3 -c "from flashbook.measure import tilegym as t; print('tilegym:', t.available() or 'ok')"

@@ -11,7 +11,8 @@ import flashattn.interpret.tile as tile
 _MODULE = None
 
 _FROM_RUNNER = ("load", "store", "gather", "scatter", "atomic_add", "atomic_xchg", "atomic_max",
-                "atomic_min", "atomic_cas", "atomic_and", "atomic_or", "atomic_xor", "bid", "num_blocks", "num_tiles",
+                "atomic_min", "atomic_cas", "atomic_and", "atomic_or", "atomic_xor", "bid",
+                "num_blocks", "num_tiles",
                 "grid_dependency_control_wait", "grid_dependency_control_launch_dependents")
 
 
