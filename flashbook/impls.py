@@ -9,7 +9,8 @@
     label_of(name, chapter) a legend label: the chapter's short one where it has one
 
 The benchmarks (``measure.bench``) call a library through its ``backend`` (a
-``torch.nn.attention.SDPBackend`` member, or ``"flex"`` for FlexAttention) and a step through
+``torch.nn.attention.SDPBackend`` member, ``"flex"`` for FlexAttention, ``"tilegym"`` for
+TileGym's cuTile kernels, timed only when named: ``OPT_IN_LIBRARIES``) and a step through
 ``flashattn.launch``; the profiler, the plots, the results reader and ``experiments/`` read
 names, order and colours from here.
 """
@@ -50,7 +51,12 @@ _LIBRARIES = (
      (0, (5, 2, 1, 2))),
     ("sdpa_math", "math", "MATH", "math (SDPA)", "#7f7f7f", ":"),
     ("flex", "flex", "flex", "FlexAttention", "#1b7837", (0, (1, 1))),
+    # NVIDIA's cuTile kernels (flashbook.measure.tilegym): their own autotuning, as shipped.
+    ("tilegym", "tilegym", "tilegym", "TileGym (cuTile)", "#35978f", (0, (3, 1, 1, 1, 1, 1))),
 )
+# Libraries a run times only when named (--baselines ...,tilegym): not part of PyTorch, so
+# installed apart (pip install --no-deps tilegym==1.5.1); without it their rows say so.
+OPT_IN_LIBRARIES = ("tilegym",)
 _EXTRA = ["#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173", "#3182bd", "#e6550d"]
 
 IMPLS: dict[str, Impl] = {}
@@ -71,7 +77,7 @@ RATIO_REF = "sdpa_cudnn"            # every ratio in the book is to cuDNN
 # Names other sources use for the same libraries (papers, the seed's tables).
 ALIASES = {"cudnn": "sdpa_cudnn", "flash": "sdpa_flash", "fa2": "sdpa_flash",
            "efficient": "sdpa_efficient", "math": "sdpa_math", "torch_naive": "sdpa_math",
-           "flexattention": "flex", "flex_attention": "flex"}
+           "flexattention": "flex", "flex_attention": "flex", "tile_gym": "tilegym"}
 
 # The rows of the backward (``measure.bench_bwd``) and decode (``measure.bench_decode``)
 # documents that are not forward implementations: kept out of ORDER, so the forward tables and
@@ -94,9 +100,9 @@ PATHS: dict[str, Impl] = {n: Impl(n, kind, label, c) for n, kind, label, c in _P
 SHORT_LABELS = {
     "decode": {"sdpa_flash": "SDPA flash", "sdpa_cudnn": "SDPA cuDNN",
                "sdpa_efficient": "SDPA efficient", "sdpa_math": "SDPA math",
-               "flex": "FlexAttention"},
+               "flex": "FlexAttention", "tilegym": "TileGym"},
     "backward": {"sdpa_cudnn": "cuDNN", "sdpa_flash": "FlashAttention-2",
-                 "sdpa_efficient": "memory-efficient"},
+                 "sdpa_efficient": "memory-efficient", "tilegym": "TileGym"},
 }
 
 assert set(_STEP_COLORS) <= set(STEPS) and set(_EXPERIMENT_COLORS) <= set(EXPERIMENTS)
@@ -134,7 +140,8 @@ def color_of(name: str) -> str:
         return PATHS[b].color
     low = b.lower()
     for key, impl in (("cudnn", "sdpa_cudnn"), ("flex", "flex"), ("flash", "sdpa_flash"),
-                      ("efficient", "sdpa_efficient"), ("math", "sdpa_math")):
+                      ("efficient", "sdpa_efficient"), ("math", "sdpa_math"),
+                      ("tilegym", "tilegym")):
         if key in low:
             return IMPLS[impl].color
     return _EXTRA[sum(map(ord, name)) % len(_EXTRA)]

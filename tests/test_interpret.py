@@ -199,6 +199,24 @@ def test_undetermined_padding_reads_nan():
     assert torch.equal(y[:100], x) and torch.isnan(y[100:]).all()
 
 
+def test_strict_padding_raises_at_the_load(monkeypatch):
+    """FLASHATTN_INTERPRET_STRICT_PADDING=1: the load itself raises, naming the kernel, the
+    program, the source line, the tile and the elements past the array."""
+    k = _kernels()
+    x, y = torch.randn(100).half(), torch.zeros(128).half()
+    monkeypatch.setenv(interpret.ENV_STRICT_PADDING, "1")
+    with pytest.raises(InterpreterError) as e:
+        interpret.launch((2,), k.load_no_padding, (x, y, 64))
+    msg = str(e.value)
+    for part in ("kernel load_no_padding", "program (1, 0, 0)", "load X at interpret_kernels.py:",
+                 "tile (1,) of shape (64,)", "elements 100..127 past the extent 100"):
+        assert part in msg, (part, msg)
+    interpret.launch((1,), k.load_no_padding, (x, y, 64))          # tile 0 is inside: fine
+    monkeypatch.setenv(interpret.ENV_STRICT_PADDING, "0")
+    interpret.launch((2,), k.load_no_padding, (x, y, 64))          # off: NaN, as before
+    assert torch.isnan(y[100:]).all()
+
+
 def test_integer_loads_past_the_end_without_padding_raise():
     k = _kernels()
     x, y = torch.arange(100, dtype=torch.int32), torch.zeros(100, dtype=torch.int32)

@@ -16,8 +16,22 @@ NumPy implementation of cuTile's tile semantics, strict where the GPU's behaviou
         interpret.launch(grid, kernel, args)
     tr.loads("K")                                         # {program: number of K tiles loaded}
 
+    with interpret.intercept():                           # anyone's host code, unmodified:
+        o = tilegym_attention(q_cpu, k_cpu, v_cpu)        # ct.launch runs interpret.launch
+
+Every ``cuda.tile`` name it implements has cuda.tile's own signature (positional-only and
+keyword parameters, defaults), so kernels written for cuTile run as written; ``intercept()``
+also answers ``torch.cuda``'s device queries as the GPU of ``arch()`` (``host``'s docstring).
+
+Environment: ``FLASHATTN_INTERPRET=1`` (the public operators run through the interpreter on CPU
+tensors), ``FLASHATTN_INTERPRET_ARCH`` (the GPU it stands in for, default sm_90) and
+``FLASHATTN_INTERPRET_STRICT_PADDING=1``: a float load that reads past its array with the
+default ``PaddingMode.UNDETERMINED`` raises at that load (kernel, program, source line, tile
+index and the elements outside) instead of reading NaN, to find the load behind a NaN output.
+
 What is strict (each raises ``InterpreterError`` naming the kernel, the program and the tile):
-a load past the array with no ``padding_mode`` reads NaN (a GPU reads whatever is there); a tile
+a load past the array with no ``padding_mode`` reads NaN (a GPU reads whatever is there; with
+``FLASHATTN_INTERPRET_STRICT_PADDING=1`` it raises, and always for a non-float array); a tile
 wholly outside its array; ``check_bounds=False`` on a tile that leaves the array; an ``mma`` whose
 operand or accumulator dtypes cuTile does not accept; a store of a tile whose dtype is not the
 array's; two programs of one launch writing the same element (atomics excepted, applied in
@@ -36,7 +50,7 @@ import threading
 from .errors import InterpreterError
 
 __all__ = ["launch", "enabled", "active", "arch", "sm_count", "device_name", "trace",
-           "InterpreterError", "ARCH_SMS", "install_shim"]
+           "intercept", "InterpreterError", "ARCH_SMS", "install_shim", "ENV_STRICT_PADDING"]
 
 # The GPU the interpreter stands in for, by architecture: its SM count (the persistent grid
 # and the decode split count read it). sm_90: an H200, the machine the book measured.
@@ -47,6 +61,7 @@ ARCH_NAMES = {"sm_80": "NVIDIA A100", "sm_89": "NVIDIA L40S", "sm_90": "NVIDIA H
 DEFAULT_ARCH = "sm_90"
 ENV_FLAG = "FLASHATTN_INTERPRET"
 ENV_ARCH = "FLASHATTN_INTERPRET_ARCH"
+ENV_STRICT_PADDING = "FLASHATTN_INTERPRET_STRICT_PADDING"
 
 _state = threading.local()
 
@@ -94,6 +109,9 @@ def arch() -> str:
     return _check_arch(os.environ.get(ENV_ARCH, "").strip() or DEFAULT_ARCH)
 
 
+_current_arch = arch          # for functions whose ``arch`` argument hides it
+
+
 def sm_count(a: str | None = None) -> int:
     """SMs of the GPU the interpreter stands in for."""
     return ARCH_SMS[_check_arch(a or arch())]
@@ -130,3 +148,25 @@ def trace():
     """A context manager recording every load, store and atomic of the launches inside it."""
     from .runner import Trace
     return Trace()
+
+
+@contextlib.contextmanager
+def intercept(arch: str | None = None):
+    """Run a cuTile library's host code unmodified on CPU tensors: inside, ``cuda.tile.launch``
+    runs ``launch(grid, kernel, args)`` (the library's own grid, kernel objects and arguments),
+    and ``torch.cuda``'s device queries (``current_stream``, ``get_device_capability``,
+    ``get_device_properties``, ``get_device_name``) answer as an interpreted GPU of ``arch``
+    (default ``arch()``), with ``enabled(arch)`` on. Yields that GPU's properties::
+
+        with flashattn.interpret.intercept():          # TileGym picks its sm_90 tiles
+            o = tilegym.ops.cutile.attention.tile_fmha(q_cpu, k_cpu, v_cpu)
+
+    Not reached: a ``launch`` imported by name (``from cuda.tile import launch``) before, and
+    an autotuner that times kernels (TileGym's: ``TILEGYM_DISABLE_AUTOTUNE=1`` takes its first
+    configuration)."""
+    from .host import device_properties, patched
+    install_shim()
+    with enabled(arch):
+        a = _current_arch()
+        with patched(launch, device_properties(ARCH_NAMES[a], a, ARCH_SMS[a])) as props:
+            yield props

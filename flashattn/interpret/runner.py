@@ -10,6 +10,8 @@ from __future__ import annotations
 import collections
 import inspect
 import math
+import os
+import sys
 import typing
 
 import numpy as np
@@ -82,7 +84,8 @@ class Array:
         sl[axis] = slice(base + start, base + stop)
         return Array(self.root, tuple(sl), f"{self.name}[{start}:{stop}]")
 
-    def tiled_view(self, *a, **k):
+    def tiled_view(self, tile_shape, *, padding_mode=T.PaddingMode.UNDETERMINED,
+                   traversal_steps=None):
         _fail("Array.tiled_view is not supported by the interpreter")
 
     def __repr__(self):
@@ -183,8 +186,40 @@ def _record(op, arr, index, shape):
             tr.events.append(ev)
 
 
-def load(array, /, index, shape, *, order="C", padding_mode=None, check_bounds=True,
-         latency=None, allow_tma=None, memory_order=None, memory_scope=None):
+ENV_STRICT_PADDING = "FLASHATTN_INTERPRET_STRICT_PADDING"
+
+
+def strict_padding() -> bool:
+    """``FLASHATTN_INTERPRET_STRICT_PADDING=1`` (read at each load): a float load that reads
+    undetermined padding raises at the load instead of reading NaN."""
+    return os.environ.get(ENV_STRICT_PADDING, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _caller() -> str:
+    """file:line of the kernel source that called into the interpreter."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    f = sys._getframe(1)
+    while f is not None and os.path.dirname(os.path.abspath(f.f_code.co_filename)) == here:
+        f = f.f_back
+    if f is None:
+        return "?"
+    return f"{os.path.basename(f.f_code.co_filename)}:{f.f_lineno} in {f.f_code.co_name}"
+
+
+def _outside(index, shape, perm, arr) -> str:
+    """Which elements of the tile lie past the array, per axis (in the load's order)."""
+    parts = []
+    for ax, (i, s, p) in enumerate(zip(index, shape, perm)):
+        n = arr.data.shape[p]
+        lo, hi = i * s, i * s + s
+        if hi > n:
+            parts.append(f"axis {ax}: elements {max(lo, n)}..{hi - 1} past the extent {n}")
+    return "; ".join(parts)
+
+
+def load(array, /, index, shape, *, order="C", padding_mode=T.PaddingMode.UNDETERMINED,
+         check_bounds=True, latency=None, allow_tma=None, memory_order=T.MemoryOrder.WEAK,
+         memory_scope=T.MemoryScope.NONE):
     arr = _array(array)
     scalar = shape == () or shape == []
     shape = (1,) * arr.ndim if scalar else T.check_shape(shape, "load")
@@ -203,9 +238,14 @@ def load(array, /, index, shape, *, order="C", padding_mode=None, check_bounds=T
     else:
         d = arr.dtype
         if mode == "UNDETERMINED":
-            if not d.is_float:
-                _fail(f"load {arr.name}: tile {index} of shape {shape} reads past the "
-                      f"{d.name} array without a padding_mode (undetermined on a GPU)")
+            if not d.is_float or strict_padding():
+                _fail(f"load {arr.name} at {_caller()}: tile {index} of shape {shape} "
+                      f"(order {perm}) reads past the array of shape "
+                      f"{tuple(arr.data.shape[p] for p in perm)} with padding_mode "
+                      f"UNDETERMINED ({_outside(index, shape, perm, arr)}): those values "
+                      "are undetermined on a GPU; give the load a padding_mode"
+                      + ("" if d.is_float else
+                         f" (a {d.name} array has no NaN to stand for them)"))
             pad = math.nan                        # stricter than a GPU: garbage reads as NaN
         else:
             pad = _PAD[mode]
@@ -219,7 +259,7 @@ def load(array, /, index, shape, *, order="C", padding_mode=None, check_bounds=T
 
 
 def store(array, /, index, tile, *, order="C", check_bounds=True, latency=None,
-          allow_tma=None, memory_order=None, memory_scope=None):
+          allow_tma=None, memory_order=T.MemoryOrder.WEAK, memory_scope=T.MemoryScope.NONE):
     arr = _array(array)
     index = _ints(index, "store")
     if isinstance(tile, T.Tile):
@@ -343,29 +383,44 @@ def _atomic(op, array, indices, update, expected=None, check_bounds=True):
     return T.Tile(old, arr.dtype)
 
 
-def atomic_add(array, indices, update, /, *, check_bounds=True, memory_order=None,
-               memory_scope=None):
+def atomic_add(array, indices, update, /, *, check_bounds=True,
+               memory_order=T.MemoryOrder.ACQ_REL, memory_scope=T.MemoryScope.DEVICE):
     return _atomic("add", array, indices, update)
 
 
-def atomic_xchg(array, indices, update, /, *, check_bounds=True, memory_order=None,
-                memory_scope=None):
+def atomic_xchg(array, indices, update, /, *, check_bounds=True,
+                memory_order=T.MemoryOrder.ACQ_REL, memory_scope=T.MemoryScope.DEVICE):
     return _atomic("xchg", array, indices, update)
 
 
-def atomic_max(array, indices, update, /, *, check_bounds=True, memory_order=None,
-               memory_scope=None):
+def atomic_max(array, indices, update, /, *, check_bounds=True,
+               memory_order=T.MemoryOrder.ACQ_REL, memory_scope=T.MemoryScope.DEVICE):
     return _atomic("max", array, indices, update)
 
 
-def atomic_min(array, indices, update, /, *, check_bounds=True, memory_order=None,
-               memory_scope=None):
+def atomic_min(array, indices, update, /, *, check_bounds=True,
+               memory_order=T.MemoryOrder.ACQ_REL, memory_scope=T.MemoryScope.DEVICE):
     return _atomic("min", array, indices, update)
 
 
-def atomic_cas(array, indices, expected, desired, /, *, check_bounds=True, memory_order=None,
-               memory_scope=None):
+def atomic_cas(array, indices, expected, desired, /, *, check_bounds=True,
+               memory_order=T.MemoryOrder.ACQ_REL, memory_scope=T.MemoryScope.DEVICE):
     return _atomic("cas", array, indices, desired, expected=expected)
+
+
+def atomic_and(array, indices, update, /, *, check_bounds=True,
+               memory_order=T.MemoryOrder.ACQ_REL, memory_scope=T.MemoryScope.DEVICE):
+    return _atomic("and", array, indices, update)
+
+
+def atomic_or(array, indices, update, /, *, check_bounds=True,
+              memory_order=T.MemoryOrder.ACQ_REL, memory_scope=T.MemoryScope.DEVICE):
+    return _atomic("or", array, indices, update)
+
+
+def atomic_xor(array, indices, update, /, *, check_bounds=True,
+               memory_order=T.MemoryOrder.ACQ_REL, memory_scope=T.MemoryScope.DEVICE):
+    return _atomic("xor", array, indices, update)
 
 
 def bid(axis):

@@ -11,15 +11,16 @@ import flashattn.interpret.tile as tile
 _MODULE = None
 
 _FROM_RUNNER = ("load", "store", "gather", "scatter", "atomic_add", "atomic_xchg", "atomic_max",
-                "atomic_min", "atomic_cas", "bid", "num_blocks", "num_tiles",
+                "atomic_min", "atomic_cas", "atomic_and", "atomic_or", "atomic_xor", "bid",
+                "num_blocks", "num_tiles",
                 "grid_dependency_control_wait", "grid_dependency_control_launch_dependents")
 
 
-def launch(stream, grid, kernel, args, *, programmatic_dependent_launch=False):
+def launch(stream, grid, kernel, kernel_args, /, *, programmatic_dependent_launch=False):
     """``ct.launch`` of the shim: the stream is ignored, and launches run one after another
     (so a programmatic dependent launch is an ordinary one)."""
     module()
-    runner.run(grid, kernel, args, bind=rebind.rebound)
+    runner.run(grid, kernel, kernel_args, bind=rebind.rebound)
 
 
 def install_shim() -> bool:

@@ -17,6 +17,7 @@ import builtins as _b
 import enum
 import math
 import typing
+import warnings
 
 import numpy as np
 
@@ -241,6 +242,9 @@ class Tile:
 
     def extract(self, index, shape):
         return extract(self, index, shape)
+
+    def insert(self, index, value):
+        return insert(self, index, value)
 
     @property
     def T(self):
@@ -484,7 +488,7 @@ def arange(size, /, *, dtype, start=0, step=1) -> Tile:
     return Tile((np.arange(n) * int(step) + int(start)).astype(d.np), d)
 
 
-def reshape(x, shape) -> Tile:
+def reshape(x, /, shape) -> Tile:
     x = _tile(x)
     shape = () if shape == () else check_shape(shape)
     if math.prod(shape) != x.a.size:
@@ -492,13 +496,14 @@ def reshape(x, shape) -> Tile:
     return Tile(x.a.reshape(shape), x.dtype)
 
 
-def astype(x, dtype, *, rounding_mode=None) -> Tile:
+def astype(x, dtype, /, *, rounding_mode=None) -> Tile:
     x = _tile(x)
     d = as_dtype(dtype)
+    _rounding(rounding_mode, "astype", ("RN", "RZI") if not d.is_float else ("RN",))
     return Tile(_convert(x.a, x.dtype, d), d)
 
 
-def transpose(x, axis0=None, axis1=None) -> Tile:
+def transpose(x, /, axis0=None, axis1=None) -> Tile:
     x = _tile(x)
     if axis0 is None and axis1 is None:
         if x.ndim != 2:
@@ -507,22 +512,22 @@ def transpose(x, axis0=None, axis1=None) -> Tile:
     return Tile(np.swapaxes(x.a, int(axis0), int(axis1)), x.dtype)
 
 
-def permute(x, axes) -> Tile:
+def permute(x, /, axes) -> Tile:
     x = _tile(x)
     return Tile(np.transpose(x.a, tuple(int(a) for a in axes)), x.dtype)
 
 
-def expand_dims(x, axis) -> Tile:
+def expand_dims(x, /, axis) -> Tile:
     x = _tile(x)
     return Tile(np.expand_dims(x.a, int(axis)), x.dtype)
 
 
-def broadcast_to(x, shape) -> Tile:
+def broadcast_to(x, /, shape) -> Tile:
     x = _tile(x)
     return Tile(np.broadcast_to(x.a, check_shape(shape)).copy(), x.dtype)
 
 
-def extract(x, index, shape) -> Tile:
+def extract(x, /, index, shape) -> Tile:
     """The sub-tile at ``index`` of ``x`` partitioned into tiles of ``shape``."""
     x = _tile(x)
     shape = check_shape(shape)
@@ -539,7 +544,7 @@ def extract(x, index, shape) -> Tile:
     return Tile(x.a[tuple(sl)].copy(), x.dtype)
 
 
-def cat(tiles, axis) -> Tile:
+def cat(tiles, /, axis) -> Tile:
     tiles = [_tile(t) for t in tiles]
     d = tiles[0].dtype
     if any(t.dtype != d for t in tiles):
@@ -550,7 +555,7 @@ def cat(tiles, axis) -> Tile:
     return Tile(out, d)
 
 
-def bitcast(x, dtype) -> Tile:
+def bitcast(x, /, dtype) -> Tile:
     x = _tile(x)
     d = as_dtype(dtype)
     if d.rounded or x.dtype.rounded:
@@ -573,12 +578,25 @@ def _tile(x) -> Tile:
 # element-wise math
 
 
-def where(cond, x, y) -> Tile:
+def where(cond, x, y, /) -> Tile:
     c = _tile(cond)
     if c.dtype is not bool_:
         raise InterpreterError(f"where: the condition must be a bool tile, got {c.dtype}")
     d = result_dtype(x, y)
     return Tile(np.where(c.a, _as(x, d), _as(y, d)), d)
+
+
+def _rounding(mode, what, allowed=("RN",)) -> str:
+    """The name of ``mode`` (None: RN). A mode the interpreter does not compute is refused
+    rather than rounded to nearest silently; APPROX and FULL, where cuTile offers them, are
+    computed correctly rounded, which lies within their documented error."""
+    name = "RN" if mode is None else getattr(mode, "name", None)
+    if name is None:
+        raise InterpreterError(f"{what}: rounding_mode must be a ct.RoundingMode, got {mode!r}")
+    if name not in allowed:
+        raise InterpreterError(f"{what}: rounding_mode {name} is not modelled by the "
+                               f"interpreter (it computes {', '.join(allowed)})")
+    return name
 
 
 def _float_in(x, what) -> Tile:
@@ -605,88 +623,137 @@ def _unary_math(fn, x, flush_to_zero=False, what=""):
     return Tile(round_to(r, x.dtype), x.dtype)
 
 
-def exp(x, *, flush_to_zero=False, rounding_mode=None):
-    return _unary_math(np.exp, x, flush_to_zero, "exp")
+_APPROX = ("RN", "FULL", "APPROX")
 
 
-def exp2(x, *, flush_to_zero=False, rounding_mode=None):
+def exp(x, /, *, rounding_mode=None):
+    _rounding(rounding_mode, "exp", _APPROX)
+    return _unary_math(np.exp, x, False, "exp")
+
+
+def exp2(x, /, *, flush_to_zero=False):
     return _unary_math(np.exp2, x, flush_to_zero, "exp2")
 
 
-def log(x, *, flush_to_zero=False, rounding_mode=None):
-    return _unary_math(np.log, x, flush_to_zero, "log")
+def log(x, /):
+    return _unary_math(np.log, x, False, "log")
 
 
-def log2(x, *, flush_to_zero=False, rounding_mode=None):
-    return _unary_math(np.log2, x, flush_to_zero, "log2")
+def log2(x, /):
+    return _unary_math(np.log2, x, False, "log2")
 
 
-def sqrt(x, *, flush_to_zero=False, rounding_mode=None):
+def sqrt(x, /, *, rounding_mode=None, flush_to_zero=False):
+    _rounding(rounding_mode, "sqrt", _APPROX)
     return _unary_math(np.sqrt, x, flush_to_zero, "sqrt")
 
 
-def rsqrt(x, *, flush_to_zero=False, rounding_mode=None):
+def rsqrt(x, /, *, flush_to_zero=False):
     return _unary_math(lambda a: 1 / np.sqrt(a), x, flush_to_zero, "rsqrt")
 
 
-def tanh(x, *, rounding_mode=None):
+def tanh(x, /, *, rounding_mode=None):
+    _rounding(rounding_mode, "tanh", _APPROX)
     return _unary_math(np.tanh, x, False, "tanh")
 
 
-def sin(x, **_):
+def sin(x, /):
     return _unary_math(np.sin, x, False, "sin")
 
 
-def cos(x, **_):
+def cos(x, /):
     return _unary_math(np.cos, x, False, "cos")
 
 
-def floor(x):
+def tan(x, /):
+    return _unary_math(np.tan, x, False, "tan")
+
+
+def sinh(x, /):
+    return _unary_math(np.sinh, x, False, "sinh")
+
+
+def cosh(x, /):
+    return _unary_math(np.cosh, x, False, "cosh")
+
+
+def floor(x, /):
     return _unary_math(np.floor, x, False, "floor")
 
 
-def ceil(x):
+def ceil(x, /):
     return _unary_math(np.ceil, x, False, "ceil")
 
 
-def abs(x):                                                          # noqa: A001 (cuTile's name)
+def abs(x, /):                                                       # noqa: A001 (cuTile's name)
     x = _tile(x)
     return Tile(np.abs(x.a), x.dtype)
 
 
-def negative(x):
+def negative(x, /):
     return -_tile(x)
 
 
-def _binary(op, x, y):
-    return binop(op, x, y)
+def bitwise_not(x, /):
+    return ~_tile(x)
 
 
-def add(x, y, **_): return binop("add", x, y)
-def sub(x, y, **_): return binop("sub", x, y)
-def mul(x, y, **_): return binop("mul", x, y)
-def floordiv(x, y): return binop("floordiv", x, y)
-def mod(x, y): return binop("mod", x, y)
-def pow(x, y, **_): return binop("pow", x, y)                        # noqa: A001
-def bitwise_and(x, y): return binop("and", x, y)
-def bitwise_or(x, y): return binop("or", x, y)
-def bitwise_xor(x, y): return binop("xor", x, y)
-def bitwise_lshift(x, y): return binop("lshift", x, y)
-def bitwise_rshift(x, y): return binop("rshift", x, y)
-def less(x, y): return binop("lt", x, y)
-def less_equal(x, y): return binop("le", x, y)
-def greater(x, y): return binop("gt", x, y)
-def greater_equal(x, y): return binop("ge", x, y)
-def equal(x, y): return binop("eq", x, y)
-def not_equal(x, y): return binop("ne", x, y)
+def atan2(x1, x2, /):
+    d = result_dtype(x1, x2, force_float=True)
+    return Tile(round_to(np.arctan2(_as(x1, d), _as(x2, d)), d), d)
 
 
-def truediv(x, y, *, flush_to_zero=False, rounding_mode=None):
+def _arith(op, x, y, rounding_mode, flush_to_zero):
+    """add/sub/mul with cuTile's keywords: flush_to_zero flushes fp32 denormal inputs and
+    result (sign kept), as the GPU's .ftz does."""
+    _rounding(rounding_mode, op)
+    if not flush_to_zero:
+        return binop(op, x, y)
+    d = result_dtype(x, y)
+    if d is not float32:
+        return binop(op, x, y)
+    r = binop(op, Tile(_ftz(_as(x, d)), d), Tile(_ftz(_as(y, d)), d))
+    return Tile(_ftz(r.a), d)
+
+
+def add(x, y, /, *, rounding_mode=None, flush_to_zero=False):
+    return _arith("add", x, y, rounding_mode, flush_to_zero)
+
+
+def sub(x, y, /, *, rounding_mode=None, flush_to_zero=False):
+    return _arith("sub", x, y, rounding_mode, flush_to_zero)
+
+
+def mul(x, y, /, *, rounding_mode=None, flush_to_zero=False):
+    return _arith("mul", x, y, rounding_mode, flush_to_zero)
+
+
+def floordiv(x, y, /): return binop("floordiv", x, y)
+def mod(x, y, /): return binop("mod", x, y)
+def pow(x, y, /): return binop("pow", x, y)                          # noqa: A001
+def bitwise_and(x, y, /): return binop("and", x, y)
+def bitwise_or(x, y, /): return binop("or", x, y)
+def bitwise_xor(x, y, /): return binop("xor", x, y)
+def bitwise_lshift(x, y, /): return binop("lshift", x, y)
+def bitwise_rshift(x, y, /): return binop("rshift", x, y)
+def less(x, y, /): return binop("lt", x, y)
+def less_equal(x, y, /): return binop("le", x, y)
+def greater(x, y, /): return binop("gt", x, y)
+def greater_equal(x, y, /): return binop("ge", x, y)
+def equal(x, y, /): return binop("eq", x, y)
+def not_equal(x, y, /): return binop("ne", x, y)
+
+
+def divmod(x, y, /):                                                 # noqa: A001
+    return binop("floordiv", x, y), binop("mod", x, y)
+
+
+def truediv(x, y, /, *, rounding_mode=None, flush_to_zero=False):
     """x / y; ``rounding_mode=APPROX`` is x times an approximate reciprocal (two roundings,
     as div.approx is within 2 ulp), ``flush_to_zero`` flushes denormal inputs and result."""
     d = result_dtype(x, y, force_float=True)
     a, b = _as(x, d), _as(y, d)
-    approx = getattr(rounding_mode, "name", None) == "APPROX"
+    approx = _rounding(rounding_mode, "truediv", _APPROX) == "APPROX"
     with np.errstate(all="ignore"):
         if flush_to_zero:
             a, b = _ftz(a.astype(np.float32)), _ftz(b.astype(np.float32))
@@ -699,100 +766,143 @@ def truediv(x, y, *, flush_to_zero=False, rounding_mode=None):
     return Tile(round_to(r, d), d)
 
 
-def _minmax(fn, x, y):
+def _minmax(fn, nan_fn, x, y, flush_to_zero, propagate_nan):
+    # cuTile: NaN inputs are ignored unless propagate_nan (fmax/fmin against maximum/minimum).
     d = result_dtype(x, y)
+    a, b = _as(x, d), _as(y, d)
+    if flush_to_zero and d is float32:
+        a, b = _ftz(a), _ftz(b)
     with np.errstate(invalid="ignore"):
-        return Tile(fn(_as(x, d), _as(y, d)), d)
+        return Tile((fn if propagate_nan or not d.is_float else nan_fn)(a, b), d)
 
 
-def maximum(x, y, **_):
-    return _minmax(np.maximum, x, y)
+def maximum(x, y, /, *, flush_to_zero=False, propagate_nan=False):
+    return _minmax(np.maximum, np.fmax, x, y, flush_to_zero, propagate_nan)
 
 
-def minimum(x, y, **_):
-    return _minmax(np.minimum, x, y)
+def minimum(x, y, /, *, flush_to_zero=False, propagate_nan=False):
+    return _minmax(np.minimum, np.fmin, x, y, flush_to_zero, propagate_nan)
 
 
-def cdiv(a, b):
-    """ceil(a / b) for integers (Python ints give a Python int, as in cuTile's constants)."""
-    if not isinstance(a, Tile) and not isinstance(b, Tile):
-        return -(-int(a) // int(b))
-    return binop("floordiv", binop("add", a, binop("sub", b, 1)), b)
+def cdiv(x, y, /):
+    """ceil(x / y) for integers (Python ints give a Python int, as in cuTile's constants)."""
+    if not isinstance(x, Tile) and not isinstance(y, Tile):
+        return -(-int(x) // int(y))
+    return binop("floordiv", binop("add", x, binop("sub", y, 1)), y)
 
 
 # ------------------------------------------------------------------------------------------
 # reductions
 
 
-def _reduce(fn, x, axis, keepdims, name):
-    x = _tile(x)
+def _axes(x, axis):
     if axis is None:
-        axes = tuple(range(x.ndim))
-    elif isinstance(axis, (tuple, list)):
-        axes = tuple(int(a) % x.ndim for a in axis)
-    else:
-        axes = (int(axis) % _b.max(x.ndim, 1),)
-    a = x.a
+        return tuple(range(x.ndim))
+    if isinstance(axis, (tuple, list)):
+        return tuple(int(a) % x.ndim for a in axis)
+    return (int(axis) % _b.max(x.ndim, 1),)
+
+
+def _reduce(fn, x, axis, keepdims, name, flush_to_zero=False):
+    x = _tile(x)
+    axes = _axes(x, axis)
+    a = _ftz(x.a) if flush_to_zero and x.dtype is float32 else x.a
     if name == "sum" and x.dtype.is_float:
         r = np.sum(a.astype(np.float32 if x.dtype.np != np.float64 else np.float64),
                    axis=axes, keepdims=keepdims)
+        r = _ftz(r) if flush_to_zero and x.dtype is float32 else r
         return Tile(round_to(r, x.dtype), x.dtype)
     if name == "sum":
         return Tile(np.sum(a, axis=axes, keepdims=keepdims).astype(x.dtype.np), x.dtype)
     with np.errstate(invalid="ignore"):
         r = fn(a, axis=axes, keepdims=keepdims)
-    return Tile(r, x.dtype)
+    return Tile(round_to(r, x.dtype) if x.dtype.is_float else r.astype(x.dtype.np), x.dtype)
 
 
-def sum(x, axis=None, *, keepdims=False, rounding_mode=None, flush_to_zero=False):  # noqa: A001
-    return _reduce(None, x, axis, keepdims, "sum")
+def sum(x, /, axis=None, *, keepdims=False, rounding_mode=None,     # noqa: A001
+        flush_to_zero=False):
+    _rounding(rounding_mode, "sum")
+    return _reduce(None, x, axis, keepdims, "sum", flush_to_zero)
 
 
-def max(x, axis=None, *, keepdims=False, flush_to_zero=False):      # noqa: A001
-    # NaN propagates, as the GPU's max reduction does for NaN inputs.
-    return _reduce(np.max, x, axis, keepdims, "max")
-
-
-def min(x, axis=None, *, keepdims=False, flush_to_zero=False):      # noqa: A001
-    return _reduce(np.min, x, axis, keepdims, "min")
-
-
-def prod(x, axis=None, *, keepdims=False, **_):
-    return _reduce(np.prod, x, axis, keepdims, "prod")
-
-
-def argmax(x, axis=None, *, keepdims=False):
+def max(x, /, axis=None, *, keepdims=False, flush_to_zero=False,    # noqa: A001
+        propagate_nan=False):
+    # NaN inputs are skipped unless propagate_nan (cuTile's rule); a row all NaN gives NaN.
     x = _tile(x)
-    return Tile(np.argmax(x.a, axis=axis, keepdims=keepdims).astype(np.int32), int32)
+    fn = np.max if propagate_nan or not x.dtype.is_float else np.nanmax
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)              # all-NaN slices
+        return _reduce(fn, x, axis, keepdims, "max", flush_to_zero)
 
 
-def argmin(x, axis=None, *, keepdims=False):
+def min(x, /, axis=None, *, keepdims=False, flush_to_zero=False,    # noqa: A001
+        propagate_nan=False):
     x = _tile(x)
-    return Tile(np.argmin(x.a, axis=axis, keepdims=keepdims).astype(np.int32), int32)
+    fn = np.min if propagate_nan or not x.dtype.is_float else np.nanmin
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return _reduce(fn, x, axis, keepdims, "min", flush_to_zero)
 
 
-def cumsum(x, axis=0, *, reverse=False, **_):
+def prod(x, /, axis=None, *, keepdims=False, rounding_mode=None, flush_to_zero=False):
+    _rounding(rounding_mode, "prod")
+    return _reduce(np.prod, x, axis, keepdims, "prod", flush_to_zero)
+
+
+def _arg(fn, nan_fn, x, axis, keepdims, propagate_nan):
+    x = _tile(x)
+    a = x.a
+    if x.dtype.is_float and np.isnan(a).any():
+        if propagate_nan:                    # the index of the first NaN
+            r = np.argmax(np.isnan(a), axis=axis, keepdims=keepdims)
+            has = np.isnan(a).any(axis=axis, keepdims=keepdims)
+            return Tile(np.where(has, r, fn(np.where(np.isnan(a), 0, a), axis=axis,
+                                            keepdims=keepdims)).astype(np.int32), int32)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            try:
+                return Tile(np.asarray(nan_fn(a, axis=axis, keepdims=keepdims)).astype(np.int32),
+                            int32)
+            except ValueError:               # an all-NaN slice: cuTile gives index 0 there
+                filled = np.where(np.isnan(a), -np.inf if fn is np.argmax else np.inf, a)
+                return Tile(fn(filled, axis=axis, keepdims=keepdims).astype(np.int32), int32)
+    return Tile(np.asarray(fn(a, axis=axis, keepdims=keepdims)).astype(np.int32), int32)
+
+
+def argmax(x, /, axis=None, *, keepdims=False, propagate_nan=False):
+    return _arg(np.argmax, np.nanargmax, x, axis, keepdims, propagate_nan)
+
+
+def argmin(x, /, axis=None, *, keepdims=False, propagate_nan=False):
+    return _arg(np.argmin, np.nanargmin, x, axis, keepdims, propagate_nan)
+
+
+def cumsum(x, /, axis=0, *, reverse=False, rounding_mode=None, flush_to_zero=False):
+    _rounding(rounding_mode, "cumsum")
     x = _tile(x)
     a = np.flip(x.a, int(axis)) if reverse else x.a
+    a = _ftz(a) if flush_to_zero and x.dtype is float32 else a
     r = np.cumsum(a, axis=int(axis), dtype=np.float32 if x.dtype.is_float else None)
     r = np.flip(r, int(axis)) if reverse else r
     return Tile(round_to(r, x.dtype) if x.dtype.is_float else r.astype(x.dtype.np), x.dtype)
 
 
-def cumprod(x, axis=0, *, reverse=False, **_):
+def cumprod(x, /, axis=0, *, reverse=False, rounding_mode=None, flush_to_zero=False):
+    _rounding(rounding_mode, "cumprod")
     x = _tile(x)
     a = np.flip(x.a, int(axis)) if reverse else x.a
+    a = _ftz(a) if flush_to_zero and x.dtype is float32 else a
     r = np.cumprod(a, axis=int(axis))
     r = np.flip(r, int(axis)) if reverse else r
     return Tile(round_to(r, x.dtype) if x.dtype.is_float else r.astype(x.dtype.np), x.dtype)
 
 
-def isnan(x):
+def isnan(x, /):
     x = _tile(x)
     return Tile(np.isnan(x.a) if x.dtype.is_float else np.zeros(x.shape, bool), bool_)
 
 
-def insert(x, index, value) -> Tile:
+def insert(x, /, index, value) -> Tile:
     """``x`` with the sub-tile at ``index`` (in units of ``value``'s shape) replaced."""
     x, v = _tile(x), _tile(value)
     index = tuple(int(i) for i in index)
@@ -802,27 +912,27 @@ def insert(x, index, value) -> Tile:
     return Tile(out, x.dtype)
 
 
-def static_assert(cond, *args):
-    if not bool(cond):
-        raise InterpreterError("static_assert failed" + (f": {args}" if args else ""))
+def static_assert(condition, message=None, /):
+    if not bool(condition):
+        raise InterpreterError("static_assert failed" + (f": {message}" if message else ""))
 
 
-def assert_(cond, *args):
+def assert_(cond, /, message=None):
     if not np.all(_tile(cond).a):
-        raise InterpreterError("assert_ failed" + (f": {args}" if args else ""))
+        raise InterpreterError("assert_ failed" + (f": {message}" if message else ""))
 
 
-def ensure_constant(x):
-    if isinstance(x, Tile):
+def ensure_constant(value, /):
+    if isinstance(value, Tile):
         raise InterpreterError("ensure_constant: the value is not a compile-time constant")
-    return x
+    return value
 
 
 def static_iter(iterable):
     return iter(iterable)
 
 
-def static_exception(exc):
+def static_exception(exc, /):
     return exc
 
 
@@ -834,26 +944,9 @@ def print(*args, sep=" ", end="\n"):                                  # noqa: A0
     _b.print(*args, sep=sep, end=end)
 
 
-def printf(fmt, *args):
+def printf(format, *args):                                            # noqa: A002
     vals = tuple(a.a[()].item() if isinstance(a, Tile) and a.ndim == 0 else a for a in args)
-    _b.print(fmt.replace("\\n", "\n") % vals, end="")
-
-
-def tan(x, **_):
-    return _unary_math(np.tan, x, False, "tan")
-
-
-def sinh(x, **_):
-    return _unary_math(np.sinh, x, False, "sinh")
-
-
-def cosh(x, **_):
-    return _unary_math(np.cosh, x, False, "cosh")
-
-
-def atan2(y, x, **_):
-    d = result_dtype(y, x, force_float=True)
-    return Tile(round_to(np.arctan2(_as(y, d), _as(x, d)), d), d)
+    _b.print(format.replace("\\n", "\n") % vals, end="")
 
 
 # ------------------------------------------------------------------------------------------
@@ -866,7 +959,7 @@ MMA_DTYPES = {"float8_e4m3fn": ("float16", "float32"), "float8_e5m2": ("float16"
               "int8": ("int32",), "uint8": ("int32",)}
 
 
-def mma(x, y, acc, /, *, use_fast_acc: bool = False) -> Tile:
+def mma(x, y, /, acc, *, use_fast_acc: bool = False) -> Tile:
     x, y, acc = _tile(x), _tile(y), _tile(acc)
     if not isinstance(use_fast_acc, (bool, np.bool_)):
         raise InterpreterError(f"mma: use_fast_acc must be a constant bool, got "
@@ -912,7 +1005,7 @@ def mma(x, y, acc, /, *, use_fast_acc: bool = False) -> Tile:
     return Tile(round_to(r, acc.dtype), acc.dtype)
 
 
-def matmul(x, y) -> Tile:
+def matmul(x, y, /) -> Tile:
     """``x @ y``: NumPy's matmul rules (vectors, broadcast batches), the operands' dtype."""
     x, y = _tile(x), _tile(y)
     if x.dtype != y.dtype:
@@ -977,14 +1070,23 @@ class _ConstantFactory:
 Constant = _ConstantFactory()
 
 
+class _Unspecified:
+    def __repr__(self):
+        return "UNSPECIFIED"
+
+
+UNSPECIFIED = _Unspecified()
+
+
 class ByTarget:
     """``ByTarget(sm_90=..., default=...)``: a hint's value per architecture."""
 
-    def __init__(self, **values):
-        self.values = values
+    def __init__(self, *, default=UNSPECIFIED, **value_by_target):
+        self.default = default
+        self.values = value_by_target
 
     def __repr__(self):
-        return f"ByTarget({self.values!r})"
+        return f"ByTarget({self.values!r}, default={self.default!r})"
 
 
 class Kernel:
@@ -1008,14 +1110,14 @@ class Kernel:
         return f"<interpreted cuTile kernel {self.__name__}>"
 
 
-def kernel(function=None, /, **hints):
+def kernel(function=None, /, **kwargs):
     if function is None:
-        return lambda f: Kernel(f, **hints)
-    return Kernel(function, **hints)
+        return lambda f: Kernel(f, **kwargs)
+    return Kernel(function, **kwargs)
 
 
-def function(f=None, /, **_):
-    return f if f is not None else (lambda g: g)
+def function(func=None, /, *, host=False, tile=True):
+    return func if func is not None else (lambda g: g)
 
 
 class TileError(InterpreterError):

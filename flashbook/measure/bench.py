@@ -27,7 +27,7 @@ import time
 from flashattn.contract import dtype_name, parse_gqa
 from ..data.schema import (SKIPPED, add_derived, dumps, format_table, make_row, to_frame,
                            workload_name, write_json)
-from ..impls import LIBRARY_OPTIONS, STEP_IMPLS
+from ..impls import LIBRARY_OPTIONS, OPT_IN_LIBRARIES, STEP_IMPLS
 from flashbook.steps import Config, get_step, resolve_name, with_config
 from .libraries import _FLEX, _causal_mod, _flex_fn, library_fn  # noqa: F401 (bench's names)
 from flashattn.timing import attention_flops
@@ -41,7 +41,8 @@ from .workload import (DEFAULT_BATCH, DEFAULT_HEAD_DIM, DEFAULT_HEADS, DEFAULT_S
 from .workload import csv as _csv
 
 DEFAULT_STEPS = (*STEP_IMPLS, "best")
-DEFAULT_BASELINES = tuple(LIBRARY_OPTIONS)     # flash, cudnn, efficient, math, flex
+# flash, cudnn, efficient, math, flex; tilegym when named
+DEFAULT_BASELINES = tuple(o for o in LIBRARY_OPTIONS if o not in OPT_IN_LIBRARIES)
 
 SKIP_NAIVE = f"{SKIPPED}: N > naive-max-n"
 SKIP_MATH = f"{SKIPPED}: N x N scores do not fit in a third of free memory"
@@ -244,8 +245,8 @@ def run_bench(steps=None, seqlens=None, *, causal: bool = True, dtype: str = "fl
         seqlens: sequence lengths (Nq = Nk); default 1024 .. 16384.
         causal, dtype ("float16" | "bfloat16"), head_dim, batch: the workload.
         gqa: (Hq, Hkv) or "Hq:Hkv" for grouped-query attention; default Hq = Hkv = ``heads``.
-        baselines: names from ``LIBRARIES`` (flash, cudnn, efficient, math, flex); default all;
-            [] or "none" for none.
+        baselines: names from ``LIBRARIES`` (flash, cudnn, efficient, math, flex, tilegym);
+            default all but tilegym (``DEFAULT_BASELINES``); [] or "none" for none.
         reps: timed calls per measurement (fewer for calls over MEASURE_BUDGET_S / reps).
         naive_max_n: the naive step (N x N scores in memory) only runs up to this N.
         name: workload name; default ``workload_name(...)``.

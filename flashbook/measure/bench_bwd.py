@@ -49,7 +49,7 @@ import time
 
 from flashattn.contract import dtype_name, parse_gqa
 from ..data.schema import add_derived, format_table, make_row, workload_name
-from ..impls import LIBRARY_OPTIONS
+from ..impls import LIBRARY_OPTIONS, OPT_IN_LIBRARIES
 from flashattn.timing import attention_flops
 from .harness import (INNER, INPUT_SETS, ROUNDS, SEED_STRIDE, check_once, error_text,
                       max_abs_err, method_meta, qkv_inputs, rotating, rounds_per_sample,
@@ -66,7 +66,8 @@ OURS = "fmha_bwd"               # our rows: the deterministic backward kernels (
 OURS_ATOMIC = "fmha_bwd_atomic"  # pass bwd: the opt-in variant, dQ by atomic adds (one pass)
 OURS_FWD = "fmha_fwd"           # pass fwd: our inference forward (no LSE) ...
 OURS_FWD_LSE = "fmha_fwd_lse"   # ... and the same step writing the LSE (WRITE_LSE), paired
-BWD_BASELINES = ("flash", "cudnn", "efficient", "flex")   # libraries with a backward
+BWD_BASELINES = ("flash", "cudnn", "efficient", "flex", "tilegym")  # libraries with a backward
+BWD_DEFAULT = tuple(b for b in BWD_BASELINES if b not in OPT_IN_LIBRARIES)
 REF_BYTES = 16 << 30            # fp64 reference backward: (heads, N, N) temporaries within this
 
 __all__ = ["run_bench_backward", "backward_flops", "build_parser", "parse_args", "main",
@@ -189,8 +190,8 @@ def run_bench_backward(seqlens=None, *, causal: bool = True, dtype: str = "float
         seqlens: sequence lengths (Nq = Nk); default 1K .. 16K.
         causal, dtype, gqa, head_dim, batch, heads: the workload (default the seed's: B=4,
             H=32, D=128, fp16, causal).
-        baselines: names of ``BWD_BASELINES`` (flash, cudnn, efficient, flex); default all;
-            [] or "none" for none.
+        baselines: names of ``BWD_BASELINES`` (flash, cudnn, efficient, flex, tilegym);
+            default all but tilegym (``BWD_DEFAULT``); [] or "none" for none.
         passes: a subset of ``PASSES``.
         fwd_step: the forward step of our fwd_bwd rows (``"best"``: autotune's choice).
         rounds, inner, input_sets: ``timing.time_rounds``'s.
@@ -208,7 +209,7 @@ def run_bench_backward(seqlens=None, *, causal: bool = True, dtype: str = "float
     seqlens = [int(n) for n in (DEFAULT_SEQLENS if seqlens is None else seqlens)]
     if not seqlens or min(seqlens) < 1:
         raise ValueError(f"seqlens must be positive lengths, got {seqlens}")
-    baselines = baseline_list(baselines, BWD_BASELINES, BWD_BASELINES, "backward baseline")
+    baselines = baseline_list(baselines, BWD_BASELINES, BWD_DEFAULT, "backward baseline")
     passes = [passes] if isinstance(passes, str) else list(passes)
     if not passes or any(p not in PASSES for p in passes):
         raise ValueError(f"passes must be a non-empty subset of {', '.join(PASSES)}, got "
@@ -437,7 +438,7 @@ def build_parser():
                                             "the forward's FLOPs, forward + backward 3.5 x).")
     p.add_argument("--backward", action="store_true", required=True,
                    help="the backward benchmarks (this parser)")
-    add_workload_args(p, baselines=BWD_BASELINES)
+    add_workload_args(p, baselines=BWD_BASELINES, default_baselines=BWD_DEFAULT)
     p.add_argument("--rounds", type=int, default=ROUNDS, help="rounds of time_rounds")
     p.add_argument("--inner", type=int, default=INNER, help="calls per sample, at most")
     add_output_args(p)

@@ -209,6 +209,11 @@ def decode_entries(impls, sets, *, scale, skip) -> dict:
             elif name == "flex":
                 fns = [_flex_entry(s["q"], s["k"], s["v"], scale=scale) for s in sets]
                 out[name] = Entry("library", fns, config="block mask (bottom-right)")
+            elif name == "tilegym":           # split-KV flash decode, its own split count
+                from .tilegym import kernels
+                dec = kernels()[2]
+                fns = [(lambda s=s: dec(s["q"], s["k"], s["v"], scale)) for s in sets]
+                out[name] = Entry("library", fns, config="fmha_decode (split-KV)")
             else:
                 made = [_sdpa_entry(name, s["q"], s["k"], s["v"], scale=scale) for s in sets]
                 out[name] = Entry("library", [m[0] for m in made], ctx=made[0][1],
@@ -568,8 +573,8 @@ def build_parser():
     p.add_argument("--page-sizes", default=",".join(map(str, DEFAULT_PAGE_SIZES)),
                    help="tokens per page of the paged caches (multiples of 16), or 'none'")
     p.add_argument("--impls", default=None,
-                   help="decode part: comma-separated of %s (default: all, paged per "
-                        "--page-sizes)" % ",".join(DECODE_IMPLS))
+                   help="decode part: comma-separated of %s, or tilegym (default: all but "
+                        "tilegym, paged per --page-sizes)" % ",".join(DECODE_IMPLS))
     p.add_argument("--flex", choices=FLEX_CHOICES, default="default",
                    help="where FlexAttention runs: default %s (B, Nk, Nq), all, none"
                         % (FLEX_SHAPES,))

@@ -33,6 +33,9 @@ MAX_CACHE_TOKENS = 64 * 32768
 LIBRARIES = {n: HARNESS_LIBRARIES[n]
              for n in ("sdpa_flash", "sdpa_efficient", "sdpa_cudnn", "sdpa_math", "flex")}
 DECODE_IMPLS = ("decode", "decode_paged16", "decode_paged64", "square_best", *LIBRARIES)
+# Measured only when named (--impls ...,tilegym): TileGym's fmha_decode (installed apart).
+OPT_IN_DECODE = ("tilegym",)
+SKIP_TILEGYM_NQ = f"{SKIPPED}: TileGym's fmha_decode takes one new token per sequence (Nq = 1)"
 FLEX_SHAPES = ((8, 4096, 1), (8, 32768, 1))          # (B, Nk, Nq) where --flex default runs it
 FLEX_CHOICES = ("default", "all", "none")
 HOST_SHAPE = dict(B=8, Nk=32768, Nq=1)
@@ -55,7 +58,8 @@ AUTOTUNE_S = 1.5          # the square kernel's search on a new shape: 4 configs
 __all__ = ["HBM_PEAK_TBPS", "H200_HBM_PEAK_TBPS", "DEFAULT_PARTS", "DEFAULT_BATCHES",
            "DEFAULT_CACHE_LENS", "DEFAULT_NQ", "DEFAULT_GQA", "DEFAULT_HEAD_DIM",
            "DEFAULT_PAGE_SIZES", "MAX_CACHE_TOKENS", "LIBRARIES", "DECODE_IMPLS", "FLEX_SHAPES",
-           "FLEX_CHOICES", "HOST_SHAPE", "HOST_IMPLS", "CROSSOVER_NQ", "CROSSOVER_LENS",
+           "FLEX_CHOICES", "OPT_IN_DECODE", "SKIP_TILEGYM_NQ", "HOST_SHAPE", "HOST_IMPLS",
+           "CROSSOVER_NQ", "CROSSOVER_LENS",
            "CROSSOVER_BATCH", "CROSSOVER_IMPLS", "VARLEN_TOTAL", "VARLEN_MIXES", "VARLEN_IMPLS",
            "ROUNDS", "SETUP_S", "FLEX_COMPILE_S", "CUTILE_COMPILE_S", "AUTOTUNE_S",
            "default_impls", "check_decode_impl", "plan_decode", "plan_crossover", "plan_host",
@@ -77,7 +81,7 @@ def default_impls(page_sizes=DEFAULT_PAGE_SIZES) -> list[str]:
 
 def check_decode_impl(name: str) -> None:
     """ValueError unless ``name`` is a decode-part implementation: decode, decode_pagedP (P a
-    positive multiple of 16), square_best, sdpa_flash/efficient/cudnn/math, flex."""
+    positive multiple of 16), square_best, sdpa_flash/efficient/cudnn/math, flex, tilegym."""
     page = None
     if name.startswith("decode_paged"):
         try:
@@ -88,9 +92,9 @@ def check_decode_impl(name: str) -> None:
             raise ValueError(f"{name!r}: a paged decode is decode_pagedP with P a positive "
                              "multiple of 16 (decode_paged16, decode_paged64)")
         return
-    if name not in ("decode", "square_best", *LIBRARIES):
+    if name not in ("decode", "square_best", *LIBRARIES, *OPT_IN_DECODE):
         raise ValueError(f"unknown decode implementation {name!r}; choose from "
-                         f"{', '.join(DECODE_IMPLS)} (or decode_pagedP)")
+                         f"{', '.join((*DECODE_IMPLS, *OPT_IN_DECODE))} (or decode_pagedP)")
 
 
 def plan_decode(batches=DEFAULT_BATCHES, cache_lens=DEFAULT_CACHE_LENS, nqs=DEFAULT_NQ,
@@ -122,6 +126,8 @@ def plan_decode(batches=DEFAULT_BATCHES, cache_lens=DEFAULT_CACHE_LENS, nqs=DEFA
             if name == "flex" and (flex == "none" or
                                    (flex == "default" and (B, Nk, Nq) not in FLEX_SHAPES)):
                 skip[name] = f"{SKIPPED}: flex runs on {FLEX_SHAPES} (B, Nk, Nq) only (--flex)"
+            if name == "tilegym" and Nq != 1:
+                skip[name] = SKIP_TILEGYM_NQ
         out.append(dict(B=B, Nk=Nk, Nq=Nq, impls=list(impls), skip=skip))
     return out
 

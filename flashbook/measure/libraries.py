@@ -1,4 +1,4 @@
-"""The library baselines as callables: PyTorch SDPA's backends and FlexAttention.
+"""The library baselines as callables: PyTorch SDPA's backends, FlexAttention and TileGym.
 
 ``library_fn(impl, q, k, v, causal=, scale=)`` gives ``(fn, context)``: ``fn()`` returns the
 library's output (differentiable when the inputs require grad) and runs inside ``context()``.
@@ -43,6 +43,12 @@ def library_fn(impl: str, q, k, v, *, causal: bool, scale: float):
     import torch
     backend = IMPLS[impl].backend
     gqa = q.shape[1] != k.shape[1]
+    if backend == "tilegym":   # TileGym's cuTile kernels, as shipped (its own autotuning)
+        from .tilegym import kernels
+        fwd, fwd_bwd, _ = kernels()
+        # Its inference forward, or its autograd forward (LSE kept) when gradients are wanted.
+        f = fwd_bwd if any(t.requires_grad for t in (q, k, v)) else fwd
+        return (lambda: f(q, k, v, scaling=scale, is_causal=causal)), contextlib.nullcontext
     if backend == "flex":   # FlexAttention
         from torch.nn.attention.flex_attention import create_block_mask
         flex = _flex_fn()
