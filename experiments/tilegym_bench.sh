@@ -12,17 +12,18 @@ out=${1:?output folder}; mkdir -p "$out"
 python3 -c "from flashbook.measure import tilegym as t; print('tilegym:', t.available() or 'ok')"
 N=1024,2048,4096,8192,16384
 L=cudnn,flash,tilegym
-# each part its own limit (the device allows 600 s a call): at most 520 s in all
-timeout 120 python3 -m flashbook bench --causal --seqlens $N --steps best --baselines $L \
+# each part its own limit (the device allows 600 s a call): at most 550 s in all; the forward
+# rows carry the control (best#2: the same kernel again)
+timeout 170 python3 -m flashbook bench --causal --seqlens $N --steps best,best#2 --baselines $L \
   --rounds 15 --quiet --out "$out/fwd_causal.json" > "$out/fwd_causal.txt" 2>&1
 echo "fwd causal rc=$?"
-timeout 100 python3 -m flashbook bench --no-causal --seqlens $N --steps best --baselines $L \
+timeout 130 python3 -m flashbook bench --no-causal --seqlens $N --steps best,best#2 --baselines $L \
   --rounds 15 --quiet --out "$out/fwd_full.json" > "$out/fwd_full.txt" 2>&1
 echo "fwd full rc=$?"
-timeout 200 python3 -m flashbook bench --backward --causal --seqlens 4096,16384 --passes bwd \
+timeout 170 python3 -m flashbook bench --backward --causal --seqlens 4096,16384 --passes bwd \
   --baselines $L --rounds 10 --quiet --out "$out/bwd_causal.json" > "$out/bwd_causal.txt" 2>&1
 echo "bwd causal rc=$?"
-timeout 100 python3 -m flashbook decode-bench --part decode --batches 8 --cache-lens 4096,32768 \
+timeout 80 python3 -m flashbook decode-bench --part decode --batches 8 --cache-lens 4096,32768 \
   --nq 1 --impls decode,square_best,sdpa_flash,sdpa_cudnn,tilegym --rounds 10 --quiet \
   --out "$out/decode.json" > "$out/decode.txt" 2>&1
 echo "decode rc=$?"
