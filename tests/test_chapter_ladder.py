@@ -36,6 +36,14 @@ def test_rungs_follow_the_ladder():
         ladder.predecessor("fast_math")
 
 
+def test_rungs_to_stops_at_the_chapter_step():
+    assert ladder.rungs_to("baseline@64x128") == ("baseline@64x128",)
+    assert ladder.rungs_to("loop_split@64x128") == ladder.RUNGS[:3]
+    assert ladder.rungs_to(ladder.RUNGS[-1]) == ladder.RUNGS
+    with pytest.raises(KeyError, match="not a rung"):
+        ladder.rungs_to("remap")
+
+
 def test_paired_ratio_is_speed_over_the_reference():
     r = _results()
     x, lo, hi = ladder.paired(r, "fast_math@64x128", "baseline@64x128", 1024, W)
@@ -129,6 +137,26 @@ def test_figure_draws_a_panel_per_workload(h200):
     assert fig.axes[3].get_title().startswith("resolution")
     assert len(ladder.figure(h200, "loop_split@64x128", effect=False).axes) == 2
     assert len(ladder.figure(h200, "baseline@64x128").axes) == 2   # no predecessor
+    # a chapter draws the rungs up to its own step: no later rung in the legend
+    fig = ladder.figure(h200, "loop_split@64x128", rungs=ladder.rungs_to("loop_split@64x128"))
+    drawn = {line.get_label().split(" (")[0] for ax in fig.axes for line in ax.get_lines()}
+    assert drawn & set(ladder.RUNGS) == set(ladder.RUNGS[:3])
+
+
+@pytest.mark.parametrize("name", ["07_loop_split", "08_remap"])
+def test_chapters_draw_no_later_rung(name):
+    """Chapters 7 and 8 draw the ladder only up to their own step (a later rung is a margin
+    note's business, not a line of the figure)."""
+    import json
+    import re
+    nb = json.loads((Path(__file__).resolve().parents[1] / "notebooks" / f"{name}.ipynb")
+                    .read_text(encoding="utf-8"))
+    calls = [m for c in nb["cells"] if c["cell_type"] == "code"
+             for m in re.findall(r"ladder\.figure\(([^)]*\)?)\)", "".join(c["source"]))]
+    assert calls, f"{name} draws no ladder figure"
+    for args in calls:
+        step = re.match(r'\s*r,\s*"([^"]+)"', args).group(1)
+        assert f'rungs=ladder.rungs_to("{step}")' in args, (name, args)
 
 
 def test_sm_activity_from_the_recorded_n1k_report():

@@ -9,7 +9,8 @@ rung one change over the previous one, timed in the same rounds as cuDNN and as 
     t = ladder.effect_table(r, "fast_math@64x128")     # rung over its predecessor, per N
     ladder.display_table(t)                            # formatted, with the call per cell
     ladder.glue_effects("ch6_lad", t)                  # numbers for the prose
-    ladder.figure(r, "fast_math@64x128")               # TFLOPS of every rung, the chapter's bold
+    ladder.figure(r, "fast_math@64x128",               # TFLOPS of the rungs so far, the chapter's bold
+                  rungs=ladder.rungs_to("fast_math@64x128"))
     ladder.profile_rows(r.profile, ["baseline@64x128", "fast_math@64x128"], METRICS)
 
 A rung's effect is its speed over its predecessor's, paired by round (``stats.ratio_ci`` of the
@@ -48,6 +49,14 @@ def predecessor(rung: str) -> str:
     if i == 0:
         raise KeyError(f"{rung!r} is the first rung: it has no predecessor")
     return RUNGS[i - 1]
+
+
+def rungs_to(rung: str) -> tuple[str, ...]:
+    """The rungs of the ladder up to and including ``rung``: what a chapter that ends at ``rung``
+    may draw (a later rung is a look ahead). Raises KeyError for a name that is not a rung."""
+    if rung not in RUNGS:
+        raise KeyError(f"{rung!r} is not a rung of the Hopper ladder ({', '.join(RUNGS)})")
+    return RUNGS[:RUNGS.index(rung) + 1]
 
 
 def samples(r, impl: str, N: int, workload: str) -> list:
@@ -334,6 +343,6 @@ def sm_activity(report, steps=None):
 
 
 __all__ = ["RUNGS", "LABELS", "WORKLOADS", "CONTROL", "COPIES", "NO_EFFECT", "SM_ACTIVITY",
-           "predecessor", "samples", "paired", "copies", "resolution", "call_effect", "fmt_ci",
-           "pct", "effect_table", "display_table", "glue_effects", "figure", "profile_rows",
+           "predecessor", "rungs_to", "samples", "paired", "copies", "resolution", "call_effect",
+           "fmt_ci", "pct", "effect_table", "display_table", "glue_effects", "figure", "profile_rows",
            "sm_activity"]
