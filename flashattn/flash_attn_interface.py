@@ -45,8 +45,8 @@ from .contract import (check_flag, check_int32, check_kernel_device,
                        check_scale)
 from .dispatch import interpreting
 
-__all__ = ["flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache",
-           "apply_rotary_emb"]
+__all__ = ["flash_attn_func", "flash_attn_kvpacked_func", "flash_attn_qkvpacked_func",
+           "flash_attn_varlen_func", "flash_attn_with_kvcache", "apply_rotary_emb"]
 
 LAYOUT = " (batch, seqlen, nheads, headdim), flash-attn's layout"
 PACKED = " (total_tokens, nheads, headdim), flash-attn's packed layout"
@@ -71,12 +71,29 @@ def _check_dropout(dropout_p):
 
 
 def _check_window(window_size) -> tuple[int, int]:
-    if not isinstance(window_size, (tuple, list)) or len(window_size) != 2 or any(
-            isinstance(w, bool) or not isinstance(w, int) for w in window_size):
+    """(left, right) ints, -1 for unbounded; any pair of integers (0-d integer tensors too, as
+    ``torch.randint(0, n, (2,))`` gives in flash-attn's tests)."""
+    import operator
+    try:
+        pair = tuple(window_size)
+        if len(pair) != 2 or any(isinstance(w, bool) for w in pair):
+            raise TypeError
+        left, right = (operator.index(w) for w in pair)
+    except TypeError:
         raise TypeError(f"window_size must be a (left, right) pair of ints (-1: unbounded), got "
-                        f"{window_size!r}")
-    left, right = (int(w) for w in window_size)
+                        f"{window_size!r}") from None
     return (left if left >= 0 else -1), (right if right >= 0 else -1)
+
+
+def _fa_window(left, right, causal, seqlen_k):
+    """A window as the kernels take it: a left side as wide as ``seqlen_k`` (the call's key
+    length, or its max_seqlen_k / cache capacity) is unbounded, exactly (no row's position
+    reaches it); causal closes the right. The right side is kept as given: flash-attn's
+    documented window (row i sees keys up to ``i + seqlen_k - seqlen_q + right``) bounds rows
+    when seqlen_q > seqlen_k even for ``right >= seqlen_k``."""
+    if left >= seqlen_k:
+        left = -1
+    return left, (0 if causal else right)
 
 
 def _check_softcap(softcap) -> float:
@@ -178,10 +195,6 @@ def _attend(q, k, v, *, causal, scale, left, right, cap, slopes, want_lse):
     Nk = k.shape[2]
     if causal:
         right = 0
-    if left >= Nk:          # wider than the keys: unbounded (flash-attn does the same)
-        left = -1
-    if right >= Nk:
-        right = -1
     offset = Nk - Nq
     if Nq == 0 or Hq == 0 or B == 0:
         out = q.new_zeros((B, Hq, Nq, D))
@@ -301,22 +314,25 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     _check_heads(Hq, Hkv, D, Dk, "k and v")
     slopes = _check_slopes(alibi_slopes, B, Hq, q.device)
     qh, kh, vh = (t.transpose(1, 2) for t in (q, k, v))      # views (B, H, N, D)
+    left, right = _fa_window(left, right, bool(causal), Nk)
     if fp8:
-        if cap or slopes is not None or (left, right) != (-1, -1) and not (
-                causal and left < 0):
+        if cap or slopes is not None or left >= 0 or (right >= 0 and not causal):
             raise ValueError("fp8 inputs run the FP8 forward, which has no window, softcap or "
                              "ALiBi; pass fp16/bf16 tensors for those")
         if return_attn_probs:
             raise ValueError("the FP8 forward returns no LSE (return_attn_probs=True)")
-        if causal and Nk < Nq:
-            raise ValueError(f"fp8 causal with seqlen_q = {Nq} > seqlen_k = {Nk} (rows that see "
-                             "no key) is not supported by the FP8 forward")
+        import torch
         from .fp8 import attention_fp8
+        if softmax_scale is None:
+            softmax_scale = 1.0 / math.sqrt(D)
+        skip = max(0, Nq - Nk) if causal else 0     # rows that see no key: 0, as flash-attn
         v_t = vh.stride(-2) == 1 and vh.stride(-1) != 1        # V^T given: no transpose pass
-        out = attention_fp8(qh, kh, vh.transpose(-1, -2) if v_t else vh, q_descale=q_descale,
-                            k_descale=k_descale, v_descale=v_descale, causal=bool(causal),
-                            scale=softmax_scale, input_pos=Nk - Nq if causal else 0,
-                            v_transposed=v_t)
+        out = attention_fp8(qh[:, :, skip:], kh, vh.transpose(-1, -2) if v_t else vh,
+                            q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
+                            causal=bool(causal), scale=softmax_scale,
+                            input_pos=max(0, Nk - Nq) if causal else 0, v_transposed=v_t)
+        if skip:
+            out = torch.cat([out.new_zeros((B, Hq, skip, D)), out], dim=2)
         return out.transpose(1, 2)
     for n, d in (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale)):
         if d is not None:
@@ -326,6 +342,36 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
                        right=right, cap=cap, slopes=slopes, want_lse=bool(return_attn_probs))
     out = out.transpose(1, 2)
     return (out, lse, None) if return_attn_probs else out
+
+
+def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=False,
+                             window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                             deterministic=False, return_attn_probs=False):
+    """flash-attn's ``flash_attn_kvpacked_func``: kv (batch, seqlen_k, 2, nheads_k, headdim);
+    otherwise ``flash_attn_func``."""
+    _check_packed("kv", kv, 2)
+    return flash_attn_func(q, kv[:, :, 0], kv[:, :, 1], dropout_p, softmax_scale, causal,
+                           window_size, softcap, alibi_slopes, deterministic, return_attn_probs)
+
+
+def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=False,
+                              window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                              deterministic=False, return_attn_probs=False):
+    """flash-attn's ``flash_attn_qkvpacked_func``: qkv (batch, seqlen, 3, nheads, headdim);
+    otherwise ``flash_attn_func``."""
+    _check_packed("qkv", qkv, 3)
+    return flash_attn_func(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], dropout_p, softmax_scale,
+                           causal, window_size, softcap, alibi_slopes, deterministic,
+                           return_attn_probs)
+
+
+def _check_packed(name, t, n):
+    import torch
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dim() != 5 or t.shape[2] != n:
+        raise ValueError(f"{name} must be (batch, seqlen, {n}, nheads, headdim), got shape "
+                         f"{tuple(t.shape)}")
 
 
 # --- flash_attn_varlen_func --------------------------------------------------------------------
@@ -405,12 +451,13 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         raise ValueError(f"a sequence is longer than max_seqlen_q = {max_seqlen_q} or "
                          f"max_seqlen_k = {max_seqlen_k} (lengths {lq} and {lk})")
     slopes = _check_slopes(alibi_slopes, B, Hq, q.device)
+    left, right = _fa_window(left, right, bool(causal), max_seqlen_k)
     if paged:
         check_int32("block_table", block_table, "flash-attn's page table")
         if block_table.dim() != 2 or block_table.shape[0] != B:
             raise ValueError(f"block_table must be (batch, max_blocks) = ({B}, ...), got "
                              f"{tuple(block_table.shape)}")
-    plain = (left, right) == (-1, -1) and not cap and slopes is None and not paged
+    plain = left < 0 and right in ((-1, 0) if causal else (-1,)) and not cap and slopes is None and not paged
     if plain and not return_attn_probs:
         from .varlen import attention_varlen
         out = attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
@@ -591,10 +638,12 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                              f"rotary_dim / 2) with rotary_dim <= headdim = {D}, got "
                              f"{tuple(rotary_cos.shape)} and {tuple(rotary_sin.shape)}")
     slopes = _check_slopes(alibi_slopes, B, Hq, dev)
+    left, right = _fa_window(left, right, bool(causal), capacity)
+    local = (left, right) != (-1, -1)
     base = seqlens.long()
     if rotary:
         ar = torch.arange(Nq, device=dev)
-        qpos = base[:, None] + (ar if (causal or (left, right) != (-1, -1)) else 0 * ar)
+        qpos = base[:, None] + (ar if (causal or local) else 0 * ar)
         q = apply_rotary_emb(q, rotary_cos, rotary_sin, qpos, interleaved=rotary_interleaved)
     if k is not None:
         kpos = base[:, None] + torch.arange(n_new, device=dev)          # (B, n_new)
