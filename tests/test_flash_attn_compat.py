@@ -751,3 +751,43 @@ def test_contract_varlen_and_kvcache():
 def test_exports():
     for name in ("flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache"):
         assert getattr(flashattn, name) is getattr(fai, name)
+
+
+# --- the FP8 fast path from the front door ---------------------------------------------------
+def test_attention_fp8_v_transposed_front_door(monkeypatch):
+    """attention(q8, k8, v8t, v_transposed=True) hands V^T to the FP8 forward as it is (no
+    transpose pass), and agrees with the host-transposed call; flash_attn_func with a V whose
+    seqlen dimension is contiguous takes the same path."""
+    from flashattn import fp8
+    torch.manual_seed(0)
+    B, H, N, D = 1, 2, 40, 32
+    q, k, v = (torch.randn(B, H, N, D) for _ in range(3))
+    q8, qd = flashattn.quantize_fp8(q)
+    k8, kd = flashattn.quantize_fp8(k)
+    v8, vd = flashattn.quantize_fp8(v)
+    v8t, vdt = flashattn.quantize_fp8(v, v_transposed=True)
+    assert v8t.shape == (B, H, D, N) and torch.equal(vd, vdt)
+    seen = []
+    real = fp8.attention_fp8
+
+    def spy(*a, **kw):
+        seen.append((kw.get("v_transposed"), a[2].data_ptr()))
+        return real(*a, **kw)
+    monkeypatch.setattr(fp8, "attention_fp8", spy)
+    with flashattn.interpret.enabled():
+        o_t = flashattn.attention(q8, k8, v8t, causal=True, q_descale=qd, k_descale=kd,
+                                  v_descale=vd, v_transposed=True)
+        o_h = flashattn.attention(q8, k8, v8, causal=True, q_descale=qd, k_descale=kd,
+                                  v_descale=vd)
+        o_fa = fai.flash_attn_func(q8.transpose(1, 2), k8.transpose(1, 2),
+                                   v8t.permute(0, 3, 1, 2), causal=True, q_descale=qd,
+                                   k_descale=kd, v_descale=vd)
+    assert seen[0] == (True, v8t.data_ptr())         # V^T passed through, no copy
+    assert seen[2][0] is True
+    assert torch.equal(o_t, o_h)
+    assert torch.equal(o_fa.transpose(1, 2), o_t)
+    with flashattn.interpret.enabled():
+        with pytest.raises(ValueError, match="fp8 inputs only"):
+            flashattn.attention(q.half(), k.half(), v.half(), v_transposed=True)
+        with pytest.raises(TypeError, match="v_transposed must be a bool"):
+            flashattn.attention(q8, k8, v8t, v_transposed="yes")
