@@ -170,22 +170,6 @@ def _check_scalars(softmax_scale, causal, deterministic, return_attn_probs, name
     check_flag(name, return_attn_probs)
 
 
-_BLOCK_MASKS: dict = {}
-
-
-def _block_mask(mask, key, Nq, Nk, device, block_size):
-    from torch.nn.attention.flex_attention import create_block_mask
-    key = (key, Nq, Nk, str(device), tuple(block_size))
-    bm = _BLOCK_MASKS.get(key)
-    if bm is None:
-        bm = create_block_mask(mask, None, None, Nq, Nk, device=device,
-                               BLOCK_SIZE=tuple(block_size))
-        if len(_BLOCK_MASKS) >= 32:
-            _BLOCK_MASKS.pop(next(iter(_BLOCK_MASKS)))
-        _BLOCK_MASKS[key] = bm
-    return bm
-
-
 # --- one dense call on (B, H, N, D) views ------------------------------------------------------
 def _attend(q, k, v, *, causal, scale, left, right, cap, slopes, want_lse):
     """Attention of (B, Hq, Nq, D) q over (B, Hkv, Nk, D) k, v with flash-attn's bottom-right
@@ -242,13 +226,10 @@ def _flex(q, k, v, *, scale, left, right, offset, cap, slopes, want_lse):
     dev = q.device
     bm = None
     if (left, right) != (-1, -1):
-        big = 1 << 30
-        win = torch.tensor([offset, left if left >= 0 else big, -right if right >= 0 else -big],
-                           dtype=torch.int32, device=dev)
-        mask = mods.MaskMod("flash_attn_window", fm.window_tile, fm.window_torch, (("win", win),))
+        mask = fm.window_mask(left, right, offset, dev)
         cfg = FLEX_CONFIGS.get(device_arch(dev), DEFAULT_CONFIG)
-        bm = _block_mask(mask, ("window", offset, left, right), Nq, Nk, dev,
-                         (cfg.TILE_M, cfg.TILE_N))
+        from .flex import cached_block_mask
+        bm = cached_block_mask(mask, Nq, Nk, dev, (cfg.TILE_M, cfg.TILE_N))
     score = None
     if slopes is not None:
         pos = torch.tensor([offset], dtype=torch.int32, device=dev)

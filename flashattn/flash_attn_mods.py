@@ -17,7 +17,8 @@ from .interpret import install_shim
 install_shim()                     # where cuda-tile is not installed, the interpreter's stand-in
 import cuda.tile as ct             # noqa: E402  (the tile functions below are cuTile code)
 
-__all__ = ["window_tile", "window_torch", "alibi_tile", "alibi_torch", "softcap_alibi"]
+__all__ = ["window_tile", "window_torch", "window_mask", "alibi_tile", "alibi_torch",
+           "softcap_alibi"]
 
 
 def window_tile(b, h, q_idx, kv_idx, win):
@@ -28,6 +29,20 @@ def window_tile(b, h, q_idx, kv_idx, win):
 def window_torch(b, h, q_idx, kv_idx, win):
     d = (q_idx + win[0]) - kv_idx
     return (d <= win[1]) & (d >= win[2])
+
+
+def window_mask(left: int, right: int, offset: int, device):
+    """A ``MaskMod``: row ``q_idx`` at position ``q_idx + offset`` sees keys ``position - left
+    .. position + right`` (-1: unbounded on that side); the values are in its tensor, so every
+    window shares one tile function (one kernel); ``params`` keeps them for the block mask's
+    cache key."""
+    import torch
+    from .mods import MaskMod
+    big = 1 << 30
+    win = torch.tensor([offset, left if left >= 0 else big, -right if right >= 0 else -big],
+                       dtype=torch.int32, device=device)
+    return MaskMod(f"window({left},{right},{offset})", window_tile, window_torch,
+                   (("win", win),), params=dict(left=left, right=right, offset=offset))
 
 
 def alibi_tile(score, b, h, q_idx, kv_idx, slopes, pos):
