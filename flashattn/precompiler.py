@@ -64,8 +64,10 @@ def _check(config) -> dict:
 def _calls(c, n: int, b: int, device):
     """Run configuration ``c``'s operator once on length ``n``, batch ``b``."""
     import torch
-    import flashattn
     from . import flash_attn_interface as fai
+    from .api import attention
+    from .decode import decode
+    from .varlen import attention_varlen
     dt = getattr(torch, c["dtype"])
     hq, hkv = c["heads"]
     D = c["head_dim"]
@@ -76,7 +78,7 @@ def _calls(c, n: int, b: int, device):
     if op in ("attention", "attention_backward"):
         grad = op == "attention_backward"
         q, k, v = t(b, hq, n, D, grad=grad), t(b, hkv, n, D, grad=grad), t(b, hkv, n, D, grad=grad)
-        out = flashattn.attention(q, k, v, causal=c["causal"], window_size=c["window_size"],
+        out = attention(q, k, v, causal=c["causal"], window_size=c["window_size"],
                                   softcap=c["softcap"])
         if grad:
             out.sum().backward()
@@ -88,13 +90,13 @@ def _calls(c, n: int, b: int, device):
                           device=device)
         q, k, v = t(total, hq, D, grad=grad), t(total, hkv, D, grad=grad), t(total, hkv, D,
                                                                            grad=grad)
-        out = flashattn.attention_varlen(q, k, v, cu, cu, max(lens), max(lens),
+        out = attention_varlen(q, k, v, cu, cu, max(lens), max(lens),
                                          causal=c["causal"])
         if grad:
             out.sum().backward()
     elif op == "decode":
         cache = t(b, hkv, 4 * n, D)
-        flashattn.decode(t(b, hq, 1, D), cache, cache,
+        decode(t(b, hq, 1, D), cache, cache,
                          torch.full((b,), 3 * n, dtype=torch.int32, device=device))
     elif op == "flash_attn_func":
         slopes = torch.rand(hq, device=device) if c["alibi"] else None
