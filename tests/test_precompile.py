@@ -82,3 +82,22 @@ def test_compiles_one_small_configuration(tmp_path, monkeypatch):
     again = flashattn.precompile([cfg], how="export", lengths=(256,), batches=(2,),
                                  processes=1)
     assert again[0]["error"] == "" and again[0]["seconds"] < rows[0]["seconds"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", ["attention", "decode", "attention_varlen"])
+def test_jit_signature_is_the_one_cutile_derives_gpu(op):
+    """On a GPU: the signature ``precompile(how="export")`` compiles for equals the one
+    cuTile's JIT derives from device arrays of the same shapes (``from_kernel_args``), so the
+    first call finds the exported cubin in the disk cache."""
+    import torch
+    from cuda.tile.compilation import CallingConvention, KernelSignature
+    for r in P.enumerate_kernels(dict(op=op, **SMALL), lengths=(256, 200), batches=(2,)):
+        args = tuple(torch.zeros(a.shape, dtype=a.dtype, device="cuda").as_strided(
+            a.shape, a.stride()) if isinstance(a, torch.Tensor) else a for a in r["args"])
+        ours = P.jit_signature(r["kernel_obj"], r["args"])
+        theirs = KernelSignature.from_kernel_args(r["kernel_obj"], args,
+                                                  ours.calling_convention)
+        for a, b in zip(ours.parameters, theirs.parameters):
+            assert a == b, (r["kernel"], a, b)
+        assert ours.calling_convention.code == theirs.calling_convention.code
