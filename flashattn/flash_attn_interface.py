@@ -314,14 +314,14 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
                             input_pos=max(0, Nk - Nq) if causal else 0, v_transposed=v_t)
         if skip:
             out = torch.cat([out.new_zeros((B, Hq, skip, D)), out], dim=2)
-        return out.transpose(1, 2)
+        return out.transpose(1, 2).contiguous()     # flash-attn's out is contiguous
     for n, d in (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale)):
         if d is not None:
             raise ValueError(f"{n} applies to fp8 inputs only; q, k, v are {q.dtype} (quantise "
                              "with flashattn.quantize_fp8)")
     out, lse = _attend(qh, kh, vh, causal=bool(causal), scale=softmax_scale, left=left,
                        right=right, cap=cap, slopes=slopes, want_lse=bool(return_attn_probs))
-    out = out.transpose(1, 2)
+    out = out.transpose(1, 2).contiguous()          # flash-attn's out is contiguous
     return (out, lse, None) if return_attn_probs else out
 
 
@@ -648,7 +648,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         out = decode(q.transpose(1, 2), k_cache.transpose(1, 2), v_cache.transpose(1, 2),
                      lens.contiguous(), block_table=block_table, scale=softmax_scale,
                      num_splits=num_splits or None)
-        return out.transpose(1, 2)
+        return out.transpose(1, 2).contiguous()     # flash-attn's out is contiguous
     # One dense call per sequence over its cache prefix (a host read of the lengths).
     outs, lses = [], []
     lengths = lens.tolist()
@@ -666,7 +666,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                          left=left, right=right, cap=cap,
                          slopes=None if slopes is None else slopes[b:b + 1],
                          want_lse=bool(return_softmax_lse))
-        outs.append(o.transpose(1, 2))
+        outs.append(o.transpose(1, 2))             # torch.cat below: contiguous
         lses.append(lse)
     out = torch.cat(outs, dim=0)
     return (out, torch.cat(lses, dim=0)) if return_softmax_lse else out

@@ -791,3 +791,17 @@ def test_attention_fp8_v_transposed_front_door(monkeypatch):
             flashattn.attention(q.half(), k.half(), v.half(), v_transposed=True)
         with pytest.raises(TypeError, match="v_transposed must be a bool"):
             flashattn.attention(q8, k8, v8t, v_transposed="yes")
+
+
+def test_outputs_are_contiguous_in_flash_attn_layout():
+    """As flash-attn's: out.view(B, N, H * D) works (models reshape it so)."""
+    with flashattn.interpret.enabled():
+        q, k = _t(2, 20, 4, 32), _t(2, 20, 2, 32)
+        out = fai.flash_attn_func(q, k, k, causal=True)
+        assert out.shape == (2, 20, 4, 32) and out.is_contiguous()
+        out.view(2, 20, 128)
+        kc = _t(2, 64, 2, 32)
+        out = fai.flash_attn_with_kvcache(_t(2, 1, 4, 32), kc, kc, cache_seqlens=10, causal=True)
+        assert out.shape == (2, 1, 4, 32) and out.is_contiguous()
+        out = fai.flash_attn_with_kvcache(_t(2, 3, 4, 32), kc, kc, cache_seqlens=10, causal=True)
+        assert out.is_contiguous()
