@@ -31,7 +31,8 @@ import os
 import threading
 import warnings
 
-__all__ = ["interpreting", "launch_kernel", "record_launches", "launch_key", "on_device", "device_arch", "device_sm_count",
+__all__ = ["interpreting", "launch_kernel", "record_launches", "launch_key", "on_device",
+           "device_arch", "device_sm_count",
            "device_name", "capturing", "expect", "attention_steps", "SlowInterpreterWarning",
            "STEP_COST_S", "LONG_CALL_S"]
 

@@ -163,7 +163,8 @@ def _check_slopes(alibi_slopes, B, Hq, device):
                      f"({B}, {Hq}), got {tuple(alibi_slopes.shape)}")
 
 
-def _check_scalars(softmax_scale, causal, deterministic, return_attn_probs, name="return_attn_probs"):
+def _check_scalars(softmax_scale, causal, deterministic, return_attn_probs,
+                   name="return_attn_probs"):
     check_scale(softmax_scale)
     check_flag("causal", causal)
     check_flag("deterministic", deterministic)
@@ -438,7 +439,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         if block_table.dim() != 2 or block_table.shape[0] != B:
             raise ValueError(f"block_table must be (batch, max_blocks) = ({B}, ...), got "
                              f"{tuple(block_table.shape)}")
-    plain = left < 0 and right in ((-1, 0) if causal else (-1,)) and not cap and slopes is None and not paged
+    plain = (left < 0 and right in ((-1, 0) if causal else (-1,)) and not cap
+             and slopes is None and not paged)
     if plain and not return_attn_probs:
         from .varlen import attention_varlen
         out = attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,

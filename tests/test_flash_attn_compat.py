@@ -145,7 +145,8 @@ def rotary_ref(x, cos, sin, offsets, interleaved):
 def check(out, ref, pt, mult, atol=0.0, what="output"):
     err = (out.float() - ref.float()).abs().max().item()
     bound = mult * (pt.float() - ref.float()).abs().max().item() + atol
-    assert err <= bound, f"{what}: max error {err:.3g} > {mult} x PyTorch's + {atol:.3g} = {bound:.3g}"
+    assert err <= bound, (f"{what}: max error {err:.3g} > {mult} x PyTorch's + {atol:.3g} = "
+                          f"{bound:.3g}")
 
 
 def _ctx(device):

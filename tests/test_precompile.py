@@ -91,7 +91,7 @@ def test_jit_signature_is_the_one_cutile_derives_gpu(op):
     cuTile's JIT derives from device arrays of the same shapes (``from_kernel_args``), so the
     first call finds the exported cubin in the disk cache."""
     import torch
-    from cuda.tile.compilation import CallingConvention, KernelSignature
+    from cuda.tile.compilation import KernelSignature
     for r in P.enumerate_kernels(dict(op=op, **SMALL), lengths=(256, 200), batches=(2,)):
         args = tuple(torch.zeros(a.shape, dtype=a.dtype, device="cuda").as_strided(
             a.shape, a.stride()) if isinstance(a, torch.Tensor) else a for a in r["args"])
