@@ -28,10 +28,13 @@ from .decode import decode  # the function; the module is sys.modules["flashattn
 from .varlen import attention_varlen, attention_varlen_backward
 from .flex import flex_attention  # FlexAttention on the cuTile kernel (flashattn.mods)
 from .fp8 import quantize_fp8  # fp8 inputs and caches with their descales
+from .flash_attn_interface import flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache
+from .precompiler import precompile  # compile configurations ahead of the first call
 
 __version__ = "0.1.0"
 __all__ = ["attention", "sdpa", "decode", "attention_varlen", "attention_varlen_backward",
-           "flex_attention", "quantize_fp8", "__version__"]
+           "flex_attention", "quantize_fp8", "flash_attn_func", "flash_attn_varlen_func",
+           "flash_attn_with_kvcache", "precompile", "__version__"]
 
 # Submodules load on first use (flashattn.reference, flashattn.kernels, ...): importing
 # flashattn stays cheap, and `import flashattn; flashattn.reference.attention(...)` works.

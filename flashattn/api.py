@@ -17,7 +17,8 @@ from .registry import get_step
 
 def attention(q, k, v, *, causal: bool = False, scale: float | None = None,
               input_pos: int = 0, step: str = "best", window_size=None, softcap=None,
-              q_descale=None, k_descale=None, v_descale=None, out_dtype=None):
+              q_descale=None, k_descale=None, v_descale=None, out_dtype=None,
+              v_transposed: bool = False):
     """Scaled dot-product attention with a cuTile FlashAttention kernel.
 
     Args:
@@ -53,6 +54,8 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None,
             the descales, (B, Hkv) float32 as FlashAttention-3's, are required
             (``flashattn.fp8.quantize_fp8`` makes them); the output is bf16, or ``out_dtype``
             (torch.float16). Not differentiable. Descales with fp16/bf16 inputs: ValueError.
+        v_transposed: fp8 only: v is (B, Hkv, D, Nk), as ``quantize_fp8(v, v_transposed=True)``
+            returns it; the FP8 forward then reads it without a transpose pass (the fast path).
 
     Returns:
         (B, Hq, Nq, D) tensor, dtype of q. Differentiable: when q, k or v requires grad (or
@@ -68,6 +71,8 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None,
     if not isinstance(step, str):
         raise TypeError(f"step must be a str ('best' or a step's name), got "
                         f"{type(step).__name__}")
+    if not isinstance(v_transposed, bool):
+        raise TypeError(f"v_transposed must be a bool, got {type(v_transposed).__name__}")
     if _fp8_call(q, k, v, q_descale, k_descale, v_descale, out_dtype):
         # The FP8 forward (its own kernel, no backward; chapter 14).
         if step != "best":
@@ -79,7 +84,11 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None,
         from .fp8 import attention_fp8
         return attention_fp8(q, k, v, q_descale=q_descale, k_descale=k_descale,
                              v_descale=v_descale, causal=causal, scale=scale,
-                             input_pos=input_pos, out_dtype=out_dtype)
+                             input_pos=input_pos, out_dtype=out_dtype,
+                             v_transposed=v_transposed)
+    if v_transposed:
+        raise ValueError("v_transposed=True applies to fp8 inputs only (the FP8 forward's V^T "
+                         f"layout); q, k, v are {getattr(q, 'dtype', None)}")
     if window_size is not None or softcap is not None:
         from .flex import attention_masked          # never a path that drops them (ch. 13)
         out = attention_masked(q, k, v, causal=check_causal(causal), scale=scale,

@@ -58,9 +58,12 @@ def attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: boo
 
 
 def forward_lse(q, k, v, *, causal: bool, scale: float | None, input_pos: int = 0,
-                step: str = "best"):
+                step: str = "best", config=None):
     """``attention_fwd`` on inputs ``contract.check_tensors`` has passed: (out, lse), no check
-    of the tensors again (the varlen backward calls this once per sequence)."""
+    of the tensors again (the varlen backward calls this once per sequence). ``config``: run
+    ``step`` with these tiles instead of the ones chosen for the shape, or ``"first"``: its
+    first configuration on this architecture, whatever the shape (no autotuning: the same
+    compiled kernels for every length)."""
     from .autotune import resolve
     from .dispatch import on_device
     from .launch import launch
@@ -71,7 +74,15 @@ def forward_lse(q, k, v, *, causal: bool, scale: float | None, input_pos: int = 
         return out, lse
     q, k, v = (t if t.is_contiguous() else t.contiguous() for t in (q, k, v))
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
-    s, config = resolve(step, q, k, causal)
+    if config is None:
+        s, config = resolve(step, q, k, causal)
+    else:
+        from .launch import arch_of
+        from .registry import resolve_name
+        arch = arch_of(q.device)
+        s = resolve_name(step, arch)
+        if config == "first":
+            config = s.configs(arch)[0] if s.tuned else s.config_for(arch)
     if s.kernel != "fmha":
         raise ValueError(f"step {s.name!r} does not write the LSE the backward needs; "
                          "use a fused step (any but 'naive')")

@@ -31,7 +31,8 @@ import os
 import threading
 import warnings
 
-__all__ = ["interpreting", "launch_kernel", "on_device", "device_arch", "device_sm_count",
+__all__ = ["interpreting", "launch_kernel", "record_launches", "launch_key", "on_device",
+           "device_arch", "device_sm_count",
            "device_name", "capturing", "expect", "attention_steps", "SlowInterpreterWarning",
            "STEP_COST_S", "LONG_CALL_S"]
 
@@ -68,6 +69,12 @@ def launch_kernel(device, grid, kernel, args, *, stream: str = "device",
     current device's, what ``launch.launch`` has always used). ``pdl``: launch as a
     programmatic dependent of the previous kernel in the stream (the kernel waits for it with
     ``ct.grid_dependency_control_wait``); the interpreter runs launches in order regardless."""
+    if _RECORDERS:
+        skip = False
+        for rec in _RECORDERS:
+            skip |= rec(device, grid, kernel, args)
+        if skip:
+            return
     if interpreting(device):
         from . import interpret
         interpret.launch(tuple(grid), kernel, args)
@@ -84,6 +91,53 @@ def launch_kernel(device, grid, kernel, args, *, stream: str = "device",
         ct.launch(s, grid, kernel, args, programmatic_dependent_launch=True)
     else:
         ct.launch(s, grid, kernel, args)
+
+
+# --- what a launch compiles: the hook of the compile-once test and of precompile ------------------
+_RECORDERS: list = []
+
+
+def _is_constant(annotation) -> bool:
+    return any("Constant" in type(m).__name__ for m in getattr(annotation, "__metadata__", ()))
+
+
+def launch_key(kernel, args) -> dict:
+    """What a launch of ``kernel`` with ``args`` is compiled for: the kernel (module and
+    function), its launch hints, its ``ct.Constant`` arguments by name, and each array
+    argument's class as cuTile's JIT keys it (dtype, rank, and per dimension whether it is 1 or
+    a multiple of 16: the JIT specialises on both), plus the rest of the arguments' types."""
+    import inspect
+    fn = getattr(kernel, "_pyfunc", None) or getattr(kernel, "__wrapped__", None) or kernel
+    params = list(inspect.signature(fn).parameters.values())
+    constants, arrays = {}, []
+    for p, a in zip(params, args):
+        if _is_constant(p.annotation):
+            constants[p.name] = a
+        elif hasattr(a, "shape") and hasattr(a, "dtype"):
+            arrays.append((p.name, str(a.dtype).replace("torch.", ""),
+                           tuple("1" if int(d) == 1 else ("16" if int(d) % 16 == 0 else "*")
+                                 for d in a.shape)))
+    opts = getattr(kernel, "_compiler_options", None)
+    return dict(kernel=f"{fn.__module__}.{fn.__name__}", hints=repr(opts) if opts else "",
+                constants=tuple(sorted(constants.items())), arrays=tuple(arrays),
+                fn=fn, kernel_obj=kernel)
+
+
+@contextlib.contextmanager
+def record_launches(*, run: bool = True):
+    """Record every launch inside as ``launch_key``'s dict, in a list (the context's value).
+    ``run=False``: record only, launch nothing (the outputs are left unwritten: for
+    enumerating what a call compiles, e.g. ``flashattn.precompile``)."""
+    seen: list = []
+
+    def rec(device, grid, kernel, args):
+        seen.append(dict(launch_key(kernel, args), grid=tuple(grid)))
+        return not run
+    _RECORDERS.append(rec)
+    try:
+        yield seen
+    finally:
+        _RECORDERS.remove(rec)
 
 
 def on_device(device):

@@ -581,7 +581,10 @@ def attention_masked(q, k, v, *, causal, scale, input_pos, step, window_size, so
     Nk = k.shape[2]
     mask = None
     if (left, right) != (-1, -1):
-        mask = mods.sliding_window(left, right, offset=int(input_pos))
+        # The window and the offset as a tensor the mask reads: one compiled kernel for every
+        # window size and input_pos (a closure constant would compile one per value).
+        from .flash_attn_mods import window_mask
+        mask = window_mask(left, right, int(input_pos), q.device)
     score = mods.softcap(cap) if cap else None
     bm = None
     if mask is not None:

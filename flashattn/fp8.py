@@ -65,7 +65,7 @@ def is_fp8(t) -> bool:
 
 # --- quantisation ------------------------------------------------------------------------------
 def quantize_fp8(x, *, num_kv_heads: int | None = None, dtype=None, margin: float = 1.0,
-                 transpose_v: bool = False):
+                 transpose_v: bool = False, v_transposed: bool = False):
     """Quantise ``x`` (B, H, N, D) to fp8 with one scale per (batch, kv head).
 
     Args:
@@ -75,8 +75,9 @@ def quantize_fp8(x, *, num_kv_heads: int | None = None, dtype=None, margin: floa
             kernel's q descale); default H (K and V).
         dtype: ``torch.float8_e4m3fn`` (default) or ``torch.float8_e5m2``.
         margin: the largest |x| of a group maps to ``FP8_MAX / margin`` (>= 1).
-        transpose_v: for V: return x_fp8 transposed, (B, H, D, N), the layout the FP8
-            forward's P V product reads (``attention_fp8(..., v_transposed=True)``), written
+        transpose_v, v_transposed: one switch under two names (the latter is
+            ``attention(v_transposed=)``'s). For V: return x_fp8 transposed, (B, H, D, N), the
+            layout the FP8 forward's P V product reads (``attention_fp8(..., v_transposed=True)``), written
             by this quantising pass itself: a caller who quantises V anyway gets V^T without
             the forward's separate transpose pass (chapter 14 measures it). The result is a view of the first N columns of a (B, H, D, N16)
             buffer, N16 = N rounded up to 16 (16-byte row pitches for the TMA).
@@ -97,8 +98,9 @@ def quantize_fp8(x, *, num_kv_heads: int | None = None, dtype=None, margin: floa
     dtype = torch.float8_e4m3fn if dtype is None else dtype
     if _name(dtype) not in FP8_DTYPES:
         raise ValueError(f"dtype must be torch.float8_e4m3fn or torch.float8_e5m2, got {dtype}")
-    if not isinstance(transpose_v, bool):
-        raise TypeError(f"transpose_v must be a bool, got {type(transpose_v).__name__}")
+    if not isinstance(transpose_v, bool) or not isinstance(v_transposed, bool):
+        raise TypeError("transpose_v and v_transposed must be bools")
+    transpose_v = transpose_v or v_transposed       # v_transposed: attention()'s keyword
     if not (isinstance(margin, (int, float)) and math.isfinite(margin) and margin >= 1):
         raise ValueError(f"margin must be a finite number >= 1, got {margin!r}")
     B, H, N, D = x.shape

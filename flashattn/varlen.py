@@ -209,14 +209,15 @@ def _square(t):
     return t.permute(1, 0, 2).unsqueeze(0).contiguous()
 
 
-def _sequence_backward(q, k, v, dout, *, causal: bool, scale: float, input_pos: int):
+def _sequence_backward(q, k, v, dout, *, causal: bool, scale: float, input_pos: int,
+                       config=None):
     """(dq, dk, dv) of one sequence, (len, H, D) each, where every query row sees a key: the
     square forward recomputes its output and LSE, the square backward differentiates it. The
     two are looked up on their modules at each call (the CPU tests replace them)."""
     from . import autograd, launch_bwd
     q4, k4, v4, do4 = (_square(t) for t in (q, k, v, dout))
     out4, lse = autograd.forward_lse(q4, k4, v4, causal=causal, scale=scale,
-                                     input_pos=input_pos)
+                                     input_pos=input_pos, config=config)
     grads = launch_bwd.launch_backward(q4, k4, v4, out4, do4, lse, causal=causal, scale=scale,
                                        input_pos=input_pos)
     return tuple(g[0].permute(1, 0, 2) for g in grads)
@@ -284,6 +285,9 @@ def attention_varlen_backward(q, k, v, out, dout, cu_seqlens_q, cu_seqlens_k,
     check_varlen_values(cq, ck, dims, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
     dq, dk, dv = (torch.zeros(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
     scale = 1.0 / math.sqrt(dims.D) if scale is None else float(scale)
+    # One forward configuration for every sequence, whatever its length (compile once; an
+    # autotuned choice per length class compiled and timed a search space per new class).
+    config = "first"
     # The estimate: a recomputed forward and two backward kernels per sequence (64x64 tiles).
     from .config import Config
     with torch.no_grad(), expect(
@@ -299,5 +303,5 @@ def attention_varlen_backward(q, k, v, out, dout, cu_seqlens_q, cu_seqlens_k,
             input_pos = len_k - (len_q - blind) if causal else 0
             dq[rows], dk[keys], dv[keys] = _sequence_backward(
                 q[rows].detach(), k[keys].detach(), v[keys].detach(), dout[rows].detach(),
-                causal=causal, scale=scale, input_pos=input_pos)
+                causal=causal, scale=scale, input_pos=input_pos, config=config)
     return dq, dk, dv

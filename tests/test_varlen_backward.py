@@ -72,7 +72,8 @@ def square(monkeypatch):
     from flashattn import autograd, launch_bwd
     calls = []
 
-    def fake_forward(q, k, v, *, causal=False, scale=None, input_pos=0, step="best"):
+    def fake_forward(q, k, v, *, causal=False, scale=None, input_pos=0, step="best",
+                     config=None):
         assert q.ndim == 4 and q.shape[0] == 1 and all(t.is_contiguous() for t in (q, k, v))
         kw = dict(causal=causal, scale=scale, input_pos=input_pos)
         out = R.attention(q, k, v, **kw)                 # check_shapes: a valid input_pos

@@ -281,7 +281,7 @@ def test_grid_covers_the_longest_sequence():
             varlen_constants(c, head_dim=64, causal=False, q_tiles=bad)
 
 
-def test_q_tiles_rule_is_capped_by_the_longest_sequence(monkeypatch):
+def test_q_tiles_rule_has_two_values_whatever_the_lengths(monkeypatch):
     from flashattn.kernels import varlen_spec   # the table the plan reads
     c = Config(64, 64)
     # E22's rule on the H200: 4 tiles a program below 64 query tiles a sequence on average.
@@ -291,13 +291,14 @@ def test_q_tiles_rule_is_capped_by_the_longest_sequence(monkeypatch):
     assert varlen_q_tiles(c, max_seqlen_q=4096, arch="sm_90", total_q=32768, B=8) == 1
     assert varlen_q_tiles(c, max_seqlen_q=8192, arch="sm_90", total_q=32768, B=25) == 4  # mean
     assert varlen_q_tiles(c, max_seqlen_q=4096, arch="sm_90") == 1         # no mean: longest
-    assert varlen_q_tiles(c, max_seqlen_q=100, arch="sm_90", total_q=190, B=2) == 2  # 2 tiles
+    # Not capped at the longest sequence's tiles (a kernel per short length): compile once.
+    assert varlen_q_tiles(c, max_seqlen_q=100, arch="sm_90", total_q=190, B=2) == 4
     assert varlen_q_tiles(c, max_seqlen_q=1024, arch="sm_100", total_q=4096, B=4) == 1
     assert varlen_q_tiles(c, max_seqlen_q=1024, total_q=4096, B=4) == 1
     monkeypatch.setattr(varlen_spec, "VARLEN_Q_TILES", {"sm_90": 8})
     assert varlen_q_tiles(c, max_seqlen_q=4096, arch="sm_90", total_q=4096, B=4) == 8
-    assert varlen_q_tiles(c, max_seqlen_q=130, arch="sm_90", total_q=130, B=1) == 3  # 3 tiles
-    assert varlen_q_tiles(c, max_seqlen_q=0, arch="sm_90", total_q=0, B=1) == 1
+    assert varlen_q_tiles(c, max_seqlen_q=130, arch="sm_90", total_q=130, B=1) == 8
+    assert varlen_q_tiles(c, max_seqlen_q=0, arch="sm_90", total_q=0, B=1) == 8
 
 
 @pytest.mark.parametrize("q_tiles", [1, 2, 3, 5, 40])
@@ -369,8 +370,8 @@ def test_host_launch_with_several_tiles_per_program(emulated_gpu, monkeypatch, c
     (launch,) = emulated_gpu.launched
     c = varlen_config("sm_120", 24)
     tiles = -(-70 // c.TILE_M)
-    assert launch.grid == (-(-tiles // min(3, tiles)), 4, 4)
-    assert launch.args[-3] == min(3, tiles)                            # Q_TILES
+    assert launch.grid == (-(-tiles // 3), 4, 4)
+    assert launch.args[-3] == 3                                        # Q_TILES
 
 
 def test_host_writes_nan_for_bad_device_offsets(emulated_gpu):

@@ -64,12 +64,13 @@ def varlen_q_tiles(config: Config, *, max_seqlen_q: int, arch: str | None = None
                    total_q: int | None = None, B: int | None = None) -> int:
     """Query tiles per program: ``VARLEN_Q_TILES[arch]`` (1 if absent) when the sequences
     average fewer than ``VARLEN_Q_TILES_BELOW`` query tiles (``total_q / B``; unknown: the
-    longest, ``max_seqlen_q``), else 1; at most the longest sequence's tiles."""
-    n_tiles = max(1, -(-int(max_seqlen_q) // config.TILE_M))
+    longest, ``max_seqlen_q``), else 1. Two values whatever the lengths (not capped at the
+    longest sequence's tiles: a program's tiles past its sequence's end exit, and a cap would
+    compile a kernel per short length)."""
     mean_rows = int(max_seqlen_q) if not total_q or not B else int(total_q) / int(B)
     if mean_rows >= VARLEN_Q_TILES_BELOW * config.TILE_M:
         return 1
-    return max(1, min(int(VARLEN_Q_TILES.get(arch or "sm_80", 1)), n_tiles))
+    return max(1, int(VARLEN_Q_TILES.get(arch or "sm_80", 1)))
 
 
 def varlen_constants(config: Config, *, head_dim: int, causal: bool, q_tiles: int = 1) -> dict:
