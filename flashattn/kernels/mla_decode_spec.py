@@ -6,7 +6,7 @@ from dataclasses import dataclass, replace
 
 from .spec import Array, KernelSpec
 
-__all__ = ["MLA_DECODE", "MLA_SPLIT", "MLA_SPLIT_FP8", "MLA_COMBINE", "MLA_HINTS", "MLA_MAX_TILE_M",
+__all__ = ["MLA_DECODE", "MLA_SPLIT", "MLA_SPLIT_FP8", "MLA_COMBINE", "MLA_HINTS", "MLA_TILES",
            "MLA_MAX_SPLITS", "MlaDims", "mla_tiles", "mla_num_splits", "mla_plan", "mla_steps"]
 
 MLA_SPLIT = KernelSpec(
@@ -31,13 +31,19 @@ MLA_COMBINE = KernelSpec(
 MLA_DECODE = {"mla_decode_split": MLA_SPLIT, "mla_decode_split_fp8": MLA_SPLIT_FP8,
               "mla_combine": MLA_COMBINE}
 
-# Rows (query heads x new tokens of one cache head) per program: one warpgroup MMA's 64 rows.
-MLA_MAX_TILE_M = 64
-MLA_MAX_TILE_N = 64
+# (TILE_M, TILE_N) per architecture and cache kind: 64 rows (one warpgroup MMA) and the widest
+# key tile whose 64 x 512 fp32 accumulator, scores and widened FP8 tile fit the registers
+# without spilling (experiments/mla_sass.py; tests/test_mla.py checks the sm_90 rows).
+MLA_TILES: dict[str, dict[bool, tuple[int, int]]] = {
+    "sm_90": {False: (64, 32), True: (64, 16)},
+    "sm_100": {False: (64, 32), True: (64, 32)},
+    "sm_120": {False: (32, 16), True: (32, 16)},
+}
+MLA_DEFAULT_TILES = (64, 32)
 MLA_MAX_SPLITS = 128
-# Launch hints of the split kernel per architecture: the 64 x 512 fp32 accumulator needs two
-# warpgroups' registers on sm_90 (see tests/test_mla_aot.py for the spill check).
-MLA_HINTS: dict[str, dict] = {"sm_90": dict(occupancy=1, num_worker_warps=8)}
+# Launch hints per architecture: two consumer warpgroups hold the accumulator's 512 columns.
+MLA_HINTS: dict[str, dict] = {"sm_90": dict(occupancy=1, num_worker_warps=8),
+                              "sm_100": dict(num_worker_warps=8)}
 # fp32 values per combine tile.
 MLA_COMBINE_ELEMS = 4096
 
@@ -64,21 +70,26 @@ class MlaDims:
         return self.max_pages * self.page_size
 
 
-def mla_tiles(*, rows: int, page_size: int) -> tuple[int, int]:
-    """(TILE_M, TILE_N): rows rounded up to a power of two (16..64); keys: the largest power of
-    two dividing the page size, at most 64, so a tile never straddles two pages."""
+def mla_tiles(*, rows: int, page_size: int, arch: str | None = None,
+              fp8: bool = False) -> tuple[int, int]:
+    """(TILE_M, TILE_N): the arch's tiles, with rows cut to the rows rounded up to a power of
+    two (at least 16) and keys to the largest power of two dividing the page size (a tile never
+    straddles two pages)."""
     if rows < 1:
         raise ValueError(f"rows must be positive, got {rows}")
-    tile_m = min(max(16, 1 << (int(rows) - 1).bit_length()), MLA_MAX_TILE_M)
-    tile_n = min(MLA_MAX_TILE_N, page_size & -page_size)
-    return tile_m, tile_n
+    if page_size < 16 or page_size % 16:
+        raise ValueError(f"page_size must be a positive multiple of 16, got {page_size}")
+    tm, tn = MLA_TILES.get(arch, {}).get(bool(fp8), MLA_DEFAULT_TILES)
+    tile_m = min(max(16, 1 << (int(rows) - 1).bit_length()), tm)
+    return tile_m, min(tn, page_size & -page_size)
 
 
 def mla_num_splits(*, B: int, Hkv: int, rows: int, max_seqlen: int, page_size: int,
-                   sm_count: int, max_splits: int = MLA_MAX_SPLITS) -> int:
+                   sm_count: int, arch: str | None = None, fp8: bool = False,
+                   max_splits: int = MLA_MAX_SPLITS) -> int:
     """Splits of the cache: one wave of programs (``sm_count``), never a split without a tile
     of the longest sequence."""
-    tile_m, tile_n = mla_tiles(rows=rows, page_size=page_size)
+    tile_m, tile_n = mla_tiles(rows=rows, page_size=page_size, arch=arch, fp8=fp8)
     base = int(B) * int(Hkv) * (-(-int(rows) // tile_m))
     n_tiles = -(-max(int(max_seqlen), 0) // tile_n)
     splits = max(1, min(int(sm_count) // base, n_tiles, int(max_splits)))
@@ -87,12 +98,13 @@ def mla_num_splits(*, B: int, Hkv: int, rows: int, max_seqlen: int, page_size: i
     return splits
 
 
-def mla_plan(dims: MlaDims, *, num_splits: int, causal: bool, fp8: bool) -> dict:
+def mla_plan(dims: MlaDims, *, num_splits: int, causal: bool, fp8: bool,
+             arch: str | None = None) -> dict:
     """The launch plan (pure): constants, grids, scratch shapes."""
     if int(num_splits) < 1 or int(num_splits) > 65535:
         raise ValueError(f"num_splits must be in 1..65535, got {num_splits}")
     rows = dims.rows
-    tile_m, tile_n = mla_tiles(rows=rows, page_size=dims.page_size)
+    tile_m, tile_n = mla_tiles(rows=rows, page_size=dims.page_size, arch=arch, fp8=fp8)
     blocks = -(-rows // tile_m)
     final = int(num_splits) == 1
     split_c = dict(TILE_M=tile_m, TILE_N=tile_n, D_LAT=dims.Dv, D_ROPE=dims.D - dims.Dv,
