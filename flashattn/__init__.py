@@ -28,10 +28,12 @@ from .decode import decode  # the function; the module is sys.modules["flashattn
 from .varlen import attention_varlen, attention_varlen_backward
 from .flex import flex_attention  # FlexAttention on the cuTile kernel (flashattn.mods)
 from .fp8 import quantize_fp8  # fp8 inputs and caches with their descales
+from .mla import flash_mla_with_kvcache, get_mla_metadata  # MLA decoding, FlashMLA's calls
 
 __version__ = "0.1.0"
 __all__ = ["attention", "sdpa", "decode", "attention_varlen", "attention_varlen_backward",
-           "flex_attention", "quantize_fp8", "__version__"]
+           "flex_attention", "quantize_fp8", "get_mla_metadata", "flash_mla_with_kvcache",
+           "__version__"]
 
 # Submodules load on first use (flashattn.reference, flashattn.kernels, ...): importing
 # flashattn stays cheap, and `import flashattn; flashattn.reference.attention(...)` works.
