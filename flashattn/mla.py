@@ -134,8 +134,8 @@ def _check(q, k_cache, block_table, cache_seqlens, head_dim_v, softmax_scale, ca
     else:
         _require(descale is None, f"descale applies to an FP8 k_cache only; k_cache is "
                  f"{_dt(k_cache)}")
-    bt, lens = block_table.cpu(), cache_seqlens.cpu()
     if dev.type != "cuda":        # the interpreter: values are on the host, check them
+        bt, lens = block_table.cpu(), cache_seqlens.cpu()
         _require(bool((lens >= 0).all()) and bool((lens <= block_table.shape[1] * page_size).all()),
                  f"cache_seqlens must be in 0..{block_table.shape[1] * page_size} (the block "
                  f"table's capacity), got {lens.tolist()}")
