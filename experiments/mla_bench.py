@@ -16,8 +16,9 @@ per-sequence descale at B 64, 32K. Per row:
   latent-aware path, so the fastest formulation is chosen by a probe at the first shape (all
   recorded): ``rows`` puts the 128 heads as 128 query rows of one head (exact for Sq = 1: every
   head sees every key) under each SDPA backend; ``gqa`` is the literal (B, 128, 1, 576) query
-  with ``enable_gqa=True`` over one K head (the default backend; where it expands K and V per
-  head it is slow or runs out of memory, and the probe records that).
+  with ``enable_gqa=True`` over one K head (the default backend; PyTorch's fallback repeats K
+  and V per query head, so the probe skips it where that would exceed ``GQA_EXPAND_MAX`` bytes
+  and records why).
 * ``flex``: ``torch.compile``'d ``flex_attention`` in the ``rows`` form, no mask, at a few shapes
   (``--flex``; it compiles per shape, ~30 s each) and only while the run is within its budget.
 
@@ -53,7 +54,8 @@ BATCHES = (64, 128)
 CACHE_LENS = (4096, 8192, 16384, 32768)
 FP8_ROW = (64, 32768)
 FLEX_DEFAULT = {(64, 4096), (64, 32768)}
-BUDGET_S = 200.0           # flex shapes are skipped once the run has used this much
+BUDGET_S = 200.0
+GQA_EXPAND_MAX = 8e9       # bytes: the probe skips the literal GQA call beyond this           # flex shapes are skipped once the run has used this much
 SDPA_BACKENDS = ("EFFICIENT_ATTENTION", "CUDNN_ATTENTION", "FLASH_ATTENTION", "MATH")
 # Dry run: the interpreter's shapes (the kernels' real head dims, a few heads and keys).
 DRY = dict(hq=16, batches=(2,), cache_lens=(128, 200), fp8_row=(2, 200),
@@ -174,6 +176,12 @@ def probe_sdpa(q, lat, ref, *, dry, rounds):
     recs, fns = {}, {}
     for form, be in cands:
         name = f"sdpa_{form}_{be.lower()}"
+        expanded = q.shape[0] * q.shape[2] * lat.shape[1] * (D + D_LAT) * 2
+        if form == "gqa" and q.is_cuda and expanded > GQA_EXPAND_MAX:
+            # PyTorch's GQA fallback repeats K and V per query head: too large to capture.
+            recs[name] = dict(form=form, backend=be, error=f"skipped: K and V expanded per "
+                              f"head would take {expanded / 1e9:.0f} GB")
+            continue
         f = sdpa_fn(form, be, q, lat)
         try:
             out = f()
