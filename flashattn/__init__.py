@@ -29,12 +29,14 @@ from .varlen import attention_varlen, attention_varlen_backward
 from .flex import flex_attention  # FlexAttention on the cuTile kernel (flashattn.mods)
 from .fp8 import quantize_fp8  # fp8 inputs and caches with their descales
 from .flash_attn_interface import flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache
+from .mla import flash_mla_with_kvcache, get_mla_metadata  # MLA decoding, FlashMLA's calls
 from .precompiler import precompile  # compile configurations ahead of the first call
 
 __version__ = "0.1.0"
 __all__ = ["attention", "sdpa", "decode", "attention_varlen", "attention_varlen_backward",
            "flex_attention", "quantize_fp8", "flash_attn_func", "flash_attn_varlen_func",
-           "flash_attn_with_kvcache", "precompile", "__version__"]
+           "flash_attn_with_kvcache", "get_mla_metadata", "flash_mla_with_kvcache",
+           "precompile", "__version__"]
 
 # Submodules load on first use (flashattn.reference, flashattn.kernels, ...): importing
 # flashattn stays cheap, and `import flashattn; flashattn.reference.attention(...)` works.

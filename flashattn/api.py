@@ -26,6 +26,7 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None,
             with ``FLASHATTN_INTERPRET=1`` or inside ``flashattn.interpret.enabled()``).
         k, v: (B, Hkv, Nk, D), same dtype and device; Hq % Hkv == 0 (GQA/MQA: query head h
             reads key/value head h // (Hq // Hkv)). Any strides (copied if not contiguous).
+            v may have its own head dim Dv (the output is then (B, Hq, Nq, Dv)).
         causal: mask future keys. Query row i sits at absolute position input_pos + i and
             sees keys 0 .. input_pos + i::
 
@@ -89,6 +90,12 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None,
     if v_transposed:
         raise ValueError("v_transposed=True applies to fp8 inputs only (the FP8 forward's V^T "
                          f"layout); q, k, v are {getattr(q, 'dtype', None)}")
+    from .value_dim import differs, pad_heads
+    if differs(q, k, v):
+        # A value head dim other than the query's: zero-padded to one head dim, sliced back.
+        q, k, v, scale, dv = pad_heads(q, k, v, scale)
+        return attention(q, k, v, causal=causal, scale=scale, input_pos=input_pos, step=step,
+                         window_size=window_size, softcap=softcap)[..., :dv].contiguous()
     if window_size is not None or softcap is not None:
         from .flex import attention_masked          # never a path that drops them (ch. 13)
         out = attention_masked(q, k, v, causal=check_causal(causal), scale=scale,

@@ -43,7 +43,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
             after the other.
         k, v: (total_k, Hkv, D), q's dtype and device; Hq % Hkv == 0 (GQA/MQA: query head h
             reads key/value head h // (Hq // Hkv)). Any strides with a contiguous last
-            dimension (others are copied).
+            dimension (others are copied). v may have its own head dim Dv (the output's).
         cu_seqlens_q, cu_seqlens_k: (B + 1,) int32 on q's device: 0, then the cumulative
             lengths; ``cu_seqlens_q[-1] == total_q``, ``cu_seqlens_k[-1] == total_k``. Empty
             sequences are allowed.
@@ -89,6 +89,14 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
     """
     import torch
     grad = torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in (q, k, v))
+    from .value_dim import differs, pad_heads
+    if differs(q, k, v) and not (grad and out is not None):
+        # A value head dim other than the query's: zero-padded to one head dim, sliced back.
+        q, k, v, scale, dv = pad_heads(q, k, v, scale)
+        o = attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                             causal=causal, scale=scale, check_values=check_values,
+                             config=config)[..., :dv]
+        return o.contiguous() if out is None else out.copy_(o)
     if grad or torch.compiler.is_compiling():
         if out is not None:
             raise RuntimeError(

@@ -102,3 +102,9 @@ __all__ += _varlen_spec.__all__
 from .fp8_spec import FP8_SPECS  # noqa: E402
 
 SPECS.update(FP8_SPECS)
+
+
+# The MLA decode kernels' contract: kernels/mla_decode_spec.py.
+from .mla_decode_spec import MLA_DECODE  # noqa: E402
+
+SPECS.update(MLA_DECODE)
