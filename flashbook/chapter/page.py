@@ -34,6 +34,14 @@ def mode() -> str:
     return "live" if gpu_available() else "recorded"
 
 
+def needs_gpu(gpu: str = DEFAULT_GPU) -> None:
+    """What a live cell prints where no GPU runs cuTile (its ``else`` branch): that it needs one,
+    and where the page's numbers come from instead."""
+    line = (f"This cell needs a GPU that runs cuTile, and none was found here, so it measured "
+            f"nothing. The page's numbers are the recorded ones (results/{gpu}/).")
+    print(line)
+
+
 @functools.lru_cache(maxsize=None)
 def results(gpu: str = DEFAULT_GPU):
     """The recorded dataset (``flashbook.data.results.load``), loaded once per notebook."""
