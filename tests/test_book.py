@@ -223,7 +223,48 @@ RENDER_PROBLEMS = {
     "rawtex": "raw TeX on the page",
     "code": "code blocks wider than the column (the ends of lines hidden)",
     "tables": "tables wider than the page",
+    "towers": "interval cells wrapped into towers (more than two lines)",
+    "groups": "multi-index groups with no rule above them",
+    "broken_images": "images that did not load",
 }
+
+
+def source_listings(page: Path) -> list[list[int | None]]:
+    """The indentation (leading spaces; None for a blank line) of every line of every highlighted
+    code block of a built page, read from its HTML as written (before book/_static's scripts),
+    in the order ``document.querySelectorAll("div.highlight pre")`` finds them."""
+    import html as _html
+    out = []
+    for body in re.findall(r'<div class="highlight"><pre>(.*?)</pre>', page.read_text(encoding="utf-8"),
+                           re.S):
+        lines = _html.unescape(re.sub(r"<[^>]+>", "", body)).split("\n")
+        if lines and not lines[-1]:
+            lines.pop()
+        out.append([len(ln) - len(ln.lstrip(" ")) if ln.strip() else None for ln in lines])
+    return out
+
+
+def listing_problems(page: Path, report: dict) -> list[str]:
+    """Lines of the page's code blocks shown at another column than the source's indentation
+    (the render probe's ``listings``, measured on the screen, against ``source_listings``)."""
+    src, shown = source_listings(page), report.get("listings", [])
+    if len(src) != len(shown):
+        return [f"{len(src)} code blocks in the HTML, {len(shown)} on the screen"]
+    bad = []
+    for b, (want, got) in enumerate(zip(src, shown)):
+        if len(want) != len(got):
+            bad.append(f"block {b}: {len(want)} lines in the source, {len(got)} shown")
+            continue
+        bad += [f"block {b} line {i + 1}: indented {w}, shown at column {g}"
+                for i, (w, g) in enumerate(zip(want, got))
+                if w is not None and g is not None and w != g]     # None: not laid out (hidden)
+    return bad
+
+
+def page_notebook(doc: str) -> Path | None:
+    """The notebook a toc page is built from (None for a Markdown page)."""
+    nb = ROOT / f"{doc}.ipynb"
+    return nb if nb.exists() else None
 
 
 def render_report(page: Path, width: int = WIDTH) -> dict:
@@ -292,4 +333,28 @@ def test_page_fits_the_column(build, doc):
     assert page.exists(), page
     rep = render_report(page)
     problems = render_problems(rep)
+    problems += [f"listing {p}" for p in listing_problems(page, rep)[:12]]
+    nb = page_notebook(doc)
+    if nb is not None:
+        from test_figures import stored_images
+        want = stored_images(json.loads(nb.read_text(encoding="utf-8")))
+        if rep["images"] != want:
+            problems.append(f"{rep['images']} images on the page, the notebook stores {want}")
     assert not problems, f"{doc} does not fit the page:\n" + "\n".join(problems)
+
+
+# Chapters whose kernel listings the narrow-window check reads (issue 34, item 2).
+LISTING_PAGES = ["notebooks/03_first_kernel", "notebooks/11_backward", "notebooks/12_decoding",
+                 "book/final_kernel"]
+
+
+@needs_chromium
+@pytest.mark.parametrize("width", [1280, 900])
+@pytest.mark.parametrize("doc", LISTING_PAGES)
+def test_listings_keep_their_indentation(build, doc, width):
+    """Every line of a kernel listing starts at its source column on the screen, also where the
+    window is narrow and lines wrap (a wrapped line continues on a hanging indent)."""
+    page = HTML / f"{doc}.html"
+    assert page.exists(), page
+    bad = listing_problems(page, render_report(page, width))
+    assert not bad, f"{doc} at {width} px: lines off their indentation:\n  " + "\n  ".join(bad[:30])
