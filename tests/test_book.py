@@ -193,6 +193,41 @@ def _toc_pages() -> list[str]:
 
 
 @needs_chromium
+def test_render_probe_reads_listings_groups_and_intervals(tmp_path):
+    """The probe on a page made for it, with the book's own book.css and wrap-code.js in a narrow
+    column: an indented comment-only line and a deep continuation line that wrap keep their
+    source columns; a multi-index group gets its rule and an interval cell at most two lines.
+    The same table without book.css reports the group and the tower. (No book build needed.)"""
+    static = ROOT / "book" / "_static"
+    comment = "# Every row sees key 0, " + "and the comment goes on " * 4
+    listing = ("<span class='k'>for</span> j <span class='ow'>in</span> range(n):\n"
+               f"    x = 1            <span class='c1'># [TILE_M, TILE_N] {'shape ' * 8}</span>\n"
+               f"    <span class='c1'>{comment}</span>\n"
+               f"    y = f(a,\n{' ' * 20}b_long_argument_name_that_does_not_fit)\n")
+    table = ("<table><tbody><tr><th rowspan='2'>decode</th><td>no</td><td style='width:3em'>"
+             "0.84 [0.84, 0.84]</td></tr><tr><td>yes</td><td>1</td></tr>"
+             "<tr><th rowspan='2'>decode_paged64</th><td>no</td><td>2</td></tr>"
+             "<tr><td>yes</td><td>3</td></tr></tbody></table>")
+
+    def page(name, styled):
+        head = (f"<link rel='stylesheet' href='{(static / 'book.css').as_uri()}'>"
+                f"<script src='{(static / 'wrap-code.js').as_uri()}'></script>") if styled else ""
+        p = tmp_path / name
+        p.write_text(f"<html><head>{head}</head><body><main><article class='bd-article' "
+                     f"style='width:330px;font-family:monospace'>"
+                     f"<div class=\"highlight\"><pre>{listing}</pre></div>"
+                     f"<div style='width:160px'>{table}</div></article></main></body></html>",
+                     encoding="utf-8")
+        return p
+    styled = page("styled.html", True)
+    rep = render_report(styled)
+    assert listing_problems(styled, rep) == [], rep["listings"]
+    assert rep["groups"] == [] and rep["towers"] == [], rep
+    bare = render_report(page("bare.html", False))
+    assert len(bare["groups"]) == 1 and len(bare["towers"]) == 1, bare
+
+
+@needs_chromium
 @pytest.mark.parametrize("doc", _toc_pages())
 def test_math_renders_offline(build, doc):
     """MathJax is served from the built book (sphinx-mathjax-offline), so the math renders on a
