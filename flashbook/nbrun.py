@@ -16,7 +16,7 @@ import sys
 import time
 
 
-def _outputs(cap, result) -> list[dict]:
+def _outputs(cap, result, formatter) -> list[dict]:
     outs = []
     if cap.stdout:
         outs.append({"output_type": "stream", "name": "stdout", "text": cap.stdout})
@@ -26,8 +26,9 @@ def _outputs(cap, result) -> list[dict]:
         outs.append({"output_type": "display_data", "data": o.data,
                      "metadata": o.metadata or {}})
     if result is not None and result.result is not None:
-        from IPython.core.formatters import DisplayFormatter
-        data, md = DisplayFormatter().format(result.result)
+        # The shell's formatter: it holds the PNG printer for figures (a fresh DisplayFormatter
+        # has none and stores a figure as its text repr only).
+        data, md = formatter.format(result.result)
         outs.append({"output_type": "execute_result", "data": data, "metadata": md,
                      "execution_count": result.execution_count})
     return outs
@@ -66,7 +67,7 @@ def run(path_in: str, path_out: str | None = None) -> int:
     from IPython.core.pylabtools import select_figure_formats
     shell = InteractiveShell.instance()
     shell.enable_gui = lambda gui=None: None              # `%matplotlib inline` needs no GUI
-    select_figure_formats(shell, {"png"})                 # figures display as PNG, as inline
+    select_figure_formats(shell, {"png"}, bbox_inches="tight")   # PNG, as inline
     shell.displayhook.write_output_prompt = lambda: None  # results go into the notebook only
     shell.displayhook.write_format_data = lambda *a, **k: None
     here = os.getcwd()
@@ -82,9 +83,15 @@ def run(path_in: str, path_out: str | None = None) -> int:
                 for num in plt.get_fignums():      # what %matplotlib inline would show
                     display(plt.figure(num))
                 plt.close("all")
-            cell["outputs"] = _outputs(cap, res)
+            cell["outputs"] = _outputs(cap, res, shell.display_formatter)
             cell["execution_count"] = n
             ok = res.success
+            lost = lost_figures(cell["outputs"]) if ok else []
+            if lost:
+                res.error_in_exec = RuntimeError(
+                    f"a figure was stored as text without an image ({lost[0]!r}): nbrun's PNG "
+                    f"formatter did not run")
+                ok = False
             print(f"cell {n}: {'ok' if ok else 'FAILED'} ({time.perf_counter() - t0:.1f} s)",
                   file=sys.stderr, flush=True)
             if not ok:
@@ -100,6 +107,19 @@ def run(path_in: str, path_out: str | None = None) -> int:
         with open(path_out, "w") as f:
             json.dump(nb, f, indent=1)
     return status
+
+
+def lost_figures(outputs: list[dict]) -> list[str]:
+    """The text reprs of matplotlib figures in ``outputs`` stored without an image: what a
+    runner without a PNG formatter leaves (the page then shows ``<Figure size ...>``)."""
+    lost = []
+    for o in outputs:
+        data = o.get("data", {})
+        text = data.get("text/plain", "")
+        text = "".join(text) if isinstance(text, list) else text
+        if text.startswith("<Figure size") and not any(k.startswith("image/") for k in data):
+            lost.append(text.strip())
+    return lost
 
 
 # --- without IPython ---------------------------------------------------------------------------

@@ -7,11 +7,16 @@
 //   rawtex  TeX source left on the page: a backslash in an equation's text (\_ inside \text{}),
 //           or TeX delimiters and macros in the prose outside code;
 //   code    <pre> blocks whose text is wider than the block (scrollWidth > clientWidth);
-//   tables  tables wider than the article or than the box that holds them.
+//   tables  tables wider than the article or than the box that holds them;
+//   towers  interval cells ("0.998 [0.994, 1.002]") wrapped to more than two lines;
+//   groups  multi-index tables whose group rows (a row header spanning rows) have no rule above;
+//   images  the number of images in cell outputs (compared with the notebook), broken_images;
+//   listings  per highlighted code block, the column at which each line's text starts on the
+//           screen (null for a blank line), compared with the source's indentation by the test.
 (function () {
   const SLACK = 2;   // px: glyph overhang and rounding
   function report() {
-    const out = {merror: [], math: [], rawtex: [], code: [], tables: []};
+    const out = {merror: [], math: [], rawtex: [], code: [], tables: [], towers: [], groups: []};
     const art = document.querySelector("article.bd-article") || document.querySelector("main")
       || document.body;
     const ar = art.getBoundingClientRect();
@@ -45,6 +50,45 @@
       const box = t.parentElement;
       const over = Math.max(r.right - ar.right, box.scrollWidth - box.clientWidth);
       if (over > SLACK) out.tables.push({over: Math.round(over), head: text(t).slice(0, 80)});
+    });
+    document.querySelectorAll("table td").forEach(td => {
+      if (!td.querySelector(".ci-part") && !/^\s*\S*\s*\[[^\]]*\]\s*$/.test(td.textContent)) return;
+      // The lines the cell's text takes (its row may be taller because of another cell).
+      const r = document.createRange();
+      r.selectNodeContents(td);
+      const tops = new Set(Array.from(r.getClientRects()).filter(c => c.width > 0).map(c => Math.round(c.top)));
+      if (tops.size > 2) out.towers.push({lines: tops.size, text: text(td)});
+    });
+    document.querySelectorAll("table tbody tr").forEach(tr => {
+      const head = Array.from(tr.children).find(c => c.tagName === "TH" && c.rowSpan > 1);
+      if (!head || !tr.previousElementSibling) return;
+      const ruled = Array.from(tr.children).every(c => parseFloat(getComputedStyle(c).borderTopWidth) >= 1);
+      if (!ruled) out.groups.push(text(head) + " | " + text(tr).slice(0, 60));
+    });
+    const imgs = art.querySelectorAll("div.cell_output img");
+    out.images = imgs.length;
+    out.broken_images = Array.from(imgs).filter(i => !(i.complete && i.naturalWidth > 0)).map(i => i.src.slice(-60));
+    out.listings = Array.from(document.querySelectorAll("div.highlight pre")).map(pre => {
+      const box = pre.getBoundingClientRect();
+      const cs = getComputedStyle(pre);
+      const left = box.left + pre.clientLeft + parseFloat(cs.paddingLeft) - pre.scrollLeft;
+      const lines = pre.querySelectorAll("span.line-wrap");
+      const starts = [];
+      (lines.length ? Array.from(lines) : [pre]).forEach(line => {
+        const w = document.createTreeWalker(line, NodeFilter.SHOW_TEXT);
+        for (let n = w.nextNode(); n; n = w.nextNode()) {
+          const i = n.textContent.search(/[^\s\u200b]/);
+          if (i < 0) continue;
+          const r = document.createRange();
+          r.setStart(n, i);
+          r.setEnd(n, i + 1);
+          const c = r.getBoundingClientRect();
+          starts.push(c.width > 0 ? Math.round((c.left - left) / c.width) : null);
+          return;
+        }
+        starts.push(null);
+      });
+      return starts;
     });
     out.page_height = document.documentElement.scrollHeight;
     out.mathjax = !!window.MathJax;

@@ -193,6 +193,41 @@ def _toc_pages() -> list[str]:
 
 
 @needs_chromium
+def test_render_probe_reads_listings_groups_and_intervals(tmp_path):
+    """The probe on a page made for it, with the book's own book.css and wrap-code.js in a narrow
+    column: an indented comment-only line and a deep continuation line that wrap keep their
+    source columns; a multi-index group gets its rule and an interval cell at most two lines.
+    The same table without book.css reports the group and the tower. (No book build needed.)"""
+    static = ROOT / "book" / "_static"
+    comment = "# Every row sees key 0, " + "and the comment goes on " * 4
+    listing = ("<span class='k'>for</span> j <span class='ow'>in</span> range(n):\n"
+               f"    x = 1            <span class='c1'># [TILE_M, TILE_N] {'shape ' * 8}</span>\n"
+               f"    <span class='c1'>{comment}</span>\n"
+               f"    y = f(a,\n{' ' * 20}b_long_argument_name_that_does_not_fit)\n")
+    table = ("<table><tbody><tr><th rowspan='2'>decode</th><td>no</td><td style='width:3em'>"
+             "0.84 [0.84, 0.84]</td></tr><tr><td>yes</td><td>1</td></tr>"
+             "<tr><th rowspan='2'>decode_paged64</th><td>no</td><td>2</td></tr>"
+             "<tr><td>yes</td><td>3</td></tr></tbody></table>")
+
+    def page(name, styled):
+        head = (f"<link rel='stylesheet' href='{(static / 'book.css').as_uri()}'>"
+                f"<script src='{(static / 'wrap-code.js').as_uri()}'></script>") if styled else ""
+        p = tmp_path / name
+        p.write_text(f"<html><head>{head}</head><body><main><article class='bd-article' "
+                     f"style='width:330px;font-family:monospace'>"
+                     f"<div class=\"highlight\"><pre>{listing}</pre></div>"
+                     f"<div style='width:160px'>{table}</div></article></main></body></html>",
+                     encoding="utf-8")
+        return p
+    styled = page("styled.html", True)
+    rep = render_report(styled)
+    assert listing_problems(styled, rep) == [], rep["listings"]
+    assert rep["groups"] == [] and rep["towers"] == [], rep
+    bare = render_report(page("bare.html", False))
+    assert len(bare["groups"]) == 1 and len(bare["towers"]) == 1, bare
+
+
+@needs_chromium
 @pytest.mark.parametrize("doc", _toc_pages())
 def test_math_renders_offline(build, doc):
     """MathJax is served from the built book (sphinx-mathjax-offline), so the math renders on a
@@ -223,7 +258,48 @@ RENDER_PROBLEMS = {
     "rawtex": "raw TeX on the page",
     "code": "code blocks wider than the column (the ends of lines hidden)",
     "tables": "tables wider than the page",
+    "towers": "interval cells wrapped into towers (more than two lines)",
+    "groups": "multi-index groups with no rule above them",
+    "broken_images": "images that did not load",
 }
+
+
+def source_listings(page: Path) -> list[list[int | None]]:
+    """The indentation (leading spaces; None for a blank line) of every line of every highlighted
+    code block of a built page, read from its HTML as written (before book/_static's scripts),
+    in the order ``document.querySelectorAll("div.highlight pre")`` finds them."""
+    import html as _html
+    out = []
+    for body in re.findall(r'<div class="highlight"><pre>(.*?)</pre>', page.read_text(encoding="utf-8"),
+                           re.S):
+        lines = _html.unescape(re.sub(r"<[^>]+>", "", body)).split("\n")
+        if lines and not lines[-1]:
+            lines.pop()
+        out.append([len(ln) - len(ln.lstrip(" ")) if ln.strip() else None for ln in lines])
+    return out
+
+
+def listing_problems(page: Path, report: dict) -> list[str]:
+    """Lines of the page's code blocks shown at another column than the source's indentation
+    (the render probe's ``listings``, measured on the screen, against ``source_listings``)."""
+    src, shown = source_listings(page), report.get("listings", [])
+    if len(src) != len(shown):
+        return [f"{len(src)} code blocks in the HTML, {len(shown)} on the screen"]
+    bad = []
+    for b, (want, got) in enumerate(zip(src, shown)):
+        if len(want) != len(got):
+            bad.append(f"block {b}: {len(want)} lines in the source, {len(got)} shown")
+            continue
+        bad += [f"block {b} line {i + 1}: indented {w}, shown at column {g}"
+                for i, (w, g) in enumerate(zip(want, got))
+                if w is not None and g is not None and w != g]     # None: not laid out (hidden)
+    return bad
+
+
+def page_notebook(doc: str) -> Path | None:
+    """The notebook a toc page is built from (None for a Markdown page)."""
+    nb = ROOT / f"{doc}.ipynb"
+    return nb if nb.exists() else None
 
 
 def render_report(page: Path, width: int = WIDTH) -> dict:
@@ -292,4 +368,28 @@ def test_page_fits_the_column(build, doc):
     assert page.exists(), page
     rep = render_report(page)
     problems = render_problems(rep)
+    problems += [f"listing {p}" for p in listing_problems(page, rep)[:12]]
+    nb = page_notebook(doc)
+    if nb is not None:
+        from test_figures import stored_images
+        want = stored_images(json.loads(nb.read_text(encoding="utf-8")))
+        if rep["images"] != want:
+            problems.append(f"{rep['images']} images on the page, the notebook stores {want}")
     assert not problems, f"{doc} does not fit the page:\n" + "\n".join(problems)
+
+
+# Chapters whose kernel listings the narrow-window check reads (issue 34, item 2).
+LISTING_PAGES = ["notebooks/03_first_kernel", "notebooks/11_backward", "notebooks/12_decoding",
+                 "book/final_kernel"]
+
+
+@needs_chromium
+@pytest.mark.parametrize("width", [1280, 900])
+@pytest.mark.parametrize("doc", LISTING_PAGES)
+def test_listings_keep_their_indentation(build, doc, width):
+    """Every line of a kernel listing starts at its source column on the screen, also where the
+    window is narrow and lines wrap (a wrapped line continues on a hanging indent)."""
+    page = HTML / f"{doc}.html"
+    assert page.exists(), page
+    bad = listing_problems(page, render_report(page, width))
+    assert not bad, f"{doc} at {width} px: lines off their indentation:\n  " + "\n  ".join(bad[:30])

@@ -58,6 +58,25 @@ def test_nbrun_executes_a_notebook_and_keeps_outputs(tmp_path):
     assert cells[3]["outputs"] == []
 
 
+def test_nbrun_stores_a_closed_figure_as_an_image(tmp_path):
+    """A chapter's figure cell closes its figure and ends with it (``plt.close(fig); fig``): the
+    result must be stored as a PNG, not as the text ``<Figure size ...>`` (issue 34: chapter
+    15 lost three figures so), also with MPLBACKEND=Agg."""
+    nbformat = pytest.importorskip("nbformat")
+    from flashbook.nbrun import lost_figures, run
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(
+        "import matplotlib.pyplot as plt\nfig, ax = plt.subplots()\nax.plot([1, 2])\n"
+        "plt.close(fig)\nfig")]
+    src, out = tmp_path / "in.ipynb", tmp_path / "out.ipynb"
+    nbformat.write(nb, src)
+    assert run(str(src), str(out)) == 0
+    (cell,) = [c for c in json.loads(out.read_text())["cells"] if c["cell_type"] == "code"]
+    assert "image/png" in cell["outputs"][-1]["data"]
+    assert lost_figures(cell["outputs"]) == []
+    assert lost_figures([{"data": {"text/plain": "<Figure size 640x480 with 1 Axes>"}}])
+
+
 def test_chapter_reexports_its_modules():
     import importlib
     page, helpers = (importlib.import_module(f"flashbook.chapter.{m}") for m in ("page", "helpers"))

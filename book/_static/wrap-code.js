@@ -3,7 +3,8 @@
 // start two columns right of the line's own indentation, so a wrapped shape comment reads as
 // part of its statement. A line that still wraps and ends in an aligned comment (the kernels'
 // shape comments, "# [TILE_M, TILE_N]") first loses its alignment spaces: two spaces before the
-// comment, so the comment stays whole beside its code. Highlighting is unchanged.
+// comment, so the comment stays whole beside its code; a comment alone on its line keeps its
+// indentation. Every line starts at its source column. Highlighting is unchanged.
 (function () {
   function wrapLines(pre) {
     if (pre.dataset.wrapped) return;
@@ -43,9 +44,33 @@
       if (!wraps(line, lineHeight)) return;
       const comment = Array.from(line.children).reverse().find(c => c.classList.contains("c1"));
       if (!comment) return;
+      // A comment alone on its line keeps its indentation: it belongs to the block it sits in
+      // (shortening it moved "# Every row sees key 0" out of its loop).
+      let code = "";
+      for (let n = line.firstChild; n && n !== comment; n = n.nextSibling) code += n.textContent;
+      if (!code.trim()) return;
       const before = comment.previousSibling;
       if (before && before.nodeType === Node.TEXT_NODE && / {3,}$/.test(before.textContent)) {
         before.textContent = before.textContent.replace(/ {3,}$/, "  ");
+      }
+    });
+  }
+
+  // A deeply indented line whose first word does not fit beside its indentation would start on
+  // the continuation line (two columns right of its source column): such a line may break
+  // inside words instead, so its text starts where the source has it.
+  function keepIndentation(pre) {
+    pre.querySelectorAll("span.line-wrap").forEach(line => {
+      const w = document.createTreeWalker(line, NodeFilter.SHOW_TEXT);
+      for (let n = w.nextNode(); n; n = w.nextNode()) {
+        const i = n.textContent.search(/[^\s\u200b]/);
+        if (i < 0) continue;
+        const r = document.createRange();
+        r.setStart(n, i);
+        r.setEnd(n, i + 1);
+        const first = r.getBoundingClientRect().top, top = line.getBoundingClientRect().top;
+        if (first - top > 2) line.style.wordBreak = "break-all";
+        return;
       }
     });
   }
@@ -68,6 +93,24 @@
     }
   }
 
+  // Interval cells: "0.998 [0.994, 1.002]" may break before the bracket only (class ci-part,
+  // nowrap in book.css), so a narrow column shows two lines, not a tower of three.
+  const INTERVAL = /^(\s*)([^\s\[]+\s+)?(\[[^\]\[]*\])(\s*)$/;
+  function keepIntervals(cell) {
+    if (cell.children.length) return;
+    const m = cell.textContent.match(INTERVAL);
+    if (!m) return;
+    cell.textContent = "";
+    const part = text => {
+      const s = document.createElement("span");
+      s.className = "ci-part";
+      s.textContent = text;
+      return s;
+    };
+    if (m[2]) cell.append(part(m[2].trimEnd()), " ");
+    cell.append(part(m[3]));
+  }
+
   // A table still a little wider than its box after that: smaller type, to no less than
   // TABLE_MIN_SCALE of the table size set in book.css. What still does not fit fails the render test.
   const TABLE_MIN_SCALE = 0.85;
@@ -82,12 +125,25 @@
   }
 
   function run() {
+    document.querySelectorAll("article table td").forEach(keepIntervals);
     document.querySelectorAll("article table th, article table td").forEach(breakIdentifiers);
     document.querySelectorAll("article table").forEach(shrinkTable);
     document.querySelectorAll("div.highlight pre").forEach(wrapLines);
     document.querySelectorAll("div.highlight pre").forEach(unalignComments);
+    document.querySelectorAll("div.highlight pre").forEach(keepIndentation);
     document.documentElement.dataset.codeWrapped = "1";
   }
+  // The window's width changes, or a hidden cell opens (a click on its toggle): measure again.
+  let again = null;
+  function remeasure() {
+    clearTimeout(again);
+    again = setTimeout(() => document.querySelectorAll("div.highlight pre").forEach(pre => {
+      pre.querySelectorAll("span.line-wrap").forEach(l => { l.style.wordBreak = ""; });
+      keepIndentation(pre);
+    }), 150);
+  }
+  window.addEventListener("resize", remeasure);
+  document.addEventListener("click", remeasure);
   if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", run);
   else run();
 })();

@@ -11,10 +11,11 @@ and the small helpers more than one chapter uses.
 Figures and tables are in ``flashbook.chapter.plots``.
 """
 from .helpers import below, fmt_value, table, tile_kinds, time_steps, verdict
-from .page import (DEFAULT_GPU, banner_text, glue, gpu_available, mode, mode_note, note_text,
+from .page import (DEFAULT_GPU, banner_text, glue, gpu_available, mode, mode_note, needs_gpu,
+                   note_text,
                    results, setup, show, source_line)
 
 __all__ = ["setup", "glue", "show", "mode", "results", "source_line", "banner_text",
            "mode_note", "note_text",
-           "gpu_available", "DEFAULT_GPU", "below", "tile_kinds", "time_steps", "table",
+           "gpu_available", "needs_gpu", "DEFAULT_GPU", "below", "tile_kinds", "time_steps", "table",
            "fmt_value", "verdict"]

@@ -34,6 +34,14 @@ def mode() -> str:
     return "live" if gpu_available() else "recorded"
 
 
+def needs_gpu(gpu: str = DEFAULT_GPU) -> None:
+    """What a live cell prints where no GPU runs cuTile (its ``else`` branch): that it needs one,
+    and where the page's numbers come from instead."""
+    line = (f"This cell needs a GPU that runs cuTile, and none was found here, so it measured "
+            f"nothing. The page's numbers are the recorded ones (results/{gpu}/).")
+    print(line)
+
+
 @functools.lru_cache(maxsize=None)
 def results(gpu: str = DEFAULT_GPU):
     """The recorded dataset (``flashbook.data.results.load``), loaded once per notebook."""
@@ -92,9 +100,28 @@ def setup(gpu: str = DEFAULT_GPU):
     plt.rcParams.update({"figure.dpi": 90, "savefig.dpi": 90, "figure.figsize": (7.5, 4.2),
                          "axes.spines.top": False, "axes.spines.right": False,
                          "axes.grid": True, "grid.alpha": 0.3})
+    _figures_as_png()
     from IPython.display import display
     display(mode_note(gpu))
     return results(gpu)
+
+
+def _figures_as_png() -> None:
+    """Make a figure shown in a cell an image in any IPython shell. Under ``MPLBACKEND=Agg`` a
+    Jupyter kernel has no PNG printer for figures and stores ``<Figure size ...>`` text only
+    (nbval compares text, so nothing notices); the inline backend's own printer is kept."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return
+    ip = get_ipython()
+    if ip is None:
+        return
+    from matplotlib.figure import Figure
+    png = ip.display_formatter.formatters["image/png"]
+    if Figure not in png.type_printers:
+        from IPython.core.pylabtools import select_figure_formats
+        select_figure_formats(ip, {"png"}, bbox_inches="tight")   # as inline
 
 
 def glue(name: str, value, spec: str | None = None, *, display: bool = False):

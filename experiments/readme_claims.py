@@ -1,0 +1,127 @@
+"""Recompute the README's FP8, backward-method, interpreter and build claims from the data:
+python experiments/readme_claims.py
+
+Each claim is the text README.md holds, computed here from ``results/h200`` and
+``experiments/data`` (``claims()``: name -> the phrase); tests/test_readme_claims.py checks that
+README.md still says each one. Issue 34 found five README sentences the data no longer said.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+AGREEMENT = ROOT / "experiments" / "data" / "36-interpreter-gpu" / "agreement.json"
+VARLEN_BWD = ROOT / "experiments" / "data" / "34-final" / "varlen_bwd.json"
+COMMON = "flashattn/kernels/common.py"
+
+
+def _r(lo: float, hi: float, places: int = 2) -> str:
+    return f"{lo:.{places}f}–{hi:.{places}f}×"
+
+
+def _lengths(ns) -> str:
+    """{1024, 2048} -> "1K–2K" (consecutive doublings as a range), {4096} -> "4K"."""
+    ns = sorted(ns)
+    k = [f"{n // 1024}K" for n in ns]
+    if len(ns) > 1 and all(b == 2 * a for a, b in zip(ns, ns[1:])):
+        return f"{k[0]}–{k[-1]}"
+    return ", ".join(k)
+
+
+def _sci(x: float) -> str:
+    """9.765625e-4 -> "9.8e-4 (2⁻¹⁰)": the value and the power of two it is."""
+    import math
+    sup = str.maketrans("0123456789", "⁰¹²³⁴⁵⁶⁷⁸⁹")
+    mant, exp = f"{x:.1e}".split("e")
+    return f"{mant}e{int(exp)} (2⁻{str(-round(math.log2(x))).translate(sup)})"
+
+
+def fp8_claims() -> dict[str, str]:
+    from flashbook.chapter import fp8
+    split = fp8.forward_split_table()["shipped (×)"]
+    b = fp8.bench()
+    fw = b[(b["part"] == "forward") & (b["D"] == 128)]
+    vt = fw[fw["impl"] == "fp8-vt"]["vs_fp16"]
+    host = fw[fw["impl"] == "fp8"]
+    behind = host[host["vs_fp16"] < 1]
+    full = {int(n) for n in behind[~behind["causal"].astype(bool)]["N"]}
+    causal_only = {int(n) for n in behind[behind["causal"].astype(bool)]["N"]} - full
+    dm = fp8.decode_v2_table(fp8.decode_v2(fp8.DECODE_MMA), variant="decode-fp8-mma")
+    big = dm[dm.index.get_level_values("B") >= 8]["× fp16 cache"]
+    one = dm.loc[1]["× fp16 cache"]
+    vk = fp8.decode_speed_table(b)["fp8 speed-up (×)"]
+    return {
+        "fp8 forward shipped (16K)": f"ran {_r(split.min(), split.max())} our fp16 kernel at 16K",
+        "fp8 forward, Vᵀ given (D=128)": f"read {_r(vt.min(), vt.max())} with Vᵀ given",
+        "fp8 forward, V transposed by the call": f"and {_r(host['vs_fp16'].min(), host['vs_fp16'].max())} when the call",
+        "fp8 forward behind at": f"behind the fp16 kernel at {_lengths(full)} and causal at "
+                                 f"{_lengths(causal_only)}",
+        "fp8 decode, V cache transposed, B ≥ 8": f"ran {_r(big.min(), big.max())} the fp16 cache's",
+        "fp8 decode, V cache transposed, B = 1": f"{_r(one.min(), one.max())} at B = 1",
+        "fp8 decode, V in K's layout": f"chip, {_r(vk.min(), vk.max())}",
+    }
+
+
+def backward_method() -> dict[str, str]:
+    """The sampling method of every timed backward row (the README's table)."""
+    from flashbook.data.schema import read_json
+    methods = set()
+    for p in sorted((ROOT / "results" / "h200" / "bench-backward").glob("*.json*")):
+        doc = read_json(str(p).removesuffix(".xz"))
+        methods |= {r.get("method") for r in doc["rows"] if r.get("median_ms") is not None}
+    assert len(methods) == 1, methods
+    return {"backward rows' method": f'`method: "{methods.pop()}"`'}
+
+
+def interpreter_claims() -> dict[str, str]:
+    rows = json.loads(AGREEMENT.read_text())["rows"]
+    bf = max(max(r["gpu_vs_interp"]) for r in rows if "bf16" in r["case"])
+    fp = max(max(r["gpu_vs_interp"]) for r in rows if "bf16" not in r["case"])
+    import re
+    src = (ROOT / "flashattn" / "dispatch.py").read_text()
+    cost = float(re.search(r"STEP_COST_S = ([\d.e-]+)", src).group(1))
+    measured = re.search(r"# (\d+\.\d+-\d+\.\d+) ms on a", src).group(1).replace("-", "–")
+    return {"interpreter step cost (measured)": f"costs {measured} ms",
+            "interpreter step cost (estimate)": f"at {cost * 1e3:g} ms a step",
+            "interpreter vs GPU, fp16": f"at most {_sci(fp)} in fp16",
+            "interpreter vs GPU, bf16": f"and {_sci(bf)} in bf16",
+            "interpreter vs GPU, cases": f"in the {len(rows)} cases compared"}
+
+
+def build_claims() -> dict[str, str]:
+    """When the forward, backward, decode and varlen data were recorded, and when their kernels'
+    shared math moved (the first commit of kernels/common.py)."""
+    from flashbook.data.schema import read_json
+    dates = set()
+    h200 = ROOT / "results" / "h200"
+    for sub in ("bench", "bench-backward", "decode"):
+        for p in (h200 / sub).glob("*.json*"):
+            dates.add(str(read_json(str(p).removesuffix(".xz"))["meta"]["date"])[:10])
+    dates.add(str(json.loads(VARLEN_BWD.read_text())["meta"]["date"])[:10])
+    moved = subprocess.run(["git", "log", "--diff-filter=A", "--format=%ad", "--date=short", "--",
+                            COMMON], cwd=ROOT, capture_output=True, text=True).stdout.split()
+    out = {"recorded on": f"were recorded on {' and '.join(sorted(dates))}."}
+    if moved:
+        out["common.py moved on"] = f"On {moved[-1]} those kernels"
+    return out
+
+
+def claims() -> dict[str, str]:
+    out = {}
+    for part in (fp8_claims, backward_method, interpreter_claims, build_claims):
+        out.update(part())
+    return out
+
+
+def main() -> int:
+    for name, text in claims().items():
+        print(f"{name:45s} {text!r}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(ROOT))
+    sys.exit(main())

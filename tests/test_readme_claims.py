@@ -1,0 +1,44 @@
+"""README.md's FP8, backward-method, interpreter and build claims are the data's
+(experiments/readme_claims.py recomputes each from results/ and experiments/data; issue 34
+found five README sentences the data no longer said). CPU only, a few seconds."""
+from __future__ import annotations
+
+import importlib.util
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _claims_module():
+    spec = importlib.util.spec_from_file_location("readme_claims",
+                                                  ROOT / "experiments" / "readme_claims.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _flat(text: str) -> str:
+    return re.sub(r"\s+", " ", text)
+
+
+CLAIMS = _claims_module().claims()
+
+
+@pytest.mark.parametrize("name", sorted(CLAIMS))
+def test_readme_says_what_the_data_say(name):
+    readme = _flat((ROOT / "README.md").read_text(encoding="utf-8"))
+    assert _flat(CLAIMS[name]) in readme, (
+        f"README.md no longer says {CLAIMS[name]!r} ({name}); the data give it "
+        f"(python experiments/readme_claims.py)")
+
+
+def test_readme_fp8_example_is_the_fast_path():
+    """The README's FP8 example passes V transposed (quantize_fp8(..., v_transposed=True) and
+    attention(..., v_transposed=True)), the path the recorded speed-ups describe."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert "quantize_fp8(v, v_transposed=True)" in readme
+    assert re.search(r"flashattn\.attention\(q8, k8, v8t,[^)]*v_transposed=True\)", readme, re.S)
+    assert "flashattn.attention(q8, k8, v8," not in readme
