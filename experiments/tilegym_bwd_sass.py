@@ -95,6 +95,8 @@ CASES = {
     "ours_dq_64x64": lambda: ours("bwd_dq", "64x64"),
     "ours_dq_64x64_occ2": lambda: ours("bwd_dq", "64x64 occ=2"),
     "ours_dq_64x64_nww8": lambda: ours("bwd_dq", "64x64 nww=8"),
+    "ours_dq_128x64_occ2": lambda: ours("bwd_dq", "128x64 occ=2"),
+    "ours_dkdv_64x128_occ2": lambda: ours("bwd_dkdv", "64x128 occ=2"),
     "tilegym_dkdv_64x64": lambda: tilegym("dkdv", 64, 64),
     "tilegym_dq_64x64": lambda: tilegym("dq", 64, 64),
 }
