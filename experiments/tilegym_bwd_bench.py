@@ -213,9 +213,10 @@ def main(argv=None) -> int:
                   f"  diff {errs.get(name)}", flush=True)
         del sets, calls, fns
         torch.cuda.empty_cache()
-    doc["meta"]["seconds"] = round(time.perf_counter() - t_all, 1)
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps(doc, indent=1))
+        # written after each length: a run cut by its time limit keeps what it measured
+        doc["meta"]["seconds"] = round(time.perf_counter() - t_all, 1)
+        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.out).write_text(json.dumps(doc, indent=1))
     print("wrote", a.out, f"({doc['meta']['seconds']} s)", flush=True)
     return 0
 
