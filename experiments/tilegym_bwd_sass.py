@@ -30,13 +30,17 @@ KEYS = ("HGMMA", "MUFU", "LDGSTS", "UTMALDG", "UBLKCP", "LDG", "STG", "LDS", "LD
         "BRA", "LDL", "STL")
 
 
-def ours(kernel: str, cfg_text: str, **kw):
+def ours(kernel: str, cfg_text: str, module: str | None = None, **kw):
+    """Our kernel (or, with ``module``, the same-signature variant from that module)."""
+    import dataclasses
+
     from flashattn.aot import compile_spec
     from flashattn.config import Config
     from flashattn.kernels import BWD, bwd_constants
     cfg = Config.parse(cfg_text)
     c = bwd_constants(kernel, cfg, head_dim=D, causal=True, even_k=True)
-    return compile_spec(BWD[kernel], ARCH, c, hints=cfg.hints(), label=cfg.label(),
+    spec = BWD[kernel] if module is None else dataclasses.replace(BWD[kernel], module=module)
+    return compile_spec(spec, ARCH, c, hints=cfg.hints(), label=cfg.label(),
                         keep_sass=True, **kw)
 
 
@@ -97,6 +101,10 @@ CASES = {
     "ours_dq_64x64_nww8": lambda: ours("bwd_dq", "64x64 nww=8"),
     "ours_dq_128x64_occ2": lambda: ours("bwd_dq", "128x64 occ=2"),
     "ours_dkdv_64x128_occ2": lambda: ours("bwd_dkdv", "64x128 occ=2"),
+    "split_dkdv_64x64_occ2": lambda: ours("bwd_dkdv", "64x64 occ=2", "bwd_split_variant"),
+    "split_dq_64x64_occ2": lambda: ours("bwd_dq", "64x64 occ=2", "bwd_split_variant"),
+    "split_dkdv_shipped": lambda: ours("bwd_dkdv", "64x128 nww=8", "bwd_split_variant"),
+    "split_dq_shipped": lambda: ours("bwd_dq", "128x64 nww=8", "bwd_split_variant"),
     "tilegym_dkdv_64x64": lambda: tilegym("dkdv", 64, 64),
     "tilegym_dq_64x64": lambda: tilegym("dq", 64, 64),
 }
