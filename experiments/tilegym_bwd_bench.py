@@ -26,20 +26,55 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))      # bwd_split_variant
 
-# (label, {kernel: Config string}): the shipped configuration first, the control after it.
+# (label, {kernel: Config string}, {kernel: function of experiments/bwd_split_variant.py}):
+# the shipped configuration first. The split dK/dV kernel gives its masked (diagonal) query
+# tiles their own loop; on sm_90 its SASS then overlaps the dP^T products with the
+# exponentials, as TileGym's does and the library's does not (tilegym_bwd_sass.py).
 VARIANTS = [
-    ("shipped", {}),
-    ("both 64x64 occ=2", {"bwd_dkdv": "64x64 occ=2", "bwd_dq": "64x64 occ=2"}),
-    ("dkdv 64x64 occ=2", {"bwd_dkdv": "64x64 occ=2"}),
-    ("dq 64x64 occ=2", {"bwd_dq": "64x64 occ=2"}),
+    ("shipped", {}, {}),
+    ("both 64x64 occ=2", {"bwd_dkdv": "64x64 occ=2", "bwd_dq": "64x64 occ=2"}, {}),
+    ("dkdv 64x64 occ=2", {"bwd_dkdv": "64x64 occ=2"}, {}),
+    ("split dkdv", {}, {"bwd_dkdv": "bwd_dkdv_kernel"}),
+    ("split dkdv, both 64x64 occ=2", {"bwd_dkdv": "64x64 occ=2", "bwd_dq": "64x64 occ=2"},
+     {"bwd_dkdv": "bwd_dkdv_kernel"}),
 ]
+VARIANT_MODULE = "bwd_split_variant"
 TILEGYM_TILES = {"dkdv": (64, 64), "dq": (64, 64)}     # its H200 pick (E38), occupancy=2
 
 
 def _configs(var):
     from flashattn.config import Config
     return {kname: Config.parse(c) for kname, c in var.items()}
+
+
+def variant_backward(q, k, v, out, do, lse, *, scale, configs, kernels, grads, causal=True):
+    """``attention_backward``'s launches with some kernels swapped for the same-signature
+    variants of ``bwd_split_variant`` (the library's host rules: grids, constants, hints)."""
+    import dataclasses
+
+    import torch
+    from flashattn.dispatch import launch_kernel
+    from flashattn.kernels import hinted
+    from flashattn.launch import arch_of
+    from flashattn.launch_bwd import attention_backward, backward_launches
+    if not kernels:
+        return attention_backward(q, k, v, out, do, lse, causal=causal, scale=scale,
+                                  grads=grads, configs=configs)
+    dq, dk, dv = grads
+    delta = torch.empty(lse.shape, dtype=torch.float32, device=q.device)
+    launches = backward_launches(q, k, v, out, do, lse, delta, dq, dk, dv, causal=causal,
+                                 scale=scale, input_pos=0, arch=arch_of(q.device),
+                                 configs=configs)
+    for x in launches:
+        spec = x.spec
+        if spec.name in kernels:
+            spec = dataclasses.replace(spec, module=VARIANT_MODULE,
+                                       function=kernels[spec.name])
+        launch_kernel(q.device, x.grid, hinted(spec.kernel(), x.hints), x.args,
+                      stream="current")
+    return dq, dk, dv
 
 
 def tilegym_backward():
@@ -70,27 +105,25 @@ def dry() -> int:
     import torch
 
     from flashattn import interpret, reference as R
-    from flashattn.launch_bwd import backward_launches
     B, H, N, D = 1, 2, 160, 64
     scale = 1 / math.sqrt(D)
     g = torch.Generator().manual_seed(0)
-    q, k, v, do = (torch.randn(B, H, N, D, generator=g).half() for _ in range(4))
+    # GQA 2:1 and N not a tile multiple: the group loop and the ragged last key tile
+    q, k, v, do = (torch.randn(B, h, N, D, generator=g).half() for h in (H, 1, 1, H))
     q64, k64, v64, do64 = (t.double() for t in (q, k, v, do))
     out = R.attention(q64, k64, v64, causal=True, scale=scale).half()
     lse = R.attention_lse(q64, k64, causal=True, scale=scale).float()
     want = R.attention_backward(q64, k64, v64, do64, causal=True, scale=scale)
     worst = 0.0
-    for label, var in VARIANTS:
-        dq, dk, dv = (torch.full_like(t, math.nan) for t in (q, k, v))
-        delta = torch.full(lse.shape, math.nan, dtype=torch.float32)
-        for x in backward_launches(q, k, v, out, do, lse, delta, dq, dk, dv, causal=True,
-                                   scale=scale, input_pos=0, arch="sm_90",
-                                   configs=_configs(var) or None, deterministic=True):
-            interpret.launch(x.grid, x.spec.kernel(), x.args)
-        err = max(float((torch.as_tensor(gg).double() - torch.as_tensor(w)).abs().max())
-                  for gg, w in zip((dq, dk, dv), want))
-        worst = max(worst, err)
-        print(f"dry {label:18s} max |grad - fp64 reference| = {err:.2e}", flush=True)
+    with interpret.enabled():
+        for label, var, kern in VARIANTS:
+            grads = tuple(torch.full_like(t, math.nan) for t in (q, k, v))
+            got = variant_backward(q, k, v, out, do, lse, scale=scale,
+                                   configs=_configs(var) or None, kernels=kern, grads=grads)
+            err = max(float((torch.as_tensor(gg).double() - torch.as_tensor(w)).abs().max())
+                      for gg, w in zip(got, want))
+            worst = max(worst, err)
+            print(f"dry {label:30s} max |grad - fp64 reference| = {err:.2e}", flush=True)
     try:
         tilegym_backward()
         print("dry tilegym: backward importable, tuned kernels built", flush=True)
@@ -132,7 +165,7 @@ def main(argv=None) -> int:
     doc = {"meta": metadata("python experiments/tilegym_bwd_bench.py " +
                             " ".join(argv or sys.argv[1:])),
            "workload": dict(B=B, H=H, D=D, dtype="float16", causal=causal),
-           "variants": dict(VARIANTS), "tilegym_tiles": TILEGYM_TILES, "runs": []}
+           "variants": {lab: dict(configs=v, kernels=kn) for lab, v, kn in VARIANTS}, "tilegym_tiles": TILEGYM_TILES, "runs": []}
     t_all = time.perf_counter()
     for N in (int(n) for n in a.seqlens.split(",")):
         sets = []
@@ -144,14 +177,15 @@ def main(argv=None) -> int:
                 out, lse = attention_forward(q, k, v, causal=causal, scale=scale)
             sets.append((q, k, v, do, out, lse))
         calls, errs, ref = {}, {}, None
-        for label, var in VARIANTS:
+        for label, var, kern in VARIANTS:
             cfgs = _configs(var) or None
             fs = []
             for q, k, v, do, out, lse in sets:
                 grads = tuple(torch.empty_like(t) for t in (q, k, v))
-                fs.append(lambda q=q, k=k, v=v, do=do, out=out, lse=lse, grads=grads, cfgs=cfgs:
-                          attention_backward(q, k, v, out, do, lse, causal=causal, scale=scale,
-                                             grads=grads, configs=cfgs))
+                fs.append(lambda q=q, k=k, v=v, do=do, out=out, lse=lse, grads=grads, cfgs=cfgs,
+                          kern=kern:
+                          variant_backward(q, k, v, out, do, lse, scale=scale, configs=cfgs,
+                                           kernels=kern, grads=grads, causal=causal))
             try:
                 got = fs[0]()
                 torch.cuda.synchronize()

@@ -30,7 +30,8 @@ KEYS = ("HGMMA", "MUFU", "LDGSTS", "UTMALDG", "UBLKCP", "LDG", "STG", "LDS", "LD
         "BRA", "LDL", "STL")
 
 
-def ours(kernel: str, cfg_text: str, module: str | None = None, **kw):
+def ours(kernel: str, cfg_text: str, module: str | None = None, function: str | None = None,
+         **kw):
     """Our kernel (or, with ``module``, the same-signature variant from that module)."""
     import dataclasses
 
@@ -39,7 +40,8 @@ def ours(kernel: str, cfg_text: str, module: str | None = None, **kw):
     from flashattn.kernels import BWD, bwd_constants
     cfg = Config.parse(cfg_text)
     c = bwd_constants(kernel, cfg, head_dim=D, causal=True, even_k=True)
-    spec = BWD[kernel] if module is None else dataclasses.replace(BWD[kernel], module=module)
+    spec = BWD[kernel] if module is None else dataclasses.replace(
+        BWD[kernel], module=module, function=function or BWD[kernel].function)
     return compile_spec(spec, ARCH, c, hints=cfg.hints(), label=cfg.label(),
                         keep_sass=True, **kw)
 
@@ -103,6 +105,12 @@ CASES = {
     "ours_dkdv_64x128_occ2": lambda: ours("bwd_dkdv", "64x128 occ=2"),
     "split_dkdv_64x64_occ2": lambda: ours("bwd_dkdv", "64x64 occ=2", "bwd_split_variant"),
     "split_dq_64x64_occ2": lambda: ours("bwd_dq", "64x64 occ=2", "bwd_split_variant"),
+    "vrow_dq_64x64_occ2": lambda: ours("bwd_dq", "64x64 occ=2", "bwd_split_variant",
+                                       "bwd_dq_vrow_kernel"),
+    "maskall_dq_64x64_occ2": lambda: ours("bwd_dq", "64x64 occ=2", "bwd_split_variant",
+                                          "bwd_dq_maskall_kernel"),
+    "maskall_dq_shipped": lambda: ours("bwd_dq", "128x64 nww=8", "bwd_split_variant",
+                                       "bwd_dq_maskall_kernel"),
     "split_dkdv_shipped": lambda: ours("bwd_dkdv", "64x128 nww=8", "bwd_split_variant"),
     "split_dq_shipped": lambda: ours("bwd_dq", "128x64 nww=8", "bwd_split_variant"),
     "tilegym_dkdv_64x64": lambda: tilegym("dkdv", 64, 64),
