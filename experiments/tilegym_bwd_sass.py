@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -30,6 +31,22 @@ KEYS = ("HGMMA", "MUFU", "LDGSTS", "UTMALDG", "UBLKCP", "LDG", "STG", "LDS", "LD
         "BRA", "LDL", "STL")
 
 
+SCHED = re.compile(r"(HGMMA\.[0-9x]+\.F32 R\d+|MUFU\.EX2|DEPBAR\.LE gsb0, 0x\d)")
+
+
+def schedule(text: str) -> str:
+    """The loop bodies' order of HGMMA groups (by accumulator register), wgmma waits and
+    exponentials, runs collapsed: "HGMMA.64x64x16.F32 R184 x8 | DEPBAR.LE gsb0, 0x0 x1 | ..."."""
+    runs = [[m, 1] for m in SCHED.findall(text)]
+    out = []
+    for r in runs:
+        if out and out[-1][0] == r[0]:
+            out[-1][1] += 1
+        else:
+            out.append(r)
+    return " | ".join(f"{op} x{n}" for op, n in out)
+
+
 def ours(kernel: str, cfg_text: str, module: str | None = None, function: str | None = None,
          **kw):
     """Our kernel (or, with ``module``, the same-signature variant from that module)."""
@@ -40,8 +57,10 @@ def ours(kernel: str, cfg_text: str, module: str | None = None, function: str | 
     from flashattn.kernels import BWD, bwd_constants
     cfg = Config.parse(cfg_text)
     c = bwd_constants(kernel, cfg, head_dim=D, causal=True, even_k=True)
+    # a variant gets its own name: the cubin cache's key holds the spec's name, not its function
     spec = BWD[kernel] if module is None else dataclasses.replace(
-        BWD[kernel], module=module, function=function or BWD[kernel].function)
+        BWD[kernel], name=f"{kernel}_{function or 'split'}", module=module,
+        function=function or BWD[kernel].function)
     return compile_spec(spec, ARCH, c, hints=cfg.hints(), label=cfg.label(),
                         keep_sass=True, **kw)
 
@@ -135,11 +154,12 @@ def main(argv=None) -> int:
         # opcode families (HGMMA.64x64x16.F32 counts as HGMMA: histogram keys are opcodes)
         row = dict(case=name, config=r.config, err=r.error[:300], reg=r.registers,
                    stack=r.stack_bytes, shared=r.shared_bytes, lines=r.sass_lines,
-                   hist=hist, s=round(time.perf_counter() - t0, 1))
+                   hist=hist, schedule=schedule(text), s=round(time.perf_counter() - t0, 1))
         rows[name] = row
         print(json.dumps({k: row[k] for k in ("case", "config", "reg", "stack", "shared",
                                               "lines", "s", "err")}), flush=True)
         print("   ", {k: hist.get(k, 0) for k in KEYS if hist.get(k)}, flush=True)
+        print("   ", row["schedule"][:400], flush=True)
         out.write_text(json.dumps(list(rows.values()), indent=1))
     return 0
 
