@@ -12,8 +12,8 @@ backward runs its own host code (``_fmha_backward``) with its tuning cache fille
 configuration its autotuner picked on the H200 (so no search runs), from our forward's output and
 LSE (converted to its base-2 units). The backward alone, as ``bench --backward``'s pass ``bwd``;
 ``timing.time_rounds`` (CUDA-graph batches, random order per round, idle start, L2 flushed).
-``--dry`` runs each of our variants once through the interpreter at a small shape against the
-fp64 reference and builds TileGym's tuned kernels, without a GPU. The verdict goes in
+``--dry`` runs each of our variants and TileGym's backward (its host code, its filled tune cache)
+once through the interpreter at a small shape against the fp64 reference, without a GPU. The verdict goes in
 experiments/LOG.md.
 """
 from __future__ import annotations
@@ -92,16 +92,18 @@ def tilegym_backward():
     def seed(q, k, causal):
         B, Hq, Nq, D = q.shape
         Hkv, Nk = k.shape[1], k.shape[2]
-        key = (B, Hq, Hkv, Nq, Nk, D, Hq // Hkv, causal, q.dtype, str(q.device))
+        # its two caches' keys (tilegym 1.5.1 _fmha_backward): dQ's has no kv-head count
+        keys = {"dkdv": (B, Hq, Hkv, Nq, Nk, D, Hq // Hkv, causal, q.dtype, str(q.device)),
+                "dq": (B, Hq, Nq, Nk, D, Hq // Hkv, causal, q.dtype, str(q.device))}
         for name, (tm, tn) in TILEGYM_TILES.items():
             cache = getattr(A, f"_fmha_bwd_{name}_tune_cache")
-            cache[key] = (SimpleNamespace(TILE_M=tm, TILE_N=tn), kernels[name])
+            cache[keys[name]] = (SimpleNamespace(TILE_M=tm, TILE_N=tn), kernels[name])
     return A._fmha_backward, seed
 
 
 def dry() -> int:
-    """CPU: every variant of ours through the interpreter at a small causal shape, checked
-    against the fp64 reference; TileGym's tuned kernels built (not run)."""
+    """CPU: every variant of ours and TileGym's backward through the interpreter at a small
+    causal shape, checked against the fp64 reference."""
     import torch
 
     from flashattn import interpret, reference as R
@@ -125,10 +127,29 @@ def dry() -> int:
             worst = max(worst, err)
             print(f"dry {label:30s} max |grad - fp64 reference| = {err:.2e}", flush=True)
     try:
-        tilegym_backward()
-        print("dry tilegym: backward importable, tuned kernels built", flush=True)
+        bwd, seed = tilegym_backward()
     except ImportError as e:
         print(f"dry tilegym: {e}", flush=True)
+    else:
+        # TileGym's host code as the GPU run calls it, its launches run by the interpreter
+        # (cuda.tile.launch and torch's current stream stood in for, then put back); a search
+        # would mean the filled tune cache was missed, so it is made to fail
+        from flashbook.measure import tilegym
+        A = tilegym._CACHE["mods"][0]
+        saved = A.ct.launch, A.torch.cuda.current_stream, A.exhaustive_search
+        A.ct.launch = lambda stream, grid, kernel, args: interpret.launch(grid, kernel, args)
+        A.torch.cuda.current_stream = lambda *a, **kw: None
+        A.exhaustive_search = None
+        try:
+            seed(q, k, True)
+            got = bwd(q, k, v, out, do, (lse / math.log(2)).contiguous(), scale, True)
+        finally:
+            A.ct.launch, A.torch.cuda.current_stream, A.exhaustive_search = saved
+        err = max(float((torch.as_tensor(gg).double() - torch.as_tensor(w)).abs().max())
+                  for gg, w in zip(got, want))
+        worst = max(worst, err)
+        print(f"dry {'tilegym (its tuned 64x64)':30s} max |grad - fp64 reference| = {err:.2e}",
+              flush=True)
     return 0 if worst < 2e-2 else 1
 
 
