@@ -1,19 +1,19 @@
-"""Our backward at TileGym's tiles: the shipped configuration, candidates, TileGym's backward and
-cuDNN's, in the same rounds (causal, B=4, H=32, D=128, fp16).
+"""Our backward at TileGym's tiles and with a split dK/dV loop: the shipped configuration, four
+candidates, TileGym's backward and cuDNN's, in the same rounds (causal, B=4, H=32, D=128, fp16).
 
     python experiments/tilegym_bwd_bench.py --out OUT.json            # the H200 (~2 min cold)
     python experiments/tilegym_bwd_bench.py --dry                     # CPU: the interpreter
 
 E38 measured NVIDIA TileGym's cuTile backward (tilegym 1.5.1) 1.07-1.10x faster than ours; its
 autotuner kept 64x64 tiles with its default occupancy=2 hint for both its dK/dV and dQ kernels.
-The candidates are ours at those tiles and that hint, for both kernels and for one at a time
-(``experiments/tilegym_bwd_sass.py``: the same register budget, 128, no spills). TileGym's
-backward runs its own host code (``_fmha_backward``) with its tuning cache filled with the
-configuration its autotuner picked on the H200 (so no search runs), from our forward's output and
-LSE (converted to its base-2 units). The backward alone, as ``bench --backward``'s pass ``bwd``;
-``timing.time_rounds`` (CUDA-graph batches, random order per round, idle start, L2 flushed).
-``--dry`` runs each of our variants and TileGym's backward (its host code, its filled tune cache)
-once through the interpreter at a small shape against the fp64 reference, without a GPU. The verdict goes in
+The candidates (``VARIANTS``) are ours at those tiles and that hint, and the dK/dV kernel of
+``bwd_split_variant.py`` (``experiments/tilegym_bwd_sass.py`` has the SASS behind both).
+TileGym's backward runs its own host code (``_fmha_backward``) with its tune caches filled with
+the configuration its autotuner picked on the H200 (so no search runs), from our forward's
+output and LSE (converted to its base-2 units). The backward alone, as ``bench --backward``'s
+pass ``bwd``; ``timing.time_rounds`` (CUDA-graph batches, random order per round, idle start,
+L2 flushed). ``--dry`` runs each of our variants and TileGym's backward once through the
+interpreter at a small shape against the fp64 reference, without a GPU. The verdict goes in
 experiments/LOG.md.
 """
 from __future__ import annotations
@@ -171,7 +171,6 @@ def main(argv=None) -> int:
     from flashattn import timing
     from flashattn.autograd import attention_forward
     from flashattn.env import metadata
-    from flashattn.launch_bwd import attention_backward
     from flashattn.stats import ratio_ci
     from flashbook.measure.workload import SAMPLE_MS
     B, H, D = 4, 32, 128
@@ -186,7 +185,8 @@ def main(argv=None) -> int:
     doc = {"meta": metadata("python experiments/tilegym_bwd_bench.py " +
                             " ".join(argv or sys.argv[1:])),
            "workload": dict(B=B, H=H, D=D, dtype="float16", causal=causal),
-           "variants": {lab: dict(configs=v, kernels=kn) for lab, v, kn in VARIANTS}, "tilegym_tiles": TILEGYM_TILES, "runs": []}
+           "variants": {lab: dict(configs=v, kernels=kn) for lab, v, kn in VARIANTS},
+           "tilegym_tiles": TILEGYM_TILES, "runs": []}
     t_all = time.perf_counter()
     for N in (int(n) for n in a.seqlens.split(",")):
         sets = []
