@@ -159,3 +159,17 @@ def test_tile_grid_compiles_one_kernel(tmp_path):
     assert g.registers.iloc[0] > 0 and g.sass_HGMMA.iloc[0] > 0
     recorded = results.load("h200").tile_grid.set_index(["arch", "step", "TILE_M", "TILE_N"])
     assert g.registers.iloc[0] == recorded.loc[("sm_90", "baseline", 64, 64), "registers"]
+
+
+def test_tilegym_bwd_bench_dry_on_the_interpreter(capsys):
+    # The GPU comparison's CPU path: each of our backward variants (and TileGym's backward, where
+    # tilegym is installed) through the interpreter against the fp64 reference.
+    bench = _script("tilegym_bwd_bench")
+    assert bench.main(["--dry"]) == 0
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if "fp64 reference" in ln]
+    assert len(lines) >= len(bench.VARIANTS)
+    # the split variant is its own kernel, not the library's under another name
+    import dataclasses
+    from flashattn.kernels import BWD
+    split = dataclasses.replace(BWD["bwd_dkdv"], module=bench.VARIANT_MODULE)
+    assert split.kernel() is not BWD["bwd_dkdv"].kernel()
