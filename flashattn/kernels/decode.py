@@ -139,9 +139,13 @@ def decode_split_kernel(Q, K, V, BlockTable, SeqLens, KDescale, VDescale, Opart,
     num_kv_heads = K.shape[1]
     batch_idx = bh // num_kv_heads
     kv_head = bh % num_kv_heads
-    scale = qk_scale * INV_LOG_2                                     # softmax in base 2
     if KV_FP8:
-        scale = scale * ct.gather(KDescale, (batch_idx, kv_head), padding_value=1.0).item()
+        k_ds = ct.gather(KDescale, (batch_idx, kv_head), padding_value=1.0).item()
+        v_scale = ct.gather(VDescale, (batch_idx, kv_head), padding_value=1.0).item()
+        scale = qk_scale * INV_LOG_2 * k_ds                          # base 2, K dequantised
+    else:
+        v_scale = qk_scale                                           # unused (SCALE_V off)
+        scale = qk_scale * INV_LOG_2                                 # softmax in base 2
 
     page_size = K.shape[2]
     seqlen, bad = sequence_length(SeqLens, BlockTable, batch_idx, page_size, PAGED)
@@ -189,9 +193,6 @@ def decode_split_kernel(Q, K, V, BlockTable, SeqLens, KDescale, VDescale, Opart,
                                       bid_m, n0 + TILE_N > mask_from, TILE_M, TILE_N, TILE_D,
                                       KV_FP8, V_TRANSPOSED, SLICE_D, P_SHIFT)
 
-    v_scale = scale
-    if KV_FP8:
-        v_scale = ct.gather(VDescale, (batch_idx, kv_head), padding_value=1.0).item()
     o, lse = finalize(acc, m_i, l_i, bad, v_scale, TILE_M, TILE_D, KV_FP8, P_SHIFT)
     store_split(Out, Opart, Lse, o, lse, batch_idx, kv_head, split, bh, bid_m, TILE_M, TILE_D,
                 FINAL)
