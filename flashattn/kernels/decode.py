@@ -48,9 +48,10 @@ import math
 
 import cuda.tile as ct
 
-from .common import INV_LOG_2, ConstBool, ConstInt, mask_scores, merge_lse, online_softmax_update
-from .splitkv import (finalize, merge_splits, page_of, query_positions, sequence_length,
-                      split_tiles, store_split)
+from flashattn.kernels.common import (INV_LOG_2, ConstBool, ConstInt, mask_scores, merge_lse,
+                                     online_softmax_update)
+from flashattn.kernels.splitkv import (finalize, merge_splits, page_of, query_positions,
+                                      sequence_length, split_tiles, store_split)
 
 # q rows are scaled so their largest |value| lands here (V_TRANSPOSED): e4m3's largest finite
 # value (e5m2 holds it too, with the same relative spacing of its values).
