@@ -403,7 +403,7 @@ def test_host_launches_compute_decode_attention(emulated_gpu, B, Hq, Hkv, Nq, D,
     c = decode_split_constants(rows=rows, head_dim=D, page_size=32 if paged else None,
                                arch="sm_90", final=final)
     assert split.args[-len(DECODE_SPLIT.constants):] == [c[n] for n in DECODE_SPLIT.constants]
-    assert split.args[8] == pytest.approx(1 / math.sqrt(D)) and split.args[9] == Nq
+    assert split.args[10] == pytest.approx(1 / math.sqrt(D)) and split.args[11] == Nq
     if splits is not None:
         assert split.grid[1] == splits
     assert split.grid == (-(-rows // c["TILE_M"]), split.grid[1], B * Hkv)
