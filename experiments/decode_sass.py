@@ -1,6 +1,7 @@
 """The decode kernels compiled ahead of time (tileiras, no GPU), before and after a refactor.
 
     python experiments/decode_sass.py save experiments/data/decode-equivalence/sass-before.json
+    python experiments/decode_sass.py save OUT.json "fp8_vt"       # only the keys matching
     python experiments/decode_sass.py diff experiments/data/decode-equivalence/sass-before.json \
         experiments/data/decode-equivalence/sass-after.json
 
@@ -86,9 +87,12 @@ def _key(case):
             f"{' final' if case['final'] else ''}")
 
 
-def save(path):
+def save(path, only=None):
+    """Compile every case (``only``: those whose key matches this regex) and write the rows."""
     rows = {}
     for case in _cases():
+        if only and not re.search(only, _key(case)):
+            continue
         spec, consts, hints, dtype = _resolve(case)
         r = compile_spec(spec, case["arch"], consts, hints=hints, dtype=dtype, align=16,
                          label=_key(case), keep_sass=True)
@@ -108,7 +112,9 @@ def save(path):
 
 
 def diff(a_path, b_path):
+    """One line per case of ``b_path`` (every case of ``a_path`` without ``b_path``'s only)."""
     a, b = json.load(open(a_path)), json.load(open(b_path))
+    a = {k: v for k, v in a.items() if k in b}
     print(f"{'case':45}{'regs':>10}{'stack':>10}{'smem':>14}{'sass':>12}  opcodes that differ")
     for key in a:
         x, y = a[key], b.get(key)
@@ -125,6 +131,6 @@ def diff(a_path, b_path):
 
 if __name__ == "__main__":
     if sys.argv[1] == "save":
-        save(sys.argv[2])
+        save(sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else None)
     else:
         diff(sys.argv[2], sys.argv[3])

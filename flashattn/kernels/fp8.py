@@ -36,8 +36,7 @@ import math
 
 import cuda.tile as ct
 
-from .common import (INV_LOG_2, ConstBool, ConstInt, key_tile_range, mask_scores,
-                     online_softmax_update)
+from .common import INV_LOG_2, ConstBool, ConstInt, key_tile_range, online_softmax_update
 
 
 def _scores(q, K, batch_idx, kv_head, j, TILE_M: ConstInt, TILE_N: ConstInt,
