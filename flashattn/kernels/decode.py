@@ -86,6 +86,21 @@ def _scores(Q, K, q, page, kv_head, tile_in_page, batch_idx, bid_m, TILE_M: Cons
     return qk
 
 
+def _values(Q, V, page, kv_head, tile_in_page, TILE_N: ConstInt, TILE_D: ConstInt,
+            KV_FP8: ConstBool, V_TRANSPOSED: ConstBool):
+    """V of one key tile, [TILE_N, TILE_D]: fp8 as stored with V_TRANSPOSED (read from its
+    (D, S) memory, the key axis contiguous), widened to q's dtype with KV_FP8 alone."""
+    if V_TRANSPOSED:
+        v = ct.load(V, index=(page, kv_head, tile_in_page, 0), shape=(1, 1, TILE_N, TILE_D),
+                    order=(0, 1, 3, 2), padding_mode=ct.PaddingMode.ZERO)
+        return v.reshape((TILE_N, TILE_D))
+    v = ct.load(V, index=(page, kv_head, tile_in_page, 0), shape=(1, 1, TILE_N, TILE_D),
+                padding_mode=ct.PaddingMode.ZERO).reshape((TILE_N, TILE_D))
+    if KV_FP8:
+        v = v.astype(Q.dtype)
+    return v
+
+
 def _key_tile(Q, K, V, q, scale, m_i, l_i, acc, page, kv_head, tile_in_page, n0, seqlen, q_pos,
               offs_n_tile, batch_idx, bid_m, masked, TILE_M: ConstInt, TILE_N: ConstInt,
               TILE_D: ConstInt, KV_FP8: ConstBool, V_TRANSPOSED: ConstBool, SLICE_D: ConstInt,
@@ -93,31 +108,52 @@ def _key_tile(Q, K, V, q, scale, m_i, l_i, acc, page, kv_head, tile_in_page, n0,
     """One key tile of the online softmax: (m_i, l_i, acc) updated. ``masked``: the tile holds
     keys past a query's position or past seqlen (slots that may hold anything, NaN included:
     the mask selects and those V rows are zeroed, so 0 * garbage cannot reach P V)."""
+    if not KV_FP8:
+        v = _values(Q, V, page, kv_head, tile_in_page, TILE_N, TILE_D, KV_FP8, V_TRANSPOSED)
     qk = _scores(Q, K, q, page, kv_head, tile_in_page, batch_idx, bid_m, TILE_M, TILE_N, TILE_D,
                  KV_FP8, V_TRANSPOSED, SLICE_D)
     if masked:
         qk = mask_scores(qk, q_pos, (n0 + offs_n_tile)[None, :], seqlen, True, True)
+        if not KV_FP8:
+            v = ct.where((n0 + offs_n_tile)[:, None] < seqlen, v, 0.0)
     # GUARD: a row may see no key of this split yet; P_SHIFT: P in fp8's range.
     p, m_i, l_i, acc = online_softmax_update(qk, m_i, l_i, acc, scale, True, V_TRANSPOSED,
                                              P_SHIFT)
-    # V after the softmax: its tile is not live beside K's.
-    if V_TRANSPOSED:
-        v = ct.load(V, index=(page, kv_head, tile_in_page, 0), shape=(1, 1, TILE_N, TILE_D),
-                    order=(0, 1, 3, 2), padding_mode=ct.PaddingMode.ZERO)
-        v = v.reshape((TILE_N, TILE_D))                              # [TILE_N, TILE_D] fp8
-        if masked:
-            v = ct.where((n0 + offs_n_tile)[:, None] < seqlen, v, 0.0).astype(V.dtype)
-        acc = ct.mma(p.astype(V.dtype), v, acc, use_fast_acc=True)
-    else:
-        v = ct.load(V, index=(page, kv_head, tile_in_page, 0), shape=(1, 1, TILE_N, TILE_D),
-                    padding_mode=ct.PaddingMode.ZERO)
-        v = v.reshape((TILE_N, TILE_D))                              # [TILE_N, TILE_D]
-        if KV_FP8:
-            v = v.astype(Q.dtype)
+    if KV_FP8:
+        # fp8: V after the softmax, its widened tile not live beside K's.
+        v = _values(Q, V, page, kv_head, tile_in_page, TILE_N, TILE_D, KV_FP8, V_TRANSPOSED)
         if masked:
             v = ct.where((n0 + offs_n_tile)[:, None] < seqlen, v, 0.0)
+            if V_TRANSPOSED:
+                v = v.astype(V.dtype)                                # fp8 again for the MMA
+    if V_TRANSPOSED:
+        acc = ct.mma(p.astype(V.dtype), v, acc, use_fast_acc=True)
+    else:
         acc = ct.mma(p.astype(Q.dtype), v, acc)                      # O += P V
     return m_i, l_i, acc
+
+
+def _key_tiles(Q, K, V, BlockTable, q, scale, m_i, l_i, acc, bad, t_start, t_end, mask_from,
+               seqlen, q_pos, offs_n_tile, batch_idx, kv_head, bid_m, page_size, num_pages,
+               MASK: ConstInt,
+               TILE_M: ConstInt, TILE_N: ConstInt, TILE_D: ConstInt, PAGED: ConstBool,
+               KV_FP8: ConstBool, V_TRANSPOSED: ConstBool, SLICE_D: ConstInt,
+               P_SHIFT: ConstInt):
+    """Key tiles ``t_start .. t_end - 1`` of the online softmax: (m_i, l_i, acc, bad). MASK: 0
+    no tile needs the mask, 1 every tile does, 2 the tiles reaching ``mask_from``."""
+    for t in range(t_start, t_end):
+        n0 = t * TILE_N                                              # first key of the tile
+        page, tile_in_page, bad = page_of(BlockTable, batch_idx, t, bad, page_size, num_pages,
+                                          TILE_N, PAGED)
+        if MASK == 2:
+            masked = n0 + TILE_N > mask_from
+        else:
+            masked = MASK == 1
+        m_i, l_i, acc = _key_tile(Q, K, V, q, scale, m_i, l_i, acc, page, kv_head, tile_in_page,
+                                  n0, seqlen, q_pos, offs_n_tile, batch_idx, bid_m, masked,
+                                  TILE_M, TILE_N, TILE_D, KV_FP8, V_TRANSPOSED, SLICE_D,
+                                  P_SHIFT)
+    return m_i, l_i, acc, bad
 
 
 @ct.kernel
@@ -170,29 +206,22 @@ def decode_split_kernel(Q, K, V, BlockTable, SeqLens, KDescale, VDescale, Opart,
         # The unmasked tiles first, then the masked: a mask under an ``if`` in one loop made
         # the compiler route every V tile through registers.
         t_mid = min(max(t_start, max(mask_from, 0) // TILE_N), t_end)
-        for t in range(t_start, t_mid):
-            page, tile_in_page, bad = page_of(BlockTable, batch_idx, t, bad, page_size,
-                                              num_pages, TILE_N, PAGED)
-            m_i, l_i, acc = _key_tile(Q, K, V, q8, row_scale, m_i, l_i, acc, page, kv_head,
-                                      tile_in_page, t * TILE_N, seqlen, q_pos, offs_n_tile,
-                                      batch_idx, bid_m, False, TILE_M, TILE_N, TILE_D, KV_FP8,
-                                      V_TRANSPOSED, SLICE_D, P_SHIFT)
-        for t in range(t_mid, t_end):
-            page, tile_in_page, bad = page_of(BlockTable, batch_idx, t, bad, page_size,
-                                              num_pages, TILE_N, PAGED)
-            m_i, l_i, acc = _key_tile(Q, K, V, q8, row_scale, m_i, l_i, acc, page, kv_head,
-                                      tile_in_page, t * TILE_N, seqlen, q_pos, offs_n_tile,
-                                      batch_idx, bid_m, True, TILE_M, TILE_N, TILE_D, KV_FP8,
-                                      V_TRANSPOSED, SLICE_D, P_SHIFT)
+        m_i, l_i, acc, bad = _key_tiles(Q, K, V, BlockTable, q8, row_scale, m_i, l_i, acc, bad,
+                                        t_start, t_mid, mask_from, seqlen, q_pos, offs_n_tile,
+                                        batch_idx, kv_head, bid_m, page_size, num_pages, 0,
+                                        TILE_M, TILE_N, TILE_D, PAGED, KV_FP8, V_TRANSPOSED,
+                                        SLICE_D, P_SHIFT)
+        m_i, l_i, acc, bad = _key_tiles(Q, K, V, BlockTable, q8, row_scale, m_i, l_i, acc, bad,
+                                        t_mid, t_end, mask_from, seqlen, q_pos, offs_n_tile,
+                                        batch_idx, kv_head, bid_m, page_size, num_pages, 1,
+                                        TILE_M, TILE_N, TILE_D, PAGED, KV_FP8, V_TRANSPOSED,
+                                        SLICE_D, P_SHIFT)
     else:
-        for t in range(t_start, t_end):
-            page, tile_in_page, bad = page_of(BlockTable, batch_idx, t, bad, page_size,
-                                              num_pages, TILE_N, PAGED)
-            n0 = t * TILE_N                                          # first key of the tile
-            m_i, l_i, acc = _key_tile(Q, K, V, q, scale, m_i, l_i, acc, page, kv_head,
-                                      tile_in_page, n0, seqlen, q_pos, offs_n_tile, batch_idx,
-                                      bid_m, n0 + TILE_N > mask_from, TILE_M, TILE_N, TILE_D,
-                                      KV_FP8, V_TRANSPOSED, SLICE_D, P_SHIFT)
+        m_i, l_i, acc, bad = _key_tiles(Q, K, V, BlockTable, q, scale, m_i, l_i, acc, bad,
+                                        t_start, t_end, mask_from, seqlen, q_pos, offs_n_tile,
+                                        batch_idx, kv_head, bid_m, page_size, num_pages, 2,
+                                        TILE_M, TILE_N, TILE_D, PAGED, KV_FP8, V_TRANSPOSED,
+                                        SLICE_D, P_SHIFT)
 
     o, lse = finalize(acc, m_i, l_i, bad, v_scale, TILE_M, TILE_D, KV_FP8, P_SHIFT)
     store_split(Out, Opart, Lse, o, lse, batch_idx, kv_head, split, bh, bid_m, TILE_M, TILE_D,
