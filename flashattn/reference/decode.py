@@ -12,6 +12,9 @@ The references of ``flashattn.decode`` and of its kernels:
                                                  each kernel on its own arguments and grid
     decode_reference_fp8(...)                      fp32 attention of dequantised fp8 caches
     emulate_decode_fp8mma(...)                     the FP8-MMA path (V transposed) in torch
+
+(One module for every decode path's reference, 16-bit and fp8, so a change to the algorithm has
+one place to be mirrored: hence its length.)
     gather_cache(cache, block_table, seqlen, b)    a sequence's keys (or values) out of the cache
 
 Shapes (``Hq = G * Hkv``; query head ``h`` reads key/value head ``h // G``)::
