@@ -88,7 +88,8 @@ def decode_split_spec(cache: str | None = None) -> KernelSpec:
     arrays = tuple(dataclasses.replace(a, dtype=cache) if a.name in ("K", "V") else a
                    for a in DECODE_SPLIT.arrays)
     # A name per dtype: aot's cubin cache is keyed by the spec's name.
-    name = "decode_split_fp8" + ("" if cache == "float8_e4m3fn" else "_e5m2")
+    name = {"float8_e4m3fn": "decode_split_fp8", "float8_e5m2": "decode_split_fp8_e5m2"}.get(
+        cache, f"decode_split_{cache}")
     return dataclasses.replace(DECODE_SPLIT, name=name, arrays=arrays)
 
 
