@@ -61,31 +61,18 @@ from flashattn.kernels.splitkv import (finalize, merge_splits, page_of, query_po
 Q8_MAX = 448.0
 
 
-def _scores(Q, K, q, page, kv_head, tile_in_page, batch_idx, bid_m, TILE_M: ConstInt,
-            TILE_N: ConstInt, TILE_D: ConstInt, KV_FP8: ConstBool, V_TRANSPOSED: ConstBool,
-            SLICE_D: ConstInt):
-    """S = Q K^T of one key tile, [TILE_M, TILE_N] fp32; K read (D, TILE_N) from its (S, D)
-    memory, K-major."""
+def _sliced_scores(Q, K, page, kv_head, tile_in_page, batch_idx, bid_m, TILE_M: ConstInt,
+                   TILE_N: ConstInt, TILE_D: ConstInt, SLICE_D: ConstInt):
+    """S = Q K^T of one fp8 key tile widened in head-dim slices of SLICE_D (a widened K tile of
+    the whole head dim spills at D=256), [TILE_M, TILE_N] fp32."""
     qk = ct.full((TILE_M, TILE_N), 0.0, dtype=ct.float32)
-    if SLICE_D == TILE_D:
-        k = ct.load(K, index=(page, kv_head, 0, tile_in_page), shape=(1, 1, TILE_D, TILE_N),
+    for c in range(TILE_D // SLICE_D):
+        k = ct.load(K, index=(page, kv_head, c, tile_in_page), shape=(1, 1, SLICE_D, TILE_N),
                     order=(0, 1, 3, 2), padding_mode=ct.PaddingMode.ZERO)
-        k = k.reshape((TILE_D, TILE_N))                              # [TILE_D, TILE_N]
-        if V_TRANSPOSED:
-            qk = ct.mma(q, k, qk, use_fast_acc=True)                 # fp8 x fp8
-        elif KV_FP8:
-            qk = ct.mma(q, k.astype(Q.dtype), qk)                    # widened on chip
-        else:
-            qk = ct.mma(q, k, qk)
-    else:
-        # A widened K tile of the whole head dim spills at D=256: slices of SLICE_D.
-        for c in range(TILE_D // SLICE_D):
-            k = ct.load(K, index=(page, kv_head, c, tile_in_page), shape=(1, 1, SLICE_D, TILE_N),
-                        order=(0, 1, 3, 2), padding_mode=ct.PaddingMode.ZERO)
-            k = k.reshape((SLICE_D, TILE_N)).astype(Q.dtype)         # [SLICE_D, TILE_N]
-            qc = ct.load(Q, index=(batch_idx, kv_head, bid_m, c), shape=(1, 1, TILE_M, SLICE_D),
-                         padding_mode=ct.PaddingMode.ZERO).reshape((TILE_M, SLICE_D))
-            qk = ct.mma(qc, k, qk)                                   # S += Q_c K_c^T
+        k = k.reshape((SLICE_D, TILE_N)).astype(Q.dtype)             # [SLICE_D, TILE_N]
+        qc = ct.load(Q, index=(batch_idx, kv_head, bid_m, c), shape=(1, 1, TILE_M, SLICE_D),
+                     padding_mode=ct.PaddingMode.ZERO).reshape((TILE_M, SLICE_D))
+        qk = ct.mma(qc, k, qk)                                       # S += Q_c K_c^T
     return qk
 
 
@@ -108,13 +95,27 @@ def _key_tile(Q, K, V, q, scale, m_i, l_i, acc, page, kv_head, tile_in_page, n0,
               offs_n_tile, batch_idx, bid_m, masked, TILE_M: ConstInt, TILE_N: ConstInt,
               TILE_D: ConstInt, KV_FP8: ConstBool, V_TRANSPOSED: ConstBool, SLICE_D: ConstInt,
               P_SHIFT: ConstInt):
-    """One key tile of the online softmax: (m_i, l_i, acc) updated. ``masked``: the tile holds
+    """One key tile of the online softmax: (m_i, l_i, acc) updated; a 16-bit V is loaded beside
+    K, an fp8 one after the softmax (its tile not live beside K's). ``masked``: the tile holds
     keys past a query's position or past seqlen (slots that may hold anything, NaN included:
     the mask selects and those V rows are zeroed, so 0 * garbage cannot reach P V)."""
-    if not KV_FP8:
-        v = _values(Q, V, page, kv_head, tile_in_page, TILE_N, TILE_D, KV_FP8, V_TRANSPOSED)
-    qk = _scores(Q, K, q, page, kv_head, tile_in_page, batch_idx, bid_m, TILE_M, TILE_N, TILE_D,
-                 KV_FP8, V_TRANSPOSED, SLICE_D)
+    if SLICE_D == TILE_D:
+        # S = Q K^T, K read (D, TILE_N) from its (S, D) memory: K-major.
+        qk = ct.full((TILE_M, TILE_N), 0.0, dtype=ct.float32)
+        k = ct.load(K, index=(page, kv_head, 0, tile_in_page), shape=(1, 1, TILE_D, TILE_N),
+                    order=(0, 1, 3, 2), padding_mode=ct.PaddingMode.ZERO)
+        k = k.reshape((TILE_D, TILE_N))                              # [TILE_D, TILE_N]
+        if not KV_FP8:
+            v = _values(Q, V, page, kv_head, tile_in_page, TILE_N, TILE_D, KV_FP8, V_TRANSPOSED)
+        if V_TRANSPOSED:
+            qk = ct.mma(q, k, qk, use_fast_acc=True)                 # fp8 x fp8
+        elif KV_FP8:
+            qk = ct.mma(q, k.astype(Q.dtype), qk)                    # widened on chip
+        else:
+            qk = ct.mma(q, k, qk)
+    else:
+        qk = _sliced_scores(Q, K, page, kv_head, tile_in_page, batch_idx, bid_m, TILE_M, TILE_N,
+                            TILE_D, SLICE_D)
     if masked:
         qk = mask_scores(qk, q_pos, (n0 + offs_n_tile)[None, :], seqlen, True, True)
         if not KV_FP8:
@@ -123,7 +124,6 @@ def _key_tile(Q, K, V, q, scale, m_i, l_i, acc, page, kv_head, tile_in_page, n0,
     p, m_i, l_i, acc = online_softmax_update(qk, m_i, l_i, acc, scale, True, V_TRANSPOSED,
                                              P_SHIFT)
     if KV_FP8:
-        # fp8: V after the softmax, its widened tile not live beside K's.
         v = _values(Q, V, page, kv_head, tile_in_page, TILE_N, TILE_D, KV_FP8, V_TRANSPOSED)
         if masked:
             v = ct.where((n0 + offs_n_tile)[:, None] < seqlen, v, 0.0)
