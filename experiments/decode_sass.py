@@ -2,8 +2,8 @@
 
     python experiments/decode_sass.py save experiments/data/decode-equivalence/sass-before.json
     python experiments/decode_sass.py save OUT.json "fp8_vt"       # only the keys matching
-    python experiments/decode_sass.py diff experiments/data/decode-equivalence/sass-before.json \
-        experiments/data/decode-equivalence/sass-after.json
+    python experiments/decode_sass.py diff experiments/data/decode-equivalence/sass-before.json.xz \
+        experiments/data/decode-equivalence/sass-after.json.xz
 
 One row per (arch, path, D, cache layout, one split or not): registers, stack (spill) bytes,
 shared memory and SASS instruction lines, and the count of each opcode. The paths are those of
@@ -111,9 +111,17 @@ def save(path, only=None):
         json.dump(rows, f, indent=1, sort_keys=True)
 
 
+def _read(path):
+    """A saved table, plain or xz-compressed (``.json.xz``)."""
+    import lzma
+    opener = lzma.open if str(path).endswith(".xz") else open
+    with opener(path, "rt") as f:
+        return json.load(f)
+
+
 def diff(a_path, b_path):
     """One line per case of ``b_path`` (every case of ``a_path`` without ``b_path``'s only)."""
-    a, b = json.load(open(a_path)), json.load(open(b_path))
+    a, b = _read(a_path), _read(b_path)
     a = {k: v for k, v in a.items() if k in b}
     print(f"{'case':45}{'regs':>10}{'stack':>10}{'smem':>14}{'sass':>12}  opcodes that differ")
     for key in a:
