@@ -19,7 +19,8 @@ def run(out):
     import flashbook
     from flashattn import interpret, mods
     from flashattn.flex import flex_attention
-    from flashattn.fp8 import attention_fp8, decode_fp8, quantize_fp8
+    from flashattn.fp8 import attention_fp8, quantize_fp8
+    from flashattn import decode as decode_fp8
     from torch.nn.attention.flex_attention import create_block_mask
     res = {}
     with interpret.enabled():

@@ -131,7 +131,7 @@ def _add_libraries(calls: dict, rows: list, libs, q, k, v, **shape):
 def run_splits(rounds: int) -> list[dict]:
     import torch
 
-    from flashattn.decode import decode
+    from flashattn.decoding import decode
     from flashattn.kernels import decode_num_splits
     from flashbook.measure.bench_decode import hbm_peak
     peak = hbm_peak(torch.cuda.get_device_name())
@@ -204,7 +204,7 @@ def run_combine(rounds: int) -> list[dict]:
     ends beside them for one new token (no mask needed)."""
     import torch
 
-    from flashattn.decode import decode
+    from flashattn.decoding import decode
     from flashbook.ladder.variants import decode as ladder_decode
     from flashattn.kernels import decode_num_splits
     from flashbook.measure.bench_decode import hbm_peak

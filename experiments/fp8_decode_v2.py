@@ -37,7 +37,7 @@ control) and each variant; B = 1, 8, 64, caches 4K-128K, Hq=32, Hkv=8, Nq=1, D=1
 ``flashbook/measure/bench_fp8.py``). Every row is checked against its reference before timing.
 
 Accuracy: QK8 adds e4m3 rounding of q (unit roundoff 2^-4) to the scores, the FP8 forward's
-error class; the reference is ``flashattn.fp8.decode_reference_fp8`` (fp32 attention of fp16 q
+error class; the reference is ``flashattn.reference.decode.decode_reference_fp8`` (fp32 attention of fp16 q
 and the dequantised caches), so the variants' error against it is larger than the library
 kernel's (which keeps q in fp16): ``check`` prints both.
 
@@ -240,9 +240,10 @@ VARIANTS = {
 
 def variant_constants(split_constants: dict, arch: str | None, variant: str) -> dict:
     """The kernel's constants from the fp16 plan's split constants (no paging here)."""
-    from flashattn.kernels.fp8_spec import fp8_decode_constants
+    from flashattn.kernels.decode_spec import DECODE_FP8_TILE_M
     v = VARIANTS[variant]
-    c = fp8_decode_constants(split_constants, arch)
+    c = dict(split_constants, TILE_M=max(int(split_constants["TILE_M"]),
+                                         DECODE_FP8_TILE_M.get(arch or "", 0)))
     if v["tile_m"] is not None:
         c["TILE_M"] = max(int(split_constants["TILE_M"]), v["tile_m"])
     if v.get("tile_n"):
@@ -272,7 +273,7 @@ def decode_v2(q, k8, v8, lens, *, k_descale, v_descale, variant: str, out=None,
     from flashattn.dispatch import device_arch, device_sm_count, launch_kernel, on_device
     from flashattn.kernels import (DECODE_COMBINE, DECODE_COMBINE_ROW, decode_partial_shapes,
                                    decode_split_grid, hinted)
-    _dec = importlib.import_module("flashattn.decode")
+    _dec = importlib.import_module("flashattn.decoding")
     if variant not in VARIANTS:
         raise ValueError(f"unknown variant {variant!r}; choose from {', '.join(VARIANTS)}")
     pv8 = VARIANTS[variant]["PV8"]
@@ -486,7 +487,8 @@ def check_rows(*, B=2, Hq=8, Hkv=2, D=64, L=300, seed=0) -> list[dict]:
     import torch
     import flashattn
     from flashattn import interpret
-    from flashattn.fp8 import decode_reference_fp8, quantize_fp8
+    from flashattn.fp8 import quantize_fp8
+    from flashattn.reference.decode import decode_reference_fp8
     from flashattn.reference.decode import decode_attention
     g = torch.Generator().manual_seed(seed)
     q = torch.randn(B, Hq, 1, D, generator=g).to(torch.float16)
@@ -595,17 +597,17 @@ def compile_cases(archs=("sm_90", "sm_100"), D=128, rows=4):
     """(label, spec, constants, hints) for the fp16 split kernel, the library's fp8 kernel and
     each variant, at the benchmark's decode shape (GQA 32:8, Nq=1: 4 packed rows; contiguous,
     several splits)."""
-    from flashattn.kernels import DECODE_SPLIT, DECODE_SPLIT_HINTS, decode_split_constants
-    from flashattn.kernels.fp8_spec import (DECODE_SPLIT_FP8, fp8_decode_constants,
-                                            fp8_decode_hints)
+    from flashattn.kernels import (DECODE_SPLIT, DECODE_SPLIT_FP8, DECODE_SPLIT_HINTS,
+                                   decode_hints, decode_kernel_constants,
+                                   decode_split_constants)
     cases = []
     for arch in archs:
         base = decode_split_constants(rows=rows, head_dim=D, page_size=None, arch=arch)
         hints = DECODE_SPLIT_HINTS.get(arch, {})
         cases.append((arch, "fp16 cache (library)", DECODE_SPLIT, base, dict(hints)))
-        c8 = fp8_decode_constants(base, arch)
-        cases.append((arch, "fp8 cache (library)", DECODE_SPLIT_FP8, c8,
-                      fp8_decode_hints(c8, arch, hints)))
+        c8 = decode_kernel_constants(rows=rows, head_dim=D, page_size=None, arch=arch,
+                                     cache="float8_e4m3fn")
+        cases.append((arch, "fp8 cache (library)", DECODE_SPLIT_FP8, c8, decode_hints(c8, arch)))
         for name in VARIANTS:
             cases.append((arch, name, SPEC, variant_constants(base, arch, name), {}))
     return cases
@@ -677,7 +679,7 @@ def decode_calls(B, L, device, *, Hq=32, Hkv=8, D=128, variants=tuple(VARIANTS))
     ``decode_reference_fp8``. Caches: N(0, 1), which e4m3 holds with descale 1."""
     import torch
     import flashattn
-    from flashattn.fp8 import decode_reference_fp8
+    from flashattn.reference.decode import decode_reference_fp8
     g = torch.Generator(device=device).manual_seed(0)
     q = torch.randn(B, Hq, 1, D, generator=g, device=device, dtype=torch.float16)
     kc = torch.randn(B, Hkv, L, D, generator=g, device=device, dtype=torch.float16)

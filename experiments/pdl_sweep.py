@@ -82,7 +82,7 @@ def _equal(calls: dict, ref: str) -> dict:
 def run_decode(rounds: int) -> list[dict]:
     import torch
 
-    from flashattn.decode import decode
+    from flashattn.decoding import decode
     from flashbook.ladder.variants import decode as ladder_decode
     from flashbook.measure.libraries import library_fn
     rows = []

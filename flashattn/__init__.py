@@ -24,7 +24,7 @@ The package, by layer (each imports only from the layers above it):
     reference/                    exact attention, the online softmax, a CPU emulation
 """
 from .api import attention, sdpa
-from .decode import decode  # the function; the module is sys.modules["flashattn.decode"]
+from .decoding import decode
 from .varlen import attention_varlen, attention_varlen_backward
 from .flex import flex_attention  # FlexAttention on the cuTile kernel (flashattn.mods)
 from .fp8 import quantize_fp8  # fp8 inputs and caches with their descales
@@ -40,9 +40,9 @@ __all__ = ["attention", "sdpa", "decode", "attention_varlen", "attention_varlen_
 
 # Submodules load on first use (flashattn.reference, flashattn.kernels, ...): importing
 # flashattn stays cheap, and `import flashattn; flashattn.reference.attention(...)` works.
-_SUBMODULES = ("aot", "api", "autograd", "autotune", "config", "contract", "dispatch", "env",
-               "flex", "fp8", "interpret", "kernels", "launch", "launch_bwd", "mods", "reference",
-               "registry", "stats", "timing")
+_SUBMODULES = ("aot", "api", "autograd", "autotune", "config", "contract", "decoding",
+               "dispatch", "env", "flex", "fp8", "interpret", "kernels", "launch", "launch_bwd",
+               "mods", "reference", "registry", "stats", "timing")
 
 
 def __getattr__(name):

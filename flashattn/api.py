@@ -261,7 +261,7 @@ def launch_via_decode(q, k, v, *, causal: bool, scale, input_pos: int, num_split
     cache's dims follow from the shapes, and ``decode.launch_decode`` runs it."""
     import torch
     from .contract import check_decode_shapes
-    from .decode import launch_decode
+    from .decoding import launch_decode
     B, Hq, Nq, D = q.shape
     Nk = k.shape[2]
     if not causal and Nq != 1:

@@ -229,7 +229,7 @@ def cpu_fakes(monkeypatch):
 
     from flashattn import timing
     from flashattn.reference import decode_attention, varlen_attention
-    decode_mod = importlib.import_module("flashattn.decode")
+    decode_mod = importlib.import_module("flashattn.decoding")
     varlen_mod = importlib.import_module("flashattn.varlen")
 
     def fake_decode(q, k, v, lens, *, block_table=None, out=None, **kw):

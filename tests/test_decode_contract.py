@@ -316,11 +316,11 @@ def test_partial_shapes_are_whole_tiles():
 # --- the host module, its kernels emulated ---------------------------------------------------------
 @pytest.fixture
 def emulated_gpu(monkeypatch):
-    """Run ``flashattn.decode.decode`` on CPU tensors: its checks as on a GPU (minus the device),
+    """Run ``flashattn.decoding.decode`` on CPU tensors: its checks as on a GPU (minus the device),
     an H100's SM count, and ``ct.launch`` replaced by the NumPy emulation of each kernel,
     writing the tensors' memory through NumPy views."""
     ct = pytest.importorskip("cuda.tile")
-    host = importlib.import_module("flashattn.decode")   # flashattn.decode is the function
+    host = importlib.import_module("flashattn.decoding")
     from flashattn.reference import (emulate_combine_kernel, emulate_combine_row_kernel,
                                      emulate_split_kernel)
     launched = []
@@ -332,11 +332,15 @@ def emulated_gpu(monkeypatch):
         if kernel is DECODE_SPLIT.kernel():
             emulate_split_kernel(grid, *args)
         elif kernel is variants.DECODE_SPLIT.kernel():     # the ladder's: Counter after Out
-            emulate_split_kernel(grid, *args[:8], *args[9:], Counter=args[8])
-        elif kernel in (DECODE_COMBINE.kernel(), variants.DECODE_COMBINE.kernel()):
+            variants.emulate_split_kernel(grid, *args)
+        elif kernel is DECODE_COMBINE.kernel():
             emulate_combine_kernel(grid, *args)
-        elif kernel in (DECODE_COMBINE_ROW.kernel(), variants.DECODE_COMBINE_ROW.kernel()):
+        elif kernel is variants.DECODE_COMBINE.kernel():   # the ladder's: PDL last
+            emulate_combine_kernel(grid, *args[:-1])
+        elif kernel is DECODE_COMBINE_ROW.kernel():
             emulate_combine_row_kernel(grid, *args)
+        elif kernel is variants.DECODE_COMBINE_ROW.kernel():
+            emulate_combine_row_kernel(grid, *args[:-1])
         else:
             raise AssertionError(f"unexpected kernel {kernel}")
         launched.append(SimpleNamespace(grid=grid, kernel=kernel, args=args))
@@ -399,7 +403,7 @@ def test_host_launches_compute_decode_attention(emulated_gpu, B, Hq, Hkv, Nq, D,
     c = decode_split_constants(rows=rows, head_dim=D, page_size=32 if paged else None,
                                arch="sm_90", final=final)
     assert split.args[-len(DECODE_SPLIT.constants):] == [c[n] for n in DECODE_SPLIT.constants]
-    assert split.args[8] == pytest.approx(1 / math.sqrt(D)) and split.args[9] == Nq
+    assert split.args[10] == pytest.approx(1 / math.sqrt(D)) and split.args[11] == Nq
     if splits is not None:
         assert split.grid[1] == splits
     assert split.grid == (-(-rows // c["TILE_M"]), split.grid[1], B * Hkv)
@@ -502,23 +506,24 @@ def test_emulated_fused_merge_in_any_order(order_seed, B, Hq, Hkv, Nq, D, paged,
     # counts last merges it; the answer is the two-kernel one and every counter ends at 0
     # (emulate_decode raises otherwise).
     from flashattn.reference import emulate_decode
+    from flashbook.ladder.variants import emulate_decode_fused
     q, k, v, seqlens, table = case_tensors(B * 100 + Hq + Nq + 7, B, Hq, Hkv, Nq, D, paged,
                                            lens)
     kw = dict(block_table=table, num_splits=splits or 5, tile_n=32)
     two = emulate_decode(q.double(), k.double(), v.double(), seqlens, **kw)
-    fused = emulate_decode(q.double(), k.double(), v.double(), seqlens, fused=True,
-                           order_seed=order_seed, **kw)
+    fused = emulate_decode_fused(q.double(), k.double(), v.double(), seqlens,
+                                 order_seed=order_seed, **kw)
     np.testing.assert_allclose(fused, two, rtol=1e-12, atol=1e-13)
     ref = decode_attention(q.double(), k.double(), v.double(), seqlens, block_table=table)
     np.testing.assert_allclose(fused, ref.numpy(), rtol=1e-9, atol=1e-10)
 
 
 def test_emulated_fused_merge_keeps_nan_for_bad_lengths():
-    from flashattn.reference import emulate_decode
+    from flashbook.ladder.variants import emulate_decode_fused
     q, k, v, seqlens, table = tensors(2, 4, 2, 1, 32, paged=True, lens=[128, 60])
     seqlens[0] = 129
-    out = emulate_decode(q, k, v, seqlens, block_table=table, num_splits=3, tile_n=32,
-                         fused=True, order_seed=5)
+    out = emulate_decode_fused(q, k, v, seqlens, block_table=table, num_splits=3, tile_n=32,
+                               order_seed=5)
     assert np.isnan(out[0]).all() and not np.isnan(out[1]).any()
 
 

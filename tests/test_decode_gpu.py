@@ -109,7 +109,7 @@ def torch_same_precision(q, k_cache, v_cache, lens, table, scale):
 
 
 def run(q, k, v, lens, table, **kw):
-    from flashattn.decode import decode
+    from flashattn.decoding import decode
     out = torch.full(q.shape, math.nan, dtype=q.dtype, device=q.device)   # contiguous
     decode(q, k, v, lens, block_table=table, out=out, **kw)
     torch.cuda.synchronize()
@@ -297,7 +297,7 @@ def test_cuda_graph_replays_as_lengths_change(page, record_property):
     replay: each replay must match the reference for the new values."""
     import time
 
-    from flashattn.decode import decode
+    from flashattn.decoding import decode
     from flashattn.reference import decode_attention
     seed, cap = 21, 2048
     q, k, v, lens, table = make_cache((2048, 1024, 1, 700), 32, 8, 1, 128, "float16", cap,

@@ -11,7 +11,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-host = importlib.import_module("flashattn.decode")
+host = importlib.import_module("flashattn.decoding")
 from flashattn import api  # noqa: E402  (the routing of step="best")
 
 
@@ -29,7 +29,7 @@ def q_k(B=1, Hq=32, Hkv=8, Nq=1, Nk=32768, D=128, **kw):
 def test_flashattn_decode_is_the_public_function():
     import flashattn
     assert flashattn.decode is host.decode and "decode" in flashattn.__all__
-    assert callable(flashattn.decode) and host.__name__ == "flashattn.decode"
+    assert callable(flashattn.decode) and host.__name__ == "flashattn.decoding"
 
 
 @pytest.mark.parametrize("kw,causal,input_pos,expect", [

@@ -32,7 +32,8 @@ import torch
 
 import flashattn
 from flashattn import interpret
-from flashattn.fp8 import (decode_reference_fp8, dequantize_fp8, hadamard_rotation, incoherent,
+from flashattn.reference.decode import decode_reference_fp8
+from flashattn.fp8 import (dequantize_fp8, hadamard_rotation, incoherent,
                            quantize_fp8, reference_fp8)
 from flashattn.kernels.fp8_spec import FP8_P_SHIFT, fp8_config
 
@@ -477,20 +478,22 @@ def test_fp8_cache_decode_matches_reference(B, Hq, Hkv, Nq, S, D, lens, paged, s
 
 
 def test_fp8_decode_constants_per_arch():
-    """The fp8-cache decode kernel keeps the fp16 plan's TILE_N and splits; on sm_90/sm_100 its
-    row tile is 64 (warpgroup MMA: the fp8 tiles widened through shared memory), elsewhere the
-    fp16 plan's; HALF_D slices of at most 128 everywhere."""
-    from flashattn.kernels import decode_split_constants
-    from flashattn.kernels.fp8_spec import FP8_DECODE_WIDE_TILE_M, fp8_decode_constants
+    """An fp8 cache (V in K's layout) keeps the fp16 plan's TILE_N and splits; on sm_90/sm_100
+    its row tile is 64 (warpgroup MMA: the fp8 tiles widened through shared memory), elsewhere
+    the fp16 plan's; S in head-dim slices (SLICE_D) of at most 128 everywhere."""
+    from flashattn.kernels import decode_kernel_constants, decode_split_constants
+    from flashattn.kernels.decode_spec import DECODE_FP8_TILE_M
     for arch in ("sm_90", "sm_100", "sm_120", None):
         for d in (64, 128, 256):
             for rows in (1, 4, 16, 32, 64, 128):
                 c = decode_split_constants(rows=rows, head_dim=d, page_size=None, arch=arch)
-                f = fp8_decode_constants(c, arch)
+                f = decode_kernel_constants(rows=rows, head_dim=d, page_size=None, arch=arch,
+                                            cache="float8_e4m3fn")
                 assert f["TILE_N"] == c["TILE_N"] and f["TILE_D"] == c["TILE_D"]
                 assert -(-rows // f["TILE_M"]) <= -(-rows // c["TILE_M"])
-                assert f["HALF_D"] == min(c["TILE_D"], 128)
-                if arch in FP8_DECODE_WIDE_TILE_M:
+                assert f["SLICE_D"] == min(c["TILE_D"], 128) and c["SLICE_D"] == c["TILE_D"]
+                assert f["KV_FP8"] and not c["KV_FP8"] and not f["V_TRANSPOSED"]
+                if arch in DECODE_FP8_TILE_M:
                     assert f["TILE_M"] == max(c["TILE_M"], 64)
                 else:
                     assert f["TILE_M"] == c["TILE_M"]
@@ -499,12 +502,12 @@ def test_fp8_decode_constants_per_arch():
 def test_fp8_decode_hints():
     """nww=8 only where the 64-row tile spilled without it (sm_90, paged, one split); the fp16
     kernel's hints are kept."""
-    from flashattn.kernels.fp8_spec import fp8_decode_hints
-    assert fp8_decode_hints(dict(PAGED=True, FINAL=True), "sm_90") == {"num_worker_warps": 8}
-    assert fp8_decode_hints(dict(PAGED=True, FINAL=False), "sm_90") == {}
-    assert fp8_decode_hints(dict(PAGED=False, FINAL=True), "sm_90", {"occupancy": 1}) == {
-        "occupancy": 1}
-    assert fp8_decode_hints(dict(PAGED=True, FINAL=True), "sm_100") == {}
+    from flashattn.kernels import decode_hints
+    fp8 = dict(KV_FP8=True, V_TRANSPOSED=False, TILE_D=128)
+    assert decode_hints(dict(fp8, PAGED=True, FINAL=True), "sm_90") == {"num_worker_warps": 8}
+    assert decode_hints(dict(fp8, PAGED=True, FINAL=False), "sm_90") == {}
+    assert decode_hints(dict(fp8, KV_FP8=False, PAGED=True, FINAL=True), "sm_90") == {}
+    assert decode_hints(dict(fp8, PAGED=True, FINAL=True), "sm_100") == {}
 
 
 def test_e5m2_cache_decode():

@@ -1,9 +1,10 @@
-"""The FP8-MMA decode (kernels/fp8_decode.py: ``flashattn.decode(..., v_transposed=True)`` over an
+"""The FP8-MMA decode (kernels/decode.py with V_TRANSPOSED: ``flashattn.decode(...,
+v_transposed=True)`` over an
 fp8 cache with V stored (D, S)), run by the CPU interpreter.
 
 Two references:
 
-* ``emulate`` (``flashattn.reference.fp8_decode``): the kernel's arithmetic replayed in torch (q rounded to e4m3 per row, scores in
+* ``emulate`` (``flashattn.reference.decode.emulate_decode_fp8mma``): the kernel's arithmetic replayed in torch (q rounded to e4m3 per row, scores in
   fp32, P = 2^(s - m + 8) rounded to e4m3 tile by tile with the running max of the split, the
   splits merged by their LSE). The interpreter agrees with it to the output's rounding: a key
   off by one, a wrong descale or a wrong split bound is far outside that.
@@ -18,12 +19,13 @@ import torch
 
 import flashattn
 from flashattn import interpret
-from flashattn.fp8 import (append_kv_fp8, decode_reference_fp8, fp8_kv_cache, quantize_fp8)
-from flashattn.kernels.decode_spec import decode_split_constants
-from flashattn.reference.fp8_decode import emulate_decode_fp8mma as emulate
-from flashattn.kernels.fp8_decode_spec import (FP8_DECODE_MMA_HINTS, FP8_DECODE_MMA_MAX_TILE_N,
-                                               FP8_DECODE_MMA_TILE_M, fp8_decode_mma_constants,
-                                               fp8_decode_plan)
+from flashattn.decoding import append_kv_fp8, fp8_kv_cache
+from flashattn.fp8 import quantize_fp8
+from flashattn.kernels.decode_spec import (DECODE_FP8_MMA_HINTS, DECODE_FP8_MMA_MAX_TILE_N,
+                                           DECODE_FP8_TILE_M, decode_kernel_constants,
+                                           decode_plan)
+from flashattn.reference.decode import decode_reference_fp8
+from flashattn.reference.decode import emulate_decode_fp8mma as emulate
 
 E4M3 = torch.float8_e4m3fn
 
@@ -86,16 +88,17 @@ def test_fp8mma_decode_matches_emulation(case, arch):
     B, Hq, Hkv, Nq, S, D = case[:6]
     assert out.dtype == q.dtype and out.shape == q.shape
     page = None if bt is None else k8.shape[2]
-    c = fp8_decode_mma_constants(decode_split_constants(rows=(Hq // Hkv) * Nq, head_dim=D,
-                                                        page_size=page, arch=arch), arch)
+    fp8 = str(k8.dtype).replace("torch.", "")
+    c = decode_kernel_constants(rows=(Hq // Hkv) * Nq, head_dim=D, page_size=page, arch=arch,
+                                cache=fp8, v_transposed=True)
     if splits is None:
         from flashattn.contract import check_decode
         dims = check_decode(torch.empty(q.shape, dtype=k8.dtype), k8, v8t.transpose(-1, -2),
                             seqlens, bt)
         from flashattn.dispatch import device_sm_count
         with interpret.enabled(arch):
-            splits = fp8_decode_plan(dims, v_transposed=True, sm_count=device_sm_count(q.device),
-                                     arch=arch)["num_splits"]
+            splits = decode_plan(dims, cache=fp8, v_transposed=True,
+                                 sm_count=device_sm_count(q.device), arch=arch)["num_splits"]
     em = emulate(q, k8, torch.nan_to_num(v8t.float()).to(k8.dtype), seqlens, kd, vd,
                  tile_n=c["TILE_N"], num_splits=splits, block_table=bt)
     u = 2.0 ** -11 if q.dtype == torch.float16 else 2.0 ** -8
@@ -177,37 +180,46 @@ def test_fp8_kv_cache_and_append_round_trip():
 
 def test_fp8_decode_plan_per_arch():
     """The plan keeps the fp16 plan's splits and key tile (capped where the table says); the
-    MMA kernel's row tile is 64 on sm_90/sm_100 (warpgroup MMAs), the fp16 plan's elsewhere;
-    V in K's layout plans the widening kernel."""
+    fp8 row tile is 64 on sm_90/sm_100 (warpgroup MMAs), the fp16 plan's elsewhere; V in K's
+    layout plans the widening path (head-dim slices), V transposed the FP8-MMA path."""
     from flashattn.contract import DecodeDims
-    from flashattn.kernels.decode_spec import decode_plan
     for arch in ("sm_90", "sm_100", "sm_120", None):
         for D in (64, 128, 256):
             for page in (None, 64):
                 dims = DecodeDims(B=8, Hq=32, Hkv=8, Nq=1, D=D, paged=page is not None,
                                   page_size=page, capacity=32768)
                 base = decode_plan(dims, sm_count=132, arch=arch)
-                p = fp8_decode_plan(dims, v_transposed=True, sm_count=132, arch=arch)
-                assert p["kernel"] == "decode_fp8mma"
+                b = base["split_constants"]
+                p = decode_plan(dims, cache="float8_e4m3fn", v_transposed=True, sm_count=132,
+                                arch=arch)
+                assert p["kernel"] == "decode_split_fp8"
                 assert p["num_splits"] == base["num_splits"]
                 c = p["split_constants"]
-                cap = FP8_DECODE_MMA_MAX_TILE_N.get(arch or "", {}).get(c["TILE_D"], 1 << 30)
-                assert c["TILE_N"] == min(base["split_constants"]["TILE_N"], cap)
-                assert p["hints"] == FP8_DECODE_MMA_HINTS.get(arch or "", {}).get(c["TILE_D"], {})
-                assert c["TILE_M"] == FP8_DECODE_MMA_TILE_M.get(arch or "",
-                                                                base["split_constants"]["TILE_M"])
+                cap = DECODE_FP8_MMA_MAX_TILE_N.get(arch or "", {}).get(c["TILE_D"], 1 << 30)
+                assert c["TILE_N"] == min(b["TILE_N"], cap)
+                assert p["hints"] == DECODE_FP8_MMA_HINTS.get(arch or "", {}).get(c["TILE_D"], {})
+                assert c["TILE_M"] == DECODE_FP8_TILE_M.get(arch or "", b["TILE_M"])
+                assert c["KV_FP8"] and c["V_TRANSPOSED"] and c["P_SHIFT"] == 8
+                assert c["SLICE_D"] == c["TILE_D"]
                 assert p["split_grid"] == (1, p["num_splits"], 64)
                 assert p["opart_shape"][2] == c["TILE_M"]
-                w = fp8_decode_plan(dims, v_transposed=False, sm_count=132, arch=arch)
-                assert w["kernel"] == "decode_split_fp8"
-                assert w["split_constants"] == base["split_constants"]
+                w = decode_plan(dims, cache="float8_e4m3fn", sm_count=132, arch=arch)
+                cw = w["split_constants"]
+                assert w["kernel"] == "decode_split_fp8" and not cw["V_TRANSPOSED"]
+                assert cw["TILE_N"] == b["TILE_N"] and cw["TILE_M"] == c["TILE_M"]
+                assert cw["SLICE_D"] == min(cw["TILE_D"], 128) and cw["P_SHIFT"] == 0
+                assert decode_plan(dims, cache="float8_e5m2", sm_count=132,
+                                   arch=arch)["kernel"] == "decode_split_fp8_e5m2"
     with pytest.raises(TypeError, match="v_transposed"):
-        fp8_decode_plan(dims, v_transposed=1, sm_count=132)
-    assert fp8_decode_mma_constants(dict(TILE_M=16, TILE_N=64, TILE_D=128, PAGED=True),
-                                    "sm_90") == dict(TILE_M=64, TILE_N=64, TILE_D=128,
-                                                     PAGED=True, FINAL=False, P_SHIFT=8)
-    assert fp8_decode_mma_constants(dict(TILE_M=16, TILE_N=128, TILE_D=128, PAGED=False),
-                                    "sm_120")["TILE_N"] == 64
+        decode_plan(dims, cache="float8_e4m3fn", v_transposed=1, sm_count=132)
+    with pytest.raises(ValueError, match="fp8 caches only"):
+        decode_plan(dims, v_transposed=True, sm_count=132)
+    assert decode_kernel_constants(rows=4, head_dim=128, page_size=64, arch="sm_90",
+                                   cache="float8_e4m3fn", v_transposed=True) == dict(
+        TILE_M=64, TILE_N=64, TILE_D=128, PAGED=True, FINAL=False, KV_FP8=True,
+        V_TRANSPOSED=True, SLICE_D=128, P_SHIFT=8)
+    assert decode_kernel_constants(rows=4, head_dim=128, page_size=None, arch="sm_120",
+                                   cache="float8_e4m3fn", v_transposed=True)["TILE_N"] == 64
 
 
 def test_fp8mma_decode_bad_inputs():

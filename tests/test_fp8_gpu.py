@@ -4,7 +4,8 @@ dequantised inputs, with the tolerances derived in tests/test_fp8.py (e4m3: P's 
 FP8 MMA accumulates with fast accumulation (use_fast_acc), not modelled there: S's error stays
 far below P's rounding at D <= 256. Decode outputs are NaN-poisoned (``out=``) and every cache
 slot past a length holds an fp8 NaN. The FP8-MMA decode (V cache transposed) is checked against
-the replay of its arithmetic (``flashattn.reference.fp8_decode``) and the dequantised reference.
+the replay of its arithmetic (``reference.decode.emulate_decode_fp8mma``) and the dequantised
+reference.
 
     python -m pytest -o addopts="" -m gpu tests/test_fp8_gpu.py
 """
@@ -61,7 +62,7 @@ def test_fp8_forward_gpu(B, Hq, Hkv, Nq, Nk, D, causal, input_pos, fp8, v_mode):
 @pytest.mark.parametrize("qdtype", ["float16", "bfloat16"])
 def test_fp8_cache_decode_gpu(paged, qdtype):
     import flashattn
-    from flashattn.fp8 import decode_reference_fp8
+    from flashattn.reference.decode import decode_reference_fp8
     B, Hq, Hkv, Nq, D = 4, 32, 8, 1, 128
     lens = torch.tensor([5000, 0, 1, 3333], dtype=torch.int32, device="cuda")
     g = torch.Generator(device="cuda").manual_seed(7)
@@ -103,7 +104,8 @@ def test_fp8_cache_decode_gpu(paged, qdtype):
 
 def test_fp8_cache_decode_cuda_graph():
     import flashattn
-    from flashattn.fp8 import decode_reference_fp8, quantize_fp8
+    from flashattn.fp8 import quantize_fp8
+    from flashattn.reference.decode import decode_reference_fp8
     B, Hq, Hkv, D, S = 2, 8, 2, 128, 4096
     g = torch.Generator(device="cuda").manual_seed(3)
     q = torch.randn(B, Hq, 1, D, generator=g, device="cuda").half()
@@ -123,26 +125,25 @@ def test_fp8_cache_decode_cuda_graph():
     assert (out.float().cpu() - ref).abs().max().item() <= 2 * 2.0 ** -11 * vmax + 1e-5
 
 
-# --- the FP8-MMA decode: V cache transposed (flashattn/kernels/fp8_decode.py) -----------------
+# --- the FP8-MMA decode: V cache transposed (kernels/decode.py, V_TRANSPOSED) -------------------
 def _mma_tile_n(Hq, Hkv, Nq, D, page):
     from flashattn.dispatch import device_arch
-    from flashattn.kernels.decode_spec import decode_split_constants
-    from flashattn.kernels.fp8_decode_spec import fp8_decode_mma_constants
+    from flashattn.kernels.decode_spec import decode_kernel_constants
     arch = device_arch(torch.device("cuda"))
-    c = decode_split_constants(rows=(Hq // Hkv) * Nq, head_dim=D, page_size=page, arch=arch)
-    return fp8_decode_mma_constants(c, arch)["TILE_N"]
+    return decode_kernel_constants(rows=(Hq // Hkv) * Nq, head_dim=D, page_size=page, arch=arch,
+                                   cache="float8_e4m3fn", v_transposed=True)["TILE_N"]
 
 
 @pytest.mark.parametrize("D,paged,qdtype,splits", [
     (128, None, "float16", 3), (128, 64, "bfloat16", 2), (64, None, "bfloat16", 1),
     (256, None, "float16", 2), (256, 64, "float16", 1), (128, None, "float16", None)])
 def test_fp8mma_decode_gpu(D, paged, qdtype, splits):
-    """Against the kernel's arithmetic replayed in torch (``reference.fp8_decode``; the FP8
+    """Against the kernel's arithmetic replayed in torch (``emulate_decode_fp8mma``; the FP8
     MMA's fast accumulation is not modelled: 2^-8 max|v| of slack) and, loosely, against the
     dequantised reference (q and P rounded to fp8: 2^-3 max|v|, rms 2^-6 max|v|)."""
     import flashattn
-    from flashattn.fp8 import decode_reference_fp8
-    from flashattn.reference.fp8_decode import emulate_decode_fp8mma
+    from flashattn.reference.decode import decode_reference_fp8
+    from flashattn.reference.decode import emulate_decode_fp8mma
     B, Hq, Hkv, Nq = 4, 32, 8, 1
     lens = torch.tensor([3000, 0, 1, 2333], dtype=torch.int32, device="cuda")
     g = torch.Generator(device="cuda").manual_seed(11)
@@ -195,7 +196,8 @@ def test_fp8mma_decode_cuda_graph_and_append():
     """fp8_kv_cache + append_kv_fp8, then the decode captured in a CUDA graph and replayed
     after the lengths change in place."""
     import flashattn
-    from flashattn.fp8 import append_kv_fp8, decode_reference_fp8, fp8_kv_cache
+    from flashattn.decoding import append_kv_fp8, fp8_kv_cache
+    from flashattn.reference.decode import decode_reference_fp8
     B, Hq, Hkv, D, S = 2, 8, 2, 128, 4096
     g = torch.Generator(device="cuda").manual_seed(3)
     q = torch.randn(B, Hq, 1, D, generator=g, device="cuda").half()

@@ -232,7 +232,7 @@ def test_the_leaves_and_the_kernels_import_cheaply():
 def test_import_flashattn_loads_neither_pandas_nor_matplotlib_nor_the_book():
     # The library's public surface: the API modules and the interpreter, not the book (tqdm is
     # not checked: torch itself imports it).
-    code = ("import sys, flashattn, flashattn.api, flashattn.decode, flashattn.varlen, "
+    code = ("import sys, flashattn, flashattn.api, flashattn.decoding, flashattn.varlen, "
             "flashattn.autograd, flashattn.launch, flashattn.autotune, flashattn.aot, "
             "flashattn.interpret, flashattn.reference, flashattn.env\n"
             "print(','.join(sorted(m for m in sys.modules if m.split('.')[0] in "
@@ -292,7 +292,7 @@ def test_the_library_holds_no_book_ladder():
         assert "HOPPER_LADDER" not in text, p
         if p.parent.name == "kernels" and p.stem in ("decode", "fmha_bwd"):
             assert "FUSED" not in text and "PDL" not in text, p
-    import flashattn.decode as decode_module
+    import flashattn.decoding as decode_module
     assert not hasattr(decode_module, "prefer_decode")   # the routing: flashattn.api
 
 

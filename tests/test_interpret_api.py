@@ -153,7 +153,7 @@ def test_decode_contiguous_and_paged(interp, paged):
 
 
 def test_attention_takes_the_decode_path_as_on_the_gpu(interp, monkeypatch):
-    host = sys.modules["flashattn.decode"]
+    host = sys.modules["flashattn.decoding"]
     calls = []
     real = host.launch_decode
     monkeypatch.setattr(host, "launch_decode", lambda *a, **kw: calls.append(1) or real(*a, **kw))

@@ -92,7 +92,7 @@ def test_interpreter_same_bits():
             assert all(torch.equal(a, b) for a, b in zip(got, want)), mode
 
 
-from flashattn.decode import decode as library_decode  # noqa: E402
+from flashattn.decoding import decode as library_decode  # noqa: E402
 from flashbook.ladder.variants import attention_backward as variants_backward  # noqa: E402
 
 

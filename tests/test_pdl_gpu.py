@@ -29,7 +29,7 @@ def _flags(**flags):
 @pytest.mark.parametrize("B,N,page", ((1, 4096, None), (8, 1000, None), (2, 33000, None),
                                       (3, 2048, 64)))
 def test_decode_pdl_equal(B, N, page, trigger):
-    from flashattn.decode import decode as library_decode
+    from flashattn.decoding import decode as library_decode
     from flashbook.ladder.variants import decode
     g = torch.Generator(device="cuda").manual_seed(B * 100 + N)
     q = torch.randn(B, 32, 1, 128, generator=g, device="cuda", dtype=torch.float16)

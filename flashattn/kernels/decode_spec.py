@@ -1,41 +1,99 @@
-"""The decode kernels' contract (kernels/decode.py, chapter 12): their specs, the tile and split
-rules per architecture, and ``decode_plan``, the pure plan of a call (no GPU, no launch). Does
-not import cuda.tile."""
+"""The decode kernels' contract (kernels/decode.py): their specs, the tile, split and hint rules
+per architecture and cache dtype, and ``decode_plan``, the pure plan of a call (no GPU, no
+launch). Does not import cuda.tile.
+
+One split kernel serves every cache: ``decode_split_spec(cache)`` is its spec for the cache's
+dtype (``DECODE_SPLIT`` for fp16/bf16, ``DECODE_SPLIT_FP8`` for e4m3, an e5m2 twin on demand),
+``decode_kernel_constants`` its constants (the arithmetic picked by ``KV_FP8``,
+``V_TRANSPOSED``, ``SLICE_D``, ``P_SHIFT``) and ``decode_hints`` its launch hints.
+"""
 from __future__ import annotations
 
+import dataclasses
+import functools
 import numbers
 
 from ..contract import tile_d_for
 from .spec import Array, KernelSpec
 
-__all__ = ["DECODE", "DECODE_SPLIT", "DECODE_COMBINE", "decode_tiles", "decode_split_constants", "decode_combine_constants", "decode_split_grid", "DECODE_SPLIT_HINTS", "DECODE_COMBINE_ROW", "decode_combine_row_constants", "decode_combine_kind", "decode_combine_grid", "decode_partial_shapes", "decode_num_splits", "decode_row_blocks", "decode_plan", "decode_steps", "DECODE_MAX_TILE_M", "DECODE_WAVES", "DECODE_MAX_SPLITS", "DECODE_COMBINE_ELEMS", "DECODE_COMBINE_CHUNK", "DECODE_ROW_COMBINE_MAX", "DECODE_ROW_COMBINE_MIN_SPLITS", "DECODE_TILE_BUDGET", "DECODE_TILE_BUDGET_WIDE", "DECODE_WIDE_MMA_ARCHS"]
+__all__ = ["DECODE", "DECODE_SPLIT", "DECODE_SPLIT_FP8", "DECODE_COMBINE", "decode_tiles",
+           "decode_split_constants", "decode_kernel_constants", "decode_hints",
+           "decode_split_spec", "decode_combine_constants", "decode_split_grid",
+           "DECODE_SPLIT_HINTS", "DECODE_COMBINE_ROW", "decode_combine_row_constants",
+           "decode_combine_kind", "decode_combine_grid", "decode_partial_shapes",
+           "decode_num_splits", "decode_row_blocks", "decode_plan", "decode_steps",
+           "DECODE_MAX_TILE_M", "DECODE_WAVES", "DECODE_MAX_SPLITS", "DECODE_COMBINE_ELEMS",
+           "DECODE_COMBINE_CHUNK", "DECODE_ROW_COMBINE_MAX", "DECODE_ROW_COMBINE_MIN_SPLITS",
+           "DECODE_TILE_BUDGET", "DECODE_TILE_BUDGET_WIDE", "DECODE_WIDE_MMA_ARCHS",
+           "DECODE_CACHE_DTYPES", "DECODE_FP8_DTYPES", "DECODE_FP8_TILE_M",
+           "DECODE_FP8_SLICE_D", "DECODE_FP8_MMA_MAX_TILE_N", "DECODE_FP8_MMA_HINTS",
+           "DECODE_FP8_P_SHIFT"]
 
-# kernels/decode.py: decode_split_kernel (partials per split) and decode_combine_kernel (the LSE
-# merge). Not steps: the host module flashattn/decode.py launches them, aot.compile_spec compiles
-# them. Their integer tables (block table, lengths) are int32 arrays (``Array(..., "int32")``).
+# Not steps: flashattn/decoding.py launches them, aot.compile_spec compiles them.
 DECODE_MAX_TILE_M = 64        # rows (query heads x new tokens of a group) per program
-DECODE_WAVES = 1              # the split rule fills at most this many programs per SM (ch. 12)
+DECODE_WAVES = 1              # the split rule fills at most this many programs per SM
 DECODE_MAX_SPLITS = 256       # beyond this, partials and the combine's loop outweigh the gain
-# Launch hints of decode_split_kernel per architecture (none: the compiler's choice; occupancy=2
-# on sm_90 did not pay at the one-wave grid, chapter 12).
+# Launch hints of the 16-bit cache's split kernel per architecture (none: the compiler's
+# choice; occupancy=2 on sm_90 did not pay at the one-wave grid).
 DECODE_SPLIT_HINTS: dict[str, dict] = {}
 DECODE_COMBINE_ELEMS = 2048   # fp32 values per combine tile (its loop keeps two such tiles)
 DECODE_COMBINE_CHUNK = 4096   # fp32 partial-output values one step of the one-row combine loads
 # The one-row combine (decode_combine_row_kernel) when its programs (B x Hkv x rows) fit one wave
-# and the splits are many, else the multi-row combine, whose programs walk the splits (ch. 12).
+# and the splits are many, else the multi-row combine, whose programs walk the splits.
 DECODE_ROW_COMBINE_MAX = 128
 DECODE_ROW_COMBINE_MIN_SPLITS = 8
-# The book's ladder (flashbook/ladder/decode.py) adds the merge fused into the split kernel and
-# a dependent launch of the combine: both off in what ships (chapter 12).
+
+# The cache dtypes the split kernel reads: fp16/bf16 (the query's dtype) and fp8 with descales.
+DECODE_FP8_DTYPES = ("float8_e4m3fn", "float8_e5m2")
+DECODE_CACHE_DTYPES = ("float16", "bfloat16", *DECODE_FP8_DTYPES)
+# An fp8 cache's row tile where the MMA reads shared memory (Hopper's warpgroup MMA,
+# Blackwell's tcgen05): at least 64 rows; a 16-row tile gets a warp MMA with register operands
+# (the fp8 tiles then read a byte or two at a time). Elsewhere the fp16 plan's tile.
+DECODE_FP8_TILE_M = {"sm_90": 64, "sm_100": 64}
+# Widened fp8 (V in K's layout): S in head-dim slices of at most this many columns (the whole
+# widened K tile at D=256 spilled).
+DECODE_FP8_SLICE_D = 128
+# FP8 MMAs (V transposed), per arch and TILE_D, where the fp16 plan's key tile spills with fp8
+# operands (sm_120: warp MMAs, S and O in registers) ...
+DECODE_FP8_MMA_MAX_TILE_N: dict[str, dict[int, int]] = {"sm_120": {128: 64, 256: 32}}
+# ... and launch hints (two consumer warp groups where one spilled).
+DECODE_FP8_MMA_HINTS: dict[str, dict[int, dict]] = {
+    "sm_90": {64: {"num_worker_warps": 8}, 256: {"num_worker_warps": 8}},
+    "sm_100": {256: {"num_worker_warps": 8}},
+}
+# FP8 MMAs: P = 2^(s - m + P_SHIFT) in [0, 256], inside e4m3's range (448).
+DECODE_FP8_P_SHIFT = 8
 
 
+# K, V in the query's dtype ("io"); KDescale, VDescale placeholders unless KV_FP8.
 DECODE_SPLIT = KernelSpec(
     "decode_split", "flashattn.kernels.decode", "decode_split_kernel",
     arrays=(Array("Q", 4), Array("K", 4), Array("V", 4), Array("BlockTable", 2, "int32"),
-            Array("SeqLens", 1, "int32"), Array("Opart", 4, "float32"),
+            Array("SeqLens", 1, "int32"), Array("KDescale", 2, "float32"),
+            Array("VDescale", 2, "float32"), Array("Opart", 4, "float32"),
             Array("Lse", 3, "float32"), Array("Out", 4)),
     scalars=(("qk_scale", float), ("num_q", int)),
-    constants=("TILE_M", "TILE_N", "TILE_D", "PAGED", "FINAL"))
+    constants=("TILE_M", "TILE_N", "TILE_D", "PAGED", "FINAL", "KV_FP8", "V_TRANSPOSED",
+               "SLICE_D", "P_SHIFT"))
+
+
+@functools.lru_cache(maxsize=None)
+def decode_split_spec(cache: str | None = None) -> KernelSpec:
+    """The split kernel's spec for a cache of dtype ``cache`` (a name of
+    ``DECODE_CACHE_DTYPES``; None or 16-bit: K and V in the query's dtype)."""
+    if cache is None or cache in ("float16", "bfloat16"):
+        return DECODE_SPLIT
+    if cache not in DECODE_FP8_DTYPES:
+        raise ValueError(f"cache must be one of {', '.join(DECODE_CACHE_DTYPES)}, got {cache!r}")
+    arrays = tuple(dataclasses.replace(a, dtype=cache) if a.name in ("K", "V") else a
+                   for a in DECODE_SPLIT.arrays)
+    # A name per dtype: aot's cubin cache is keyed by the spec's name.
+    name = {"float8_e4m3fn": "decode_split_fp8", "float8_e5m2": "decode_split_fp8_e5m2"}.get(
+        cache, f"decode_split_{cache}")
+    return dataclasses.replace(DECODE_SPLIT, name=name, arrays=arrays)
+
+
+DECODE_SPLIT_FP8 = decode_split_spec("float8_e4m3fn")
 
 DECODE_COMBINE = KernelSpec(
     "decode_combine", "flashattn.kernels.decode", "decode_combine_kernel",
@@ -47,8 +105,8 @@ DECODE_COMBINE_ROW = KernelSpec(
     arrays=(Array("Opart", 4, "float32"), Array("Lse", 3, "float32"), Array("Out", 4)),
     scalars=(), constants=("TILE_D", "TILE_S"))
 
-DECODE = {"decode_split": DECODE_SPLIT, "decode_combine": DECODE_COMBINE,
-          "decode_combine_row": DECODE_COMBINE_ROW}
+DECODE = {"decode_split": DECODE_SPLIT, "decode_split_fp8": DECODE_SPLIT_FP8,
+          "decode_combine": DECODE_COMBINE, "decode_combine_row": DECODE_COMBINE_ROW}
 
 
 # Register budget of the split kernel, in elements of TILE_M x TILE_N x TILE_D: the largest
@@ -90,11 +148,49 @@ def decode_tiles(*, rows: int, head_dim: int, page_size: int | None = None,
 
 def decode_split_constants(*, rows: int, head_dim: int, page_size: int | None,
                            arch: str | None = None, final: bool = False) -> dict:
-    """The constants of ``decode_split_kernel`` by name; ``page_size=None``: contiguous cache;
-    ``final``: one split, the kernel writes the output (no combine)."""
+    """The constants of ``decode_split_kernel`` over a 16-bit cache by name;
+    ``page_size=None``: contiguous cache; ``final``: one split, the kernel writes the output
+    (no combine)."""
     tile_m, tile_n = decode_tiles(rows=rows, head_dim=head_dim, page_size=page_size, arch=arch)
-    return dict(TILE_M=tile_m, TILE_N=tile_n, TILE_D=tile_d_for(head_dim),
-                PAGED=page_size is not None, FINAL=bool(final))
+    td = tile_d_for(head_dim)
+    return dict(TILE_M=tile_m, TILE_N=tile_n, TILE_D=td, PAGED=page_size is not None,
+                FINAL=bool(final), KV_FP8=False, V_TRANSPOSED=False, SLICE_D=td, P_SHIFT=0)
+
+
+def decode_kernel_constants(*, rows: int, head_dim: int, page_size: int | None,
+                            arch: str | None = None, final: bool = False,
+                            cache: str | None = None, v_transposed: bool = False) -> dict:
+    """The split kernel's constants for a cache of dtype ``cache`` (None: 16-bit). fp8: the
+    16-bit tiles with TILE_M raised to ``DECODE_FP8_TILE_M[arch]``; widened (V in K's layout)
+    S in slices of ``DECODE_FP8_SLICE_D``; ``v_transposed`` (FP8 MMAs) TILE_N capped by
+    ``DECODE_FP8_MMA_MAX_TILE_N`` (a power of two: still a divisor of the page) and P scaled by
+    ``2^DECODE_FP8_P_SHIFT``. The split count stays the 16-bit plan's."""
+    c = decode_split_constants(rows=rows, head_dim=head_dim, page_size=page_size, arch=arch,
+                               final=final)
+    if cache is None or cache in ("float16", "bfloat16"):
+        if v_transposed:
+            raise ValueError("v_transposed=True applies to fp8 caches only (the FP8-MMA path)")
+        return c
+    td = c["TILE_D"]
+    c.update(KV_FP8=True, TILE_M=max(c["TILE_M"], DECODE_FP8_TILE_M.get(arch or "", 0)))
+    if not v_transposed:
+        return dict(c, SLICE_D=min(td, DECODE_FP8_SLICE_D))
+    cap = DECODE_FP8_MMA_MAX_TILE_N.get(arch or "", {}).get(td)
+    return dict(c, TILE_N=min(c["TILE_N"], cap) if cap else c["TILE_N"], V_TRANSPOSED=True,
+                P_SHIFT=DECODE_FP8_P_SHIFT)
+
+
+def decode_hints(constants: dict, arch: str | None) -> dict:
+    """The split kernel's launch hints for ``constants`` on ``arch``: ``DECODE_SPLIT_HINTS``;
+    FP8 MMAs ``DECODE_FP8_MMA_HINTS``; widened fp8 ``num_worker_warps=8`` for the paged
+    one-split kernel on sm_90 (the one 64-row variant that spilled without it)."""
+    hints = dict(DECODE_SPLIT_HINTS.get(arch or "", {}))
+    if constants.get("V_TRANSPOSED"):
+        return dict(DECODE_FP8_MMA_HINTS.get(arch or "", {}).get(int(constants["TILE_D"]), {}))
+    if (constants.get("KV_FP8") and arch == "sm_90" and constants.get("PAGED")
+            and constants.get("FINAL")):
+        hints.setdefault("num_worker_warps", 8)
+    return hints
 
 
 def decode_combine_constants(*, split_tile_m: int, head_dim: int) -> dict:
@@ -168,7 +264,7 @@ def decode_num_splits(*, B: int, Hkv: int, rows: int, max_seqlen: int, head_dim:
     memory-bound and every program streams its run of the cache at about the same rate, so the
     step takes as long as the SM with the most programs: the grid should fill the SMs once and
     not spill a partial second wave onto some of them. So ``floor(waves * sm_count / base)``
-    splits (at least 1) with ``waves = 1``, the fastest on the H200 (chapter 12). Bounded above by the K/V tiles of the longest sequence over
+    splits (at least 1) with ``waves = 1``, the fastest measured on the H200. Bounded above by the K/V tiles of the longest sequence over
     ``min_tiles_per_split`` (a split with no tile is pure overhead: a partial written and read
     back) and by ``max_splits``; then lowered to the number of runs the kernel actually deals
     (``cdiv(n, cdiv(n, splits))`` for ``n`` tiles), so the longest sequence leaves no split
@@ -198,12 +294,17 @@ def decode_num_splits(*, B: int, Hkv: int, rows: int, max_seqlen: int, head_dim:
     return splits
 
 
-def decode_plan(dims, *, num_splits=None, max_seqlen=None, sm_count: int, arch=None) -> dict:
-    """The launch plan of a decode call (pure: no GPU): constants, grids, split count, scratch
-    shapes. ``dims``: a ``contract.DecodeDims``."""
+def decode_plan(dims, *, cache=None, v_transposed=False, num_splits=None, max_seqlen=None,
+                sm_count: int, arch=None) -> dict:
+    """The launch plan of a decode call (pure: no GPU): the split kernel's spec name, constants
+    and hints, grids, split count, combine, scratch shapes. ``dims``: a ``contract.DecodeDims``
+    (of the cache in (S, D) terms); ``cache``: the cache's dtype name (None: 16-bit);
+    ``v_transposed``: an fp8 V cache stored (D, S) per kv head. The split count and key tile
+    are the 16-bit plan's whatever the cache (a smaller key tile lengthens each split's run)."""
+    if not isinstance(v_transposed, bool):
+        raise TypeError(f"v_transposed must be a bool, got {type(v_transposed).__name__}")
     rows = (dims.Hq // dims.Hkv) * dims.Nq
     page = dims.page_size if dims.paged else None
-    split_c = decode_split_constants(rows=rows, head_dim=dims.D, page_size=page, arch=arch)
     if num_splits is None:
         bound = dims.capacity if max_seqlen is None else min(int(max_seqlen), dims.capacity)
         num_splits = decode_num_splits(B=dims.B, Hkv=dims.Hkv, rows=rows, max_seqlen=bound,
@@ -216,9 +317,10 @@ def decode_plan(dims, *, num_splits=None, max_seqlen=None, sm_count: int, arch=N
     if num_splits > 65535:
         raise ValueError(f"num_splits must be at most 65535 (a grid axis), got {num_splits}")
     kind = decode_combine_kind(B=dims.B, Hkv=dims.Hkv, rows=rows, num_splits=num_splits)
-    if kind is None:
-        # One split: its normalised partial is the answer; the split kernel writes it.
-        split_c = dict(split_c, FINAL=True)
+    # One split (kind None): its normalised partial is the answer; the split kernel writes it.
+    split_c = decode_kernel_constants(rows=rows, head_dim=dims.D, page_size=page, arch=arch,
+                                      final=kind is None, cache=cache,
+                                      v_transposed=v_transposed)
     if kind == "row":
         comb_c = decode_combine_row_constants(head_dim=dims.D, num_splits=num_splits)
     else:
@@ -229,7 +331,8 @@ def decode_plan(dims, *, num_splits=None, max_seqlen=None, sm_count: int, arch=N
     opart_shape, lse_shape = decode_partial_shapes(num_splits=num_splits, B=dims.B,
                                                    Hkv=dims.Hkv, rows=rows,
                                                    tile_m=split_c["TILE_M"], head_dim=dims.D)
-    return dict(rows=rows, num_splits=num_splits, split_constants=split_c,
+    return dict(rows=rows, num_splits=num_splits, kernel=decode_split_spec(cache).name,
+                split_constants=split_c, hints=decode_hints(split_c, arch),
                 combine_constants=comb_c,
                 split_grid=decode_split_grid(B=dims.B, Hkv=dims.Hkv, rows=rows,
                                              tile_m=split_c["TILE_M"], num_splits=num_splits),

@@ -1,6 +1,6 @@
 """Decode attention over a KV cache, and the split-KV algorithm (flash-decoding), in NumPy.
 
-The references of ``flashattn.decode`` (chapter 12) and of its two kernels:
+The references of ``flashattn.decode`` and of its kernels:
 
     decode_attention(q, k_cache, v_cache, cache_seqlens, block_table=None)   exact, fp32/fp64
     split_bounds(seqlen, num_splits, tile_n)       the key range of each split (the kernel's rule)
@@ -10,6 +10,11 @@ The references of ``flashattn.decode`` (chapter 12) and of its two kernels:
     emulate_decode(...)                            the two kernels, tile by tile, with their guards
     emulate_split_kernel, emulate_combine_kernel, emulate_combine_row_kernel
                                                  each kernel on its own arguments and grid
+    decode_reference_fp8(...)                      fp32 attention of dequantised fp8 caches
+    emulate_decode_fp8mma(...)                     the FP8-MMA path (V transposed) in torch
+
+(One module for every decode path's reference, 16-bit and fp8, so a change to the algorithm has
+one place to be mirrored: hence its length.)
     gather_cache(cache, block_table, seqlen, b)    a sequence's keys (or values) out of the cache
 
 Shapes (``Hq = G * Hkv``; query head ``h`` reads key/value head ``h // G``)::
@@ -36,7 +41,6 @@ exact for any partition of the keys, including empty parts (``lse_s = -inf``: we
 from __future__ import annotations
 
 import math
-import random
 
 import numpy as np
 
@@ -44,7 +48,8 @@ from ..contract import check_decode
 
 __all__ = ["decode_attention", "split_bounds", "split_partials", "merge_partials",
            "split_kv_attention", "gather_cache", "decode_visible", "emulate_decode",
-           "emulate_split_kernel", "emulate_combine_kernel", "emulate_combine_row_kernel"]
+           "emulate_split_kernel", "emulate_combine_kernel", "emulate_combine_row_kernel",
+           "merge_block", "decode_reference_fp8", "emulate_decode_fp8mma"]
 
 
 def _np(x):
@@ -281,24 +286,26 @@ def online_step(qk, m_i, l_i, acc, v, scale2):
     return m_ij, l_i * alpha + p.sum(axis=1, keepdims=True), acc * alpha + p @ v
 
 
-def emulate_split_kernel(grid, Q, K, V, BlockTable, SeqLens, Opart, Lse, Out,
-                         qk_scale, num_q, TILE_M, TILE_N, TILE_D, PAGED, FINAL=False,
-                         FUSED=False, PDL=False, order_seed=0, *, Counter=None):
+def emulate_split_kernel(grid, Q, K, V, BlockTable, SeqLens, KDescale, VDescale, Opart, Lse,
+                         Out, qk_scale, num_q, TILE_M, TILE_N, TILE_D, PAGED, FINAL=False,
+                         KV_FP8=False, V_TRANSPOSED=False, SLICE_D=None, P_SHIFT=0, *,
+                         programs=None):
     """``decode_split_kernel`` on NumPy arrays in the kernel's layout, program by program.
 
     Arguments in the kernel's order (``grid`` first); Opart and Lse are written in place and
     the arithmetic is done in Opart's dtype; with FINAL (one split) the normalised output is
     written to ``Out`` (B, Hkv, rows, D) instead, rows and columns past its shape dropped, and
-    the arithmetic is done in float64 if Out is float64, else float32. With FUSED (the book's
-    ladder kernel, ``flashbook/ladder/decode.py``, whose ``Counter`` follows ``Out``) the programs
-    run in a shuffled order (``order_seed``: on a GPU any split can finish last), each counts
-    itself in ``Counter[bh, bid_m]``, and the one that counts last merges its row block into
-    ``Out`` (as ``emulate_combine_kernel``) and sets the counter back to 0. Follows the kernel
-    line by line: the split rule read from each length, tiles loaded with zero padding, the
-    mask only on tiles past ``len - Nq + 1``, -inf selected (not added), V rows past the
-    length zeroed, and the device-side guards (a length outside ``[0, capacity]`` or a page id
-    out of range: NaN).
+    the arithmetic is done in float64 if Out is float64, else float32. KV_FP8 (V in K's
+    layout): K and V hold the fp8 values as floats, the descales (B, Hkv) fold into the scale
+    and the output (SLICE_D changes no value). ``programs``: the (bid_m, split, bh) to run, in
+    that order (default: the whole grid). Follows the kernel line by line: the split rule read
+    from each length, tiles loaded with zero padding, the mask only on tiles past
+    ``len - Nq + 1``, -inf selected (not added), V rows past the length zeroed, and the
+    device-side guards (a length outside ``[0, capacity]`` or a page id out of range: NaN).
+    V_TRANSPOSED rounds q and P to fp8: ``emulate_decode_fp8mma`` replays it.
     """
+    if V_TRANSPOSED:
+        raise ValueError("V_TRANSPOSED (FP8 MMAs): use emulate_decode_fp8mma")
     dt = (np.float64 if Out.dtype == np.float64 else np.float32) if FINAL else Opart.dtype
     m_blocks, num_splits, _ = grid
     num_pages, num_kv_heads, page_size, D = K.shape
@@ -311,12 +318,11 @@ def emulate_split_kernel(grid, Q, K, V, BlockTable, SeqLens, Opart, Lse, Out,
         t[:part.shape[0], :D] = part
         return t
 
-    programs = list(np.ndindex(*grid))
-    if FUSED:
-        random.Random(order_seed).shuffle(programs)
+    programs = list(np.ndindex(*grid)) if programs is None else programs
     with np.errstate(invalid="ignore", over="ignore"):
         for bid_m, split, bh in programs:
             b, kv_head = divmod(bh, num_kv_heads)
+            scale = qk_scale * (float(KDescale[b, kv_head]) if KV_FP8 else 1.0)
             seqlen_raw = int(SeqLens[b])
             seqlen = min(max(seqlen_raw, 0), capacity)
             bad = seqlen != seqlen_raw
@@ -349,9 +355,11 @@ def emulate_split_kernel(grid, Q, K, V, BlockTable, SeqLens, Opart, Lse, Out,
                     offs_n = n0 + np.arange(TILE_N)
                     qk = np.where(offs_n[None, :] <= q_pos, qk, -np.inf)
                     v = np.where(offs_n[:, None] < seqlen, v, 0.0)
-                m_i, l_i, acc = online_step(qk, m_i, l_i, acc, v, qk_scale)
+                m_i, l_i, acc = online_step(qk, m_i, l_i, acc, v, scale)
             has = l_i > 0
             o = acc / np.where(has, l_i, 1.0)
+            if KV_FP8:
+                o = o * float(VDescale[b, kv_head])
             lse = np.where(has, m_i + np.log2(np.where(has, l_i, 1.0)), -np.inf)
             if bad:
                 o, lse = np.full_like(o, np.nan), np.full_like(lse, np.nan)
@@ -362,17 +370,11 @@ def emulate_split_kernel(grid, Q, K, V, BlockTable, SeqLens, Opart, Lse, Out,
             else:
                 Opart[split, bh, bid_m * TILE_M:(bid_m + 1) * TILE_M] = o
                 Lse[split, bh, bid_m * TILE_M:(bid_m + 1) * TILE_M] = lse[:, 0]
-                if FUSED:
-                    arrived = int(Counter[bh, bid_m])
-                    Counter[bh, bid_m] = arrived + 1
-                    if arrived == num_splits - 1:                     # the last: merge
-                        Counter[bh, bid_m] = 0
-                        _merge_block(Opart, Lse, Out, bh, bid_m, TILE_M, TILE_D)
 
 
-def _merge_block(Opart, Lse, Out, bh, bid_m, TILE_M, TILE_D):
-    """Merge the splits of one row block (``decode_combine_kernel``'s program, and the fused
-    merge of ``decode_split_kernel``) into ``Out`` (B, Hkv, rows, D)."""
+def merge_block(Opart, Lse, Out, bh, bid_m, TILE_M, TILE_D):
+    """Merge the splits of one row block (``decode_combine_kernel``'s program) into ``Out``
+    (B, Hkv, rows, D)."""
     num_splits = Opart.shape[0]
     _, num_kv_heads, rows, D = Out.shape
     b, kv_head = divmod(bh, num_kv_heads)
@@ -394,17 +396,16 @@ def _merge_block(Opart, Lse, Out, bh, bid_m, TILE_M, TILE_D):
     Out[b, kv_head, sl][:n] = out[:n, :D]
 
 
-def emulate_combine_kernel(grid, Opart, Lse, Out, TILE_M, TILE_D, PDL=False):
+def emulate_combine_kernel(grid, Opart, Lse, Out, TILE_M, TILE_D):
     """``decode_combine_kernel`` on NumPy arrays: an online softmax over the splits (base 2);
-    writes ``Out`` (B, Hkv, rows, D) in place, dropping rows and columns past its shape.
-    PDL (a dependent launch's wait) changes nothing here: launches run one after another."""
+    writes ``Out`` (B, Hkv, rows, D) in place, dropping rows and columns past its shape."""
     m_blocks, _, _ = grid
     with np.errstate(invalid="ignore", over="ignore"):
         for bid_m, bh in np.ndindex(m_blocks, grid[1]):
-            _merge_block(Opart, Lse, Out, bh, bid_m, TILE_M, TILE_D)
+            merge_block(Opart, Lse, Out, bh, bid_m, TILE_M, TILE_D)
 
 
-def emulate_combine_row_kernel(grid, Opart, Lse, Out, TILE_D, TILE_S, PDL=False):
+def emulate_combine_row_kernel(grid, Opart, Lse, Out, TILE_D, TILE_S):
     """``decode_combine_row_kernel`` on NumPy arrays, one program per packed row: an online softmax
     over the splits (base 2), ``TILE_S`` splits per step (those past the last read as
     ``lse = -inf``, ``o = 0``, the kernel's padding); writes ``Out`` (B, Hkv, rows, D) in place,
@@ -440,7 +441,7 @@ def emulate_combine_row_kernel(grid, Opart, Lse, Out, TILE_D, TILE_S, PDL=False)
 def emulate_decode(q, k_cache, v_cache, cache_seqlens, block_table=None, *, scale=None,
                    num_splits: int = 1, tile_m: int = 16, tile_n: int = 64,
                    combine_tile_m: int | None = None, combine_tile_s: int | None = None,
-                   fused: bool = False, order_seed: int = 0, return_partials: bool = False):
+                   return_partials: bool = False):
     """``decode_split_kernel`` then ``decode_combine_kernel`` (kernels/decode.py), in NumPy,
     with the host's layout (the GQA group's heads packed as rows) and *no host check of the
     values*: a length outside ``[0, capacity]`` or a page id out of range makes that sequence's
@@ -473,15 +474,11 @@ def emulate_decode(q, k_cache, v_cache, cache_seqlens, block_table=None, *, scal
     # One split: the split kernel writes the output itself (FINAL), as the host launches it
     # (the partials are then computed too when asked for, for return_partials).
     final = num_splits == 1 and not return_partials
-    fused = bool(fused) and not final
-    counter = np.zeros((B * Hkv, m_blocks), np.int32)
+    unread = np.ones((1, 1), dt)                                     # 16-bit: no descales
     emulate_split_kernel((m_blocks, num_splits, B * Hkv), qn.reshape(B, Hkv, rows, D), kn, vn,
-                         table, lens, Opart, Lse, out, scale, Nq, tile_m, tile_n, TD,
-                         block_table is not None, final, fused, order_seed, Counter=counter)
-    if fused:
-        if counter.any():
-            raise AssertionError("a fused merge left a counter non-zero")
-    elif not final and combine_tile_s is not None:
+                         table, lens, unread, unread, Opart, Lse, out, scale, Nq, tile_m,
+                         tile_n, TD, block_table is not None, final)
+    if not final and combine_tile_s is not None:
         # The one-row combine, combine_tile_s splits per step.
         emulate_combine_row_kernel((rows, B * Hkv, 1), Opart, Lse, out, TD, combine_tile_s)
     elif not final:
@@ -490,4 +487,107 @@ def emulate_decode(q, k_cache, v_cache, cache_seqlens, block_table=None, *, scal
     out = out.reshape(B, Hq, Nq, D)
     if return_partials:
         return out, Opart, Lse
+    return out
+
+
+def decode_reference_fp8(q, k_cache8, v_cache8, cache_seqlens, k_descale, v_descale, *,
+                         block_table=None, scale=None, v_transposed: bool = False):
+    """fp32 decode attention of the dequantised fp8 caches (the widening path's exact answer;
+    the FP8-MMA path's too, up to q and P rounded to fp8), a torch tensor on the CPU.
+    Descales (B, Hkv) float32 (or a number); for a paged cache each sequence's pages are
+    dequantised with its own row of them. ``v_transposed``: v_cache8 is (B, Hkv, D, S) (paged:
+    (num_pages, Hkv, D, page_size))."""
+    import torch
+    if v_transposed:
+        v_cache8 = v_cache8.transpose(-1, -2)
+    B, Hkv = q.shape[0], k_cache8.shape[1]
+    kd = torch.as_tensor(k_descale, dtype=torch.float32).cpu().expand(B, Hkv)
+    vd = torch.as_tensor(v_descale, dtype=torch.float32).cpu().expand(B, Hkv)
+    outs = []
+    for b in range(B):
+        # Contiguous: sequence b's own cache; paged: the page pool, in sequence b's descales.
+        kb = k_cache8 if block_table is not None else k_cache8[b:b + 1]
+        vb = v_cache8 if block_table is not None else v_cache8[b:b + 1]
+        kc = kb.float().cpu() * kd[b][None, :, None, None]
+        vc = vb.float().cpu() * vd[b][None, :, None, None]
+        bt = None if block_table is None else block_table[b:b + 1].cpu()
+        outs.append(decode_attention(q[b:b + 1].float().cpu(), kc, vc,
+                                     cache_seqlens[b:b + 1].cpu(), bt, scale=scale))
+    return torch.cat(outs)
+
+
+def emulate_decode_fp8mma(q, k8, v8t, lens, kd, vd, *, tile_n, num_splits, block_table=None,
+                          scale=None, p_shift=8):
+    """The FP8-MMA decode kernel's arithmetic in torch (fp32, on the CPU), one (sequence, kv
+    head) at a time: q rounded to the cache's fp8 per row (amax at 448), S = q8 k8^T, the
+    online softmax over ``tile_n``-key tiles of each of ``num_splits`` runs with
+    P = 2^(s - m + p_shift) rounded to fp8 before P V, the runs merged by their LSE.
+    q (B, Hq, Nq, D); k8 (B, Hkv, S, D), v8t (B, Hkv, D, S) (paged: (num_pages, Hkv, ...)
+    with ``block_table``); lens (B,); descales (B, Hkv). Returns fp32 (B, Hq, Nq, D). Slots
+    past a length must be finite in v8t (the kernel zeroes them; so does this)."""
+    import torch
+    q, k8, v8t, lens = q.cpu(), k8.cpu(), v8t.cpu(), lens.cpu()
+    kd, vd = torch.as_tensor(kd).cpu(), torch.as_tensor(vd).cpu()
+    block_table = None if block_table is None else block_table.cpu()
+    B, Hq, Nq, D = q.shape
+    Hkv = k8.shape[1]
+    G = Hq // Hkv
+    scale = 1.0 / math.sqrt(D) if scale is None else scale
+    out = torch.zeros(B, Hq, Nq, D)
+    inv_log2 = 1.0 / math.log(2)
+    for b in range(B):
+        n = int(lens[b])
+        if block_table is None:
+            kb = k8[b].float()                                       # (Hkv, S, D)
+            vb = v8t[b].float().transpose(-1, -2)
+        else:
+            pages = block_table[b].long()
+            kb = torch.cat([k8[p].float() for p in pages], dim=1)
+            vb = torch.cat([v8t[p].float().transpose(-1, -2) for p in pages], dim=1)
+        n_tiles = -(-n // tile_n)
+        per = -(-n_tiles // num_splits) if n_tiles else 0
+        for h in range(Hkv):
+            qf = q[b, h * G:(h + 1) * G].float().reshape(G * Nq, D)  # rows g * Nq + i
+            amax = qf.abs().amax(-1, keepdim=True)
+            amax = torch.where(amax > 0, amax, torch.ones_like(amax))
+            q8 = (qf * (448.0 / amax)).to(k8.dtype).float()
+            rs = (amax * (1.0 / 448.0)) * (scale * inv_log2 * float(kd[b, h]))
+            pos = n - Nq + torch.arange(G * Nq) % Nq                 # each row's position
+            parts = []
+            for sp in range(num_splits):
+                t0 = min(sp * per, n_tiles)
+                t1 = min(t0 + per, n_tiles)
+                m = torch.full((G * Nq, 1), -math.inf)
+                l = torch.zeros(G * Nq, 1)
+                acc = torch.zeros(G * Nq, D)
+                for t in range(t0, t1):
+                    j = torch.arange(t * tile_n, (t + 1) * tile_n)
+                    jj = j.clamp(max=kb.shape[1] - 1)
+                    s = q8 @ kb[h, jj].T
+                    s = torch.where(j[None, :] <= pos[:, None], s, -math.inf)
+                    m_new = torch.maximum(m, s.amax(-1, keepdim=True) * rs)
+                    m_use = torch.where(m_new == -math.inf, torch.zeros_like(m_new), m_new)
+                    p = torch.exp2(s * rs - (m_use - p_shift))
+                    alpha = torch.exp2(m - m_use)
+                    l = l * alpha + p.sum(-1, keepdim=True)
+                    vt = torch.where((j < n)[:, None], vb[h, jj], torch.zeros(()))
+                    acc = acc * alpha + p.to(k8.dtype).float() @ vt
+                    m = m_new
+                has = l > 0
+                ls = torch.where(has, l, torch.ones_like(l))
+                o = acc / ls * float(vd[b, h])
+                lse = torch.where(has, m + torch.log2(ls) - p_shift,
+                                  torch.full_like(m, -math.inf))
+                parts.append((o, lse))
+            if num_splits == 1:
+                o = parts[0][0]
+            else:
+                lses = torch.stack([p[1] for p in parts])            # (splits, R, 1)
+                mx = lses.amax(0)
+                mx = torch.where(mx == -math.inf, torch.zeros_like(mx), mx)
+                w = torch.exp2(lses - mx)
+                tot = w.sum(0)
+                o = sum(w[i] * parts[i][0] for i in range(num_splits))
+                o = o / torch.where(tot > 0, tot, torch.ones_like(tot))
+            out[b, h * G:(h + 1) * G] = o.reshape(G, Nq, D)
     return out

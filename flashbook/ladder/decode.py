@@ -1,7 +1,8 @@
-"""Split-KV decoding (flash-decoding) over a contiguous or paged KV cache: two kernels.
+"""Split-KV decoding (flash-decoding) over a contiguous or paged KV cache: one split kernel for
+every cache dtype, and the combines.
 
-(The book's ladder file: the library's ``flashattn/kernels/decode.py`` with its off
-switches kept, see ``flashbook/ladder/variants.py``; the library folds them away.)
+(The book's ladder file: the library's ``flashattn/kernels/decode.py`` with its off switches
+kept, see ``flashbook/ladder/variants.py``; the library folds them away.)
 
 A decode step has a few query rows per sequence (Nq = 1 for plain decoding, up to 16 for
 speculative decoding) and a long KV cache, so one program per (batch, head) leaves most SMs idle
@@ -10,12 +11,24 @@ and each query head of a GQA group would read the same K/V again. Here:
 * the query heads of one GQA group are packed as the rows of one tile (row ``r = g * Nq + i`` is
   query ``i`` of head ``kv_head * G + g``), so each K/V tile is read once per group;
 * the cache length is split across programs (``decode_split_kernel``), each writing a partial
-  output and its log-sum-exp; ``decode_combine_kernel`` merges them with the exact LSE algebra:
-  ``lse = log2(sum_s 2^lse_s)``, ``o = sum_s 2^(lse_s - lse) o_s``; with one split (large
-  batches fill the GPU without splitting) the split kernel writes the output itself (``FINAL``)
-  and the combine does not run;
-* the per-sequence lengths (and the block table) are read from device tensors inside the kernel,
-  so one launch can be captured in a CUDA graph and replayed while the lengths change.
+  output and its log-sum-exp; ``decode_combine_kernel`` (or ``decode_combine_row_kernel``)
+  merges them: ``lse = log2(sum_s 2^lse_s)``, ``o = sum_s 2^(lse_s - lse) o_s``; with one split
+  the split kernel writes the output itself (``FINAL``) and no combine runs;
+* lengths and the block table are read on the device (``kernels/splitkv.py``), so one launch
+  can be captured in a CUDA graph and replayed while the lengths change.
+
+The cache's dtype picks the arithmetic, by constants:
+
+* fp16/bf16 (``KV_FP8`` off): both products in the cache's dtype.
+* fp8 with V in K's layout (``KV_FP8``): each tile widened to the query's dtype on chip, S in
+  head-dim slices of ``SLICE_D`` columns; the descales fold into the softmax scale (K) and the
+  output (V).
+* fp8 with V transposed in the cache (``V_TRANSPOSED``): both products on FP8 MMAs. The query
+  rows are quantised once per program (one scale per row, folded into that row's softmax
+  scale); P is scaled into fp8's range (``2^(s - m + P_SHIFT)``, cancelled by the
+  normalisation); V is read (TILE_N, D) from its (D, S) memory, the key axis contiguous, as the
+  FP8 MMA reads its operands. The unmasked tiles run in a loop of their own, so that only the
+  masked ones route V through registers for the select.
 
 Layouts (``Hq = Hkv * G``; the host views q and out as below, which is free for contiguous
 tensors)::
@@ -23,74 +36,143 @@ tensors)::
     Q, Out:  (B, Hkv, G * Nq, D)              q, out (B, Hq, Nq, D) viewed group by group
     K, V:    (B, Hkv, S, D)                   contiguous cache (PAGED=False), S = capacity
              (num_pages, Hkv, page_size, D)   paged cache (PAGED=True)
+             V_TRANSPOSED: V (B, Hkv, D, S) or (num_pages, Hkv, D, page_size)
+    KDescale, VDescale: (B, Hkv) fp32         KV_FP8 only (else placeholders, never read)
     BlockTable: (B, max_pages) int32          page id of slot p of sequence b (PAGED)
     SeqLens: (B,) int32                       keys of sequence b: 0 .. SeqLens[b] - 1
     Opart:   (num_splits, B * Hkv, M_pad, TILE_D) fp32   normalised partial outputs
     Lse:     (num_splits, B * Hkv, M_pad) fp32            partial log-sum-exps, base 2
-             (FINAL: small placeholders, never read or written)
 
-Query row ``i`` of a sequence sits at position ``SeqLens[b] - Nq + i`` (the new tokens are the
-last ``Nq`` entries of the cache) and sees keys ``0 .. SeqLens[b] - Nq + i``; a row that sees no
-key (``SeqLens[b] == 0``, or ``i < Nq - SeqLens[b]``) gets output 0, as FlashAttention does.
-
-Split rule, evaluated in the kernel from the length it reads: the ``n = cdiv(len, TILE_N)`` K/V
-tiles of a sequence are dealt in runs of ``cdiv(n, num_splits)`` tiles; split ``s`` takes run
-``s`` (possibly empty). So the split count is fixed at launch (graph capture), while each
-sequence's work follows its current length.
-
-Invalid device data never causes an out-of-bounds read: a length outside ``[0, capacity]`` or a
-page id outside ``[0, num_pages)`` is clamped for addressing, and the program writes NaN for that
-sequence instead of a silent wrong answer (the host checks these values up front when it can;
-under CUDA-graph capture it cannot).
+Query row ``i`` of a sequence sits at position ``SeqLens[b] - Nq + i`` and sees keys ``0 ..``
+that position; a row that sees no key gets output 0, as FlashAttention does. A length or page id
+out of range makes the sequence's output NaN (``splitkv.py``).
 """
 import math
 
 import cuda.tile as ct
 
-from flashattn.kernels.common import INV_LOG_2, mask_scores, merge_lse, online_softmax_update
+from flashattn.kernels.common import (INV_LOG_2, ConstBool, ConstInt, mask_scores, merge_lse,
+                                     online_softmax_update)
+from flashattn.kernels.splitkv import (finalize, merge_splits, page_of, query_positions,
+                                      sequence_length, split_tiles, store_split)
 
-ConstInt = ct.Constant[int]
-ConstBool = ct.Constant[bool]
+# q rows are scaled so their largest |value| lands here (V_TRANSPOSED): e4m3's largest finite
+# value (e5m2 holds it too, with the same relative spacing of its values).
+Q8_MAX = 448.0
 
 
-def merge_splits(Opart, Lse, bh, bid_m, TILE_M: ConstInt, TILE_D: ConstInt):
-    """The merged output ``[TILE_M, TILE_D]`` fp32 of row block ``bid_m`` of group ``bh``: the
-    LSE algebra as an online softmax over the splits, one split at a time (a row whose splits
-    all have ``lse = -inf`` gets 0; a NaN partial stays NaN). Used by ``decode_combine_kernel``
-    and by the fused merge of ``decode_split_kernel``."""
-    num_splits = Opart.shape[0]
-    m = ct.full((TILE_M, 1), -math.inf, dtype=ct.float32)            # running max of lse_s
-    l = ct.full((TILE_M, 1), 0.0, dtype=ct.float32)                  # sum of 2^(lse_s - m)
-    acc = ct.full((TILE_M, TILE_D), 0.0, dtype=ct.float32)          # sum of 2^(lse_s - m) o_s
-    for s in range(num_splits):
-        lse = ct.load(Lse, index=(s, bh, bid_m), shape=(1, 1, TILE_M))
-        lse = lse.reshape((TILE_M, 1))                               # [TILE_M, 1]
-        o = ct.load(Opart, index=(s, bh, bid_m, 0), shape=(1, 1, TILE_M, TILE_D))
-        o = o.reshape((TILE_M, TILE_D))                              # [TILE_M, TILE_D]
-        m, l, acc = merge_lse(m, l, acc, lse, o, False)              # one split per row
-    return ct.truediv(acc, ct.where(l > 0.0, l, 1.0))               # [TILE_M, TILE_D]
+def _sliced_scores(Q, K, page, kv_head, tile_in_page, batch_idx, bid_m, TILE_M: ConstInt,
+                   TILE_N: ConstInt, TILE_D: ConstInt, SLICE_D: ConstInt):
+    """S = Q K^T of one fp8 key tile widened in head-dim slices of SLICE_D (a widened K tile of
+    the whole head dim spills at D=256), [TILE_M, TILE_N] fp32."""
+    qk = ct.full((TILE_M, TILE_N), 0.0, dtype=ct.float32)
+    for c in range(TILE_D // SLICE_D):
+        k = ct.load(K, index=(page, kv_head, c, tile_in_page), shape=(1, 1, SLICE_D, TILE_N),
+                    order=(0, 1, 3, 2), padding_mode=ct.PaddingMode.ZERO)
+        k = k.reshape((SLICE_D, TILE_N)).astype(Q.dtype)             # [SLICE_D, TILE_N]
+        qc = ct.load(Q, index=(batch_idx, kv_head, bid_m, c), shape=(1, 1, TILE_M, SLICE_D),
+                     padding_mode=ct.PaddingMode.ZERO).reshape((TILE_M, SLICE_D))
+        qk = ct.mma(qc, k, qk)                                       # S += Q_c K_c^T
+    return qk
+
+
+def _values(Q, V, page, kv_head, tile_in_page, TILE_N: ConstInt, TILE_D: ConstInt,
+            KV_FP8: ConstBool, V_TRANSPOSED: ConstBool):
+    """V of one key tile, [TILE_N, TILE_D]: fp8 as stored with V_TRANSPOSED (read from its
+    (D, S) memory, the key axis contiguous), widened to q's dtype with KV_FP8 alone."""
+    if V_TRANSPOSED:
+        v = ct.load(V, index=(page, kv_head, tile_in_page, 0), shape=(1, 1, TILE_N, TILE_D),
+                    order=(0, 1, 3, 2), padding_mode=ct.PaddingMode.ZERO)
+        return v.reshape((TILE_N, TILE_D))
+    v = ct.load(V, index=(page, kv_head, tile_in_page, 0), shape=(1, 1, TILE_N, TILE_D),
+                padding_mode=ct.PaddingMode.ZERO).reshape((TILE_N, TILE_D))
+    if KV_FP8:
+        v = v.astype(Q.dtype)
+    return v
+
+
+def _key_tile(Q, K, V, q, scale, m_i, l_i, acc, page, kv_head, tile_in_page, n0, seqlen, q_pos,
+              offs_n_tile, batch_idx, bid_m, masked, TILE_M: ConstInt, TILE_N: ConstInt,
+              TILE_D: ConstInt, KV_FP8: ConstBool, V_TRANSPOSED: ConstBool, SLICE_D: ConstInt,
+              P_SHIFT: ConstInt):
+    """One key tile of the online softmax: (m_i, l_i, acc) updated; a 16-bit V is loaded beside
+    K, an fp8 one after the softmax (its tile not live beside K's). ``masked``: the tile holds
+    keys past a query's position or past seqlen (slots that may hold anything, NaN included:
+    the mask selects and those V rows are zeroed, so 0 * garbage cannot reach P V)."""
+    if SLICE_D == TILE_D:
+        # S = Q K^T, K read (D, TILE_N) from its (S, D) memory: K-major.
+        qk = ct.full((TILE_M, TILE_N), 0.0, dtype=ct.float32)
+        k = ct.load(K, index=(page, kv_head, 0, tile_in_page), shape=(1, 1, TILE_D, TILE_N),
+                    order=(0, 1, 3, 2), padding_mode=ct.PaddingMode.ZERO)
+        k = k.reshape((TILE_D, TILE_N))                              # [TILE_D, TILE_N]
+        if not KV_FP8:
+            v = _values(Q, V, page, kv_head, tile_in_page, TILE_N, TILE_D, KV_FP8, V_TRANSPOSED)
+        if V_TRANSPOSED:
+            qk = ct.mma(q, k, qk, use_fast_acc=True)                 # fp8 x fp8
+        elif KV_FP8:
+            qk = ct.mma(q, k.astype(Q.dtype), qk)                    # widened on chip
+        else:
+            qk = ct.mma(q, k, qk)
+    else:
+        qk = _sliced_scores(Q, K, page, kv_head, tile_in_page, batch_idx, bid_m, TILE_M, TILE_N,
+                            TILE_D, SLICE_D)
+    if masked:
+        qk = mask_scores(qk, q_pos, (n0 + offs_n_tile)[None, :], seqlen, True, True)
+        if not KV_FP8:
+            v = ct.where((n0 + offs_n_tile)[:, None] < seqlen, v, 0.0)
+    # GUARD: a row may see no key of this split yet; P_SHIFT: P in fp8's range.
+    p, m_i, l_i, acc = online_softmax_update(qk, m_i, l_i, acc, scale, True, V_TRANSPOSED,
+                                             P_SHIFT)
+    if KV_FP8:
+        v = _values(Q, V, page, kv_head, tile_in_page, TILE_N, TILE_D, KV_FP8, V_TRANSPOSED)
+        if masked:
+            v = ct.where((n0 + offs_n_tile)[:, None] < seqlen, v, 0.0)
+            if V_TRANSPOSED:
+                v = v.astype(V.dtype)                                # fp8 again for the MMA
+    if V_TRANSPOSED:
+        acc = ct.mma(p.astype(V.dtype), v, acc, use_fast_acc=True)
+    else:
+        acc = ct.mma(p.astype(Q.dtype), v, acc)                      # O += P V
+    return m_i, l_i, acc
+
+
+def _key_tiles(Q, K, V, BlockTable, q, scale, m_i, l_i, acc, bad, t_start, t_end, mask_from,
+               seqlen, q_pos, offs_n_tile, batch_idx, kv_head, bid_m, page_size, num_pages,
+               MASK: ConstInt,
+               TILE_M: ConstInt, TILE_N: ConstInt, TILE_D: ConstInt, PAGED: ConstBool,
+               KV_FP8: ConstBool, V_TRANSPOSED: ConstBool, SLICE_D: ConstInt,
+               P_SHIFT: ConstInt):
+    """Key tiles ``t_start .. t_end - 1`` of the online softmax: (m_i, l_i, acc, bad). MASK: 0
+    no tile needs the mask, 1 every tile does, 2 the tiles reaching ``mask_from``."""
+    for t in range(t_start, t_end):
+        n0 = t * TILE_N                                              # first key of the tile
+        page, tile_in_page, bad = page_of(BlockTable, batch_idx, t, bad, page_size, num_pages,
+                                          TILE_N, PAGED)
+        if MASK == 2:
+            masked = n0 + TILE_N > mask_from
+        else:
+            masked = MASK == 1
+        m_i, l_i, acc = _key_tile(Q, K, V, q, scale, m_i, l_i, acc, page, kv_head, tile_in_page,
+                                  n0, seqlen, q_pos, offs_n_tile, batch_idx, bid_m, masked,
+                                  TILE_M, TILE_N, TILE_D, KV_FP8, V_TRANSPOSED, SLICE_D,
+                                  P_SHIFT)
+    return m_i, l_i, acc, bad
 
 
 @ct.kernel
-def decode_split_kernel(Q, K, V, BlockTable, SeqLens, Opart, Lse, Out, Counter,
-                        qk_scale: float, num_q: int,
+def decode_split_kernel(Q, K, V, BlockTable, SeqLens, KDescale, VDescale, Opart, Lse, Out,
+                        Counter, qk_scale: float, num_q: int,
                         TILE_M: ConstInt, TILE_N: ConstInt, TILE_D: ConstInt,
-                        PAGED: ConstBool, FINAL: ConstBool, FUSED: ConstBool, PDL: ConstBool):
+                        PAGED: ConstBool, FINAL: ConstBool, KV_FP8: ConstBool,
+                        V_TRANSPOSED: ConstBool, SLICE_D: ConstInt, P_SHIFT: ConstInt,
+                        FUSED: ConstBool, PDL: ConstBool):
     """Partial attention of one GQA group over one run of the cache.
 
     Grid: ``(cdiv(G * Nq, TILE_M), num_splits, B * Hkv)``. qk_scale: the softmax scale (natural
-    units); num_q: Nq. With PAGED, ``page_size = K.shape[2]`` is a multiple of TILE_N, so a K/V
-    tile never straddles two pages. With FINAL (one split: the partial is the answer) the
-    program writes its normalised output to ``Out`` in Out's dtype and no combine runs; Opart
-    and Lse are then not touched. Otherwise ``Out`` is not touched, unless FUSED: then each
-    program, after storing its partial, counts itself in ``Counter[bh, bid_m]`` (an atomic
-    add, acquire-release at device scope: its partial is published, the others' it sees are
-    visible), and the program that counts last merges all the splits of its row block as
-    ``decode_combine_kernel`` does, writes ``Out`` and sets the counter back to 0 (E23: the
-    merge without a second launch). ``Counter`` (B * Hkv, row blocks) int32 must be 0 at
-    launch; without FUSED it is a placeholder, never touched.
+    units); num_q: Nq. With PAGED, ``page_size = K.shape[2]`` is a multiple of TILE_N. FINAL
+    (one split): the program writes ``Out`` and leaves Opart and Lse alone; otherwise the
+    reverse. KV_FP8, V_TRANSPOSED, SLICE_D, P_SHIFT: the cache's arithmetic (module docstring).
     """
-    # --- Program id -> (row block, split, batch, kv head) ---
     bid_m = ct.bid(0)
     split = ct.bid(1)
     bh = ct.bid(2)
@@ -98,102 +180,72 @@ def decode_split_kernel(Q, K, V, BlockTable, SeqLens, Opart, Lse, Out, Counter,
     num_kv_heads = K.shape[1]
     batch_idx = bh // num_kv_heads
     kv_head = bh % num_kv_heads
-    qk_scale = qk_scale * INV_LOG_2                                  # softmax in base 2
-
-    # --- This sequence's length, read on the device (CUDA-graph replay sees the new value) ---
-    page_size = K.shape[2]
-    if PAGED:
-        capacity = BlockTable.shape[1] * page_size
+    if KV_FP8:
+        k_ds = ct.gather(KDescale, (batch_idx, kv_head), padding_value=1.0).item()
+        v_scale = ct.gather(VDescale, (batch_idx, kv_head), padding_value=1.0).item()
+        scale = qk_scale * INV_LOG_2 * k_ds                          # base 2, K dequantised
     else:
-        capacity = page_size
-    seqlen_raw = ct.gather(SeqLens, (batch_idx,), padding_value=0).item()
-    seqlen = min(max(seqlen_raw, 0), capacity)                       # never read past the cache
-    bad = ct.where(seqlen == seqlen_raw, 0, 1)                       # 1: poison the output
+        v_scale = qk_scale                                           # unused (SCALE_V off)
+        scale = qk_scale * INV_LOG_2                                 # softmax in base 2
 
-    # --- Which K/V tiles this split visits ---
-    n_tiles = ct.cdiv(seqlen, TILE_N)
-    per_split = ct.cdiv(n_tiles, num_splits)
-    t_start = min(split * per_split, n_tiles)
-    t_end = min(t_start + per_split, n_tiles)
-    # Keys before seqlen - num_q + 1 are visible to every row: only later tiles need the mask.
-    mask_from = seqlen - num_q + 1
-
-    # --- Query tile: the G heads x Nq queries of this group, and their positions ---
-    rows = bid_m * TILE_M + ct.arange(TILE_M, dtype=ct.int32)       # [TILE_M]
-    q_pos = (seqlen - num_q + rows % num_q)[:, None]                 # [TILE_M, 1]
+    page_size = K.shape[2]
+    seqlen, bad = sequence_length(SeqLens, BlockTable, batch_idx, page_size, PAGED)
+    t_start, t_end, mask_from = split_tiles(seqlen, split, num_splits, num_q, TILE_N)
+    q_pos = query_positions(seqlen, num_q, bid_m, TILE_M)            # [TILE_M, 1]
     offs_n_tile = ct.arange(TILE_N, dtype=ct.int32)                  # [TILE_N]
     q = ct.load(Q, index=(batch_idx, kv_head, bid_m, 0), shape=(1, 1, TILE_M, TILE_D),
                 padding_mode=ct.PaddingMode.ZERO).reshape((TILE_M, TILE_D))  # [TILE_M, TILE_D]
     m_i = ct.full((TILE_M, 1), -math.inf, dtype=ct.float32)          # running max (log2 units)
     l_i = ct.full((TILE_M, 1), 0.0, dtype=ct.float32)               # running sum of exp2
     acc = ct.full((TILE_M, TILE_D), 0.0, dtype=ct.float32)          # unnormalised output
-
-    # --- Main loop over this split's K/V tiles ---
     num_pages = K.shape[0]
-    for t in range(t_start, t_end):
-        n0 = t * TILE_N                                              # first key of the tile
-        if PAGED:
-            # The block table maps slot n0 // page_size of this sequence to a physical page.
-            slot = n0 // page_size
-            page_raw = ct.gather(BlockTable, (batch_idx, slot), padding_value=-1).item()
-            page = min(max(page_raw, 0), num_pages - 1)
-            bad = max(bad, ct.where(page == page_raw, 0, 1))
-            tile_in_page = (n0 - slot * page_size) // TILE_N
-        else:
-            page = batch_idx
-            tile_in_page = t
-        # K is read transposed straight from (page_size, D) memory (as in fmha.py).
-        k = ct.load(K, index=(page, kv_head, 0, tile_in_page), shape=(1, 1, TILE_D, TILE_N),
-                    order=(0, 1, 3, 2), padding_mode=ct.PaddingMode.ZERO)
-        k = k.reshape((TILE_D, TILE_N))                              # [TILE_D, TILE_N]
-        v = ct.load(V, index=(page, kv_head, tile_in_page, 0), shape=(1, 1, TILE_N, TILE_D),
-                    padding_mode=ct.PaddingMode.ZERO)
-        v = v.reshape((TILE_N, TILE_D))                              # [TILE_N, TILE_D]
-        qk = ct.full((TILE_M, TILE_N), 0.0, dtype=ct.float32)       # [TILE_M, TILE_N]
-        qk = ct.mma(q, k, qk)                                        # S = Q K^T
 
-        if n0 + TILE_N > mask_from:
-            # The causal edge and the end of the sequence. Cache slots past seqlen may hold
-            # anything (NaN included): select -inf instead of adding it, and zero those V rows
-            # so that 0 * garbage cannot reach P V.
-            offs_n = n0 + offs_n_tile                                # [TILE_N]
-            qk = mask_scores(qk, q_pos, offs_n[None, :], seqlen, True, True)  # causal edge
-            v = ct.where(offs_n[:, None] < seqlen, v, 0.0)           # [TILE_N, TILE_D]
-
-        # --- Online softmax (chapter 2); a row with no visible key yet keeps m_i = -inf ---
-        p, m_i, l_i, acc = online_softmax_update(qk, m_i, l_i, acc, qk_scale, True, False)
-        acc = ct.mma(p.astype(Q.dtype), v, acc)                      # O += P V
-
-    # --- Normalise, and the split's log-sum-exp (-inf for a split with no visible key) ---
-    has_keys = l_i > 0.0                                             # [TILE_M, 1]
-    o = ct.truediv(acc, ct.where(has_keys, l_i, 1.0))                # [TILE_M, TILE_D]
-    lse = ct.where(has_keys, m_i + ct.log2(ct.where(has_keys, l_i, 1.0)), -math.inf)
-    if bad > 0:
-        # A length past the cache or a page id out of range: NaN, never a wrong number.
-        o = ct.full((TILE_M, TILE_D), math.nan, dtype=ct.float32)
-        lse = ct.full((TILE_M, 1), math.nan, dtype=ct.float32)
-    if FINAL:
-        # Rows past G * Nq and columns past D are dropped by the store (as in the combine).
-        ct.store(Out, index=(batch_idx, kv_head, bid_m, 0),
-                 tile=o.reshape((1, 1, TILE_M, TILE_D)).astype(Out.dtype))
+    if V_TRANSPOSED:
+        # q to fp8 once, one scale per row (its amax at Q8_MAX), folded into the row's scale.
+        qf = q.astype(ct.float32)
+        amax = ct.max(ct.abs(qf), axis=-1, keepdims=True)           # [TILE_M, 1]
+        amax = ct.where(amax > 0.0, amax, 1.0)                       # zero rows (padding)
+        q8 = (qf * (Q8_MAX / amax)).astype(K.dtype)                  # [TILE_M, TILE_D] fp8
+        row_scale = (amax * (1.0 / Q8_MAX)) * scale                  # [TILE_M, 1]
+        # The unmasked tiles first, then the masked: a mask under an ``if`` in one loop made
+        # the compiler route every V tile through registers.
+        t_mid = min(max(t_start, max(mask_from, 0) // TILE_N), t_end)
+        m_i, l_i, acc, bad = _key_tiles(Q, K, V, BlockTable, q8, row_scale, m_i, l_i, acc, bad,
+                                        t_start, t_mid, mask_from, seqlen, q_pos, offs_n_tile,
+                                        batch_idx, kv_head, bid_m, page_size, num_pages, 0,
+                                        TILE_M, TILE_N, TILE_D, PAGED, KV_FP8, V_TRANSPOSED,
+                                        SLICE_D, P_SHIFT)
+        m_i, l_i, acc, bad = _key_tiles(Q, K, V, BlockTable, q8, row_scale, m_i, l_i, acc, bad,
+                                        t_mid, t_end, mask_from, seqlen, q_pos, offs_n_tile,
+                                        batch_idx, kv_head, bid_m, page_size, num_pages, 1,
+                                        TILE_M, TILE_N, TILE_D, PAGED, KV_FP8, V_TRANSPOSED,
+                                        SLICE_D, P_SHIFT)
     else:
-        ct.store(Opart, index=(split, bh, bid_m, 0), tile=o.reshape((1, 1, TILE_M, TILE_D)))
-        ct.store(Lse, index=(split, bh, bid_m), tile=lse.reshape((1, 1, TILE_M)))
-        if PDL:
-            # E27 (off): the combine, a programmatic dependent, may be scheduled now; it
-            # waits for this grid to finish before it reads a partial.
-            ct.grid_dependency_control_launch_dependents()
-        if FUSED:
-            # Count this split in; the last one merges. acq_rel: the stores above are
-            # published before the count, and the last program sees every split's stores.
-            arrived = ct.atomic_add(Counter, (bh, bid_m), 1,
-                                    memory_order=ct.MemoryOrder.ACQ_REL,
-                                    memory_scope=ct.MemoryScope.DEVICE)
-            if arrived == num_splits - 1:
-                ct.atomic_xchg(Counter, (bh, bid_m), 0)               # ready for the next call
-                out = merge_splits(Opart, Lse, bh, bid_m, TILE_M, TILE_D)  # as the combine
-                ct.store(Out, index=(batch_idx, kv_head, bid_m, 0),
-                         tile=out.reshape((1, 1, TILE_M, TILE_D)).astype(Out.dtype))
+        m_i, l_i, acc, bad = _key_tiles(Q, K, V, BlockTable, q, scale, m_i, l_i, acc, bad,
+                                        t_start, t_end, mask_from, seqlen, q_pos, offs_n_tile,
+                                        batch_idx, kv_head, bid_m, page_size, num_pages, 2,
+                                        TILE_M, TILE_N, TILE_D, PAGED, KV_FP8, V_TRANSPOSED,
+                                        SLICE_D, P_SHIFT)
+
+    o, lse = finalize(acc, m_i, l_i, bad, v_scale, TILE_M, TILE_D, KV_FP8, P_SHIFT)
+    store_split(Out, Opart, Lse, o, lse, batch_idx, kv_head, split, bh, bid_m, TILE_M, TILE_D,
+                FINAL)
+    if PDL:
+        # E27 (off): the combine, a programmatic dependent, may be scheduled now; it waits for
+        # this grid to finish before it reads a partial.
+        ct.grid_dependency_control_launch_dependents()
+    if FUSED:
+        # E23 (off, not with FINAL): each program counts itself in Counter[bh, bid_m] (B * Hkv,
+        # row blocks) int32, 0 at launch; the last to count merges its row block as the
+        # combine does and sets the counter back to 0. acq_rel: the stores above are
+        # published before the count, and the last program sees every split's stores.
+        arrived = ct.atomic_add(Counter, (bh, bid_m), 1, memory_order=ct.MemoryOrder.ACQ_REL,
+                                memory_scope=ct.MemoryScope.DEVICE)
+        if arrived == num_splits - 1:
+            ct.atomic_xchg(Counter, (bh, bid_m), 0)                   # ready for the next call
+            out = merge_splits(Opart, Lse, bh, bid_m, TILE_M, TILE_D)  # as the combine
+            ct.store(Out, index=(batch_idx, kv_head, bid_m, 0),
+                     tile=out.reshape((1, 1, TILE_M, TILE_D)).astype(Out.dtype))
 
 
 @ct.kernel
@@ -225,11 +277,10 @@ def decode_combine_row_kernel(Opart, Lse, Out, TILE_D: ConstInt, TILE_S: ConstIn
     Grid: ``(G * Nq, B * Hkv, 1)``: one program per packed row. Each step loads the
     log-sum-exps ``[TILE_S, 1]`` and partial outputs ``[TILE_S, TILE_D]`` of ``TILE_S`` splits
     (splits past the last read ``lse = -inf`` and ``o = 0``: weight 0), reduces them over the
-    split axis, and folds the result into a running (max, sum, output) as the online softmax of
-    chapter 2 does with key tiles. So the loop is ``cdiv(num_splits, TILE_S)`` steps long, not
-    ``num_splits``. The alternative to ``decode_combine_kernel`` for few rows and many splits
-    (E18b: faster at B=1, slower with thousands of rows); the host picks it with
-    ``kernels.decode_combine_kind`` (few rows and many splits: E21).
+    split axis, and folds the result into a running (max, sum, output) as the online softmax
+    does with key tiles. So the loop is ``cdiv(num_splits, TILE_S)`` steps long, not
+    ``num_splits``. The alternative to ``decode_combine_kernel`` for few rows and many splits;
+    the host picks it with ``kernels.decode_combine_kind``.
     Out is written in its own dtype; columns past D are dropped by the store. A row whose
     splits all have ``lse = -inf`` (no visible key) gets 0; a NaN partial stays NaN.
     """

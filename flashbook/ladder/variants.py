@@ -50,7 +50,7 @@ def decode_plan(dims, *, num_splits=None, max_seqlen=None, sm_count: int, arch=N
     """The library's ``decode_plan`` with the switches: ``combine`` may be "fused" (``fused``,
     default ``DECODE_FUSED_COMBINE``, contiguous caches only), ``pdl`` says whether the combine
     is a dependent launch, and every constant dict carries FUSED and PDL."""
-    from flashattn.decode import decode_plan as library_plan
+    from flashattn.kernels.decode_spec import decode_plan as library_plan
     plan = library_plan(dims, num_splits=num_splits, max_seqlen=max_seqlen, sm_count=sm_count,
                         arch=arch)
     kind = plan["combine"]
@@ -122,11 +122,13 @@ def decode(q, k_cache, v_cache, cache_seqlens, *, block_table=None, scale=None,
                       device=q.device)
     counter = (_counters(q.device, plan["counter_shape"]) if plan["combine"] == "fused"
                else torch.empty((1, 1), dtype=torch.int32, device=q.device))
-    split_kernel = K.hinted(DECODE_SPLIT.kernel(), K.DECODE_SPLIT_HINTS.get(arch, {}))
+    split_kernel = K.hinted(DECODE_SPLIT.kernel(), plan["hints"])
+    unread = torch.empty((1, 1), dtype=torch.float32, device=q.device)    # 16-bit: no descales
     with expect(q.device, lambda: decode_steps(plan, seqlens, dims), "flashbook decode"):
         launch_kernel(q.device, plan["split_grid"], split_kernel,
                       DECODE_SPLIT.args(dict(Q=q_rows, K=k_cache, V=v_cache, BlockTable=table,
-                                             SeqLens=seqlens, Opart=opart, Lse=lse,
+                                             SeqLens=seqlens, KDescale=unread,
+                                             VDescale=unread, Opart=opart, Lse=lse,
                                              Out=out_rows, Counter=counter),
                                         dict(qk_scale=scale, num_q=Nq),
                                         plan["split_constants"]))
@@ -194,3 +196,67 @@ def attention_backward(q, k, v, out, dout, lse, *, causal=False, scale=None, inp
         if not deterministic:
             dq.copy_(dq_buf)
     return dq, dk, dv
+
+
+# --- the ladder's decode kernels in NumPy (the library's emulation with the switches) -------------
+def emulate_split_kernel(grid, Q, K, V, BlockTable, SeqLens, KDescale, VDescale, Opart, Lse, Out,
+                         Counter, *rest, order_seed=0):
+    """The ladder's ``decode_split_kernel`` on NumPy arrays, in its argument order (``Counter``
+    after ``Out``, FUSED and PDL last): the library's emulation, and with FUSED the programs in
+    a shuffled order (``order_seed``: on a GPU any split can finish last), each counting itself
+    in ``Counter[bh, bid_m]``; the one that counts last merges its row block into ``Out`` and
+    sets the counter back to 0. PDL changes nothing here (launches run one after another)."""
+    import random
+
+    import numpy as np
+
+    from flashattn.reference.decode import emulate_split_kernel as library, merge_block
+    *args, fused, _pdl = rest
+    arrays = (Q, K, V, BlockTable, SeqLens, KDescale, VDescale, Opart, Lse, Out)
+    if not fused:
+        library(grid, *arrays, *args)
+        return
+    tile_m, tile_d, num_splits = args[2], args[4], grid[1]
+    programs = list(np.ndindex(*grid))
+    random.Random(order_seed).shuffle(programs)
+    for bid_m, split, bh in programs:
+        library(grid, *arrays, *args, programs=[(bid_m, split, bh)])
+        arrived = int(Counter[bh, bid_m])
+        Counter[bh, bid_m] = arrived + 1
+        if arrived == num_splits - 1:                                 # the last: merge
+            Counter[bh, bid_m] = 0
+            with np.errstate(invalid="ignore", over="ignore"):
+                merge_block(Opart, Lse, Out, bh, bid_m, tile_m, tile_d)
+
+
+def emulate_decode_fused(q, k_cache, v_cache, cache_seqlens, block_table=None, *, scale=None,
+                         num_splits: int = 2, tile_m: int = 16, tile_n: int = 64,
+                         order_seed: int = 0):
+    """``flashattn.reference.emulate_decode`` with the fused merge (no combine launch), in
+    NumPy; raises AssertionError if a counter is left non-zero."""
+    import numpy as np
+
+    from flashattn.contract import check_decode, tile_d_for
+    from flashattn.reference.decode import _compute_dtype, _float, _np
+    check_decode(q, k_cache, v_cache, cache_seqlens, block_table, scale=scale,
+                 check_values=False)
+    dt = _compute_dtype(q, k_cache, v_cache)
+    qn, kn, vn = _float(q, dt), _float(k_cache, dt), _float(v_cache, dt)
+    table = np.zeros((1, 1), np.int32) if block_table is None else _np(block_table)
+    B, Hq, Nq, D = qn.shape
+    Hkv = kn.shape[1]
+    rows, td = Hq // Hkv * Nq, tile_d_for(D)
+    m_blocks = -(-rows // tile_m)
+    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    opart = np.zeros((num_splits, B * Hkv, m_blocks * tile_m, td), dt)
+    lse = np.zeros((num_splits, B * Hkv, m_blocks * tile_m), dt)
+    out = np.zeros((B, Hkv, rows, D), dt)
+    counter = np.zeros((B * Hkv, m_blocks), np.int32)
+    unread = np.ones((1, 1), dt)
+    emulate_split_kernel((m_blocks, num_splits, B * Hkv), qn.reshape(B, Hkv, rows, D), kn, vn,
+                         table, _np(cache_seqlens), unread, unread, opart, lse, out, counter,
+                         scale, Nq, tile_m, tile_n, td, block_table is not None, False, False,
+                         False, td, 0, True, False, order_seed=order_seed)
+    if counter.any():
+        raise AssertionError("a fused merge left a counter non-zero")
+    return out.reshape(B, Hq, Nq, D)

@@ -155,7 +155,7 @@ DECODE_IMPLS = ("decode-fp16", "decode-fp16#2", "decode-fp8", "decode-fp8-mma")
 def decode_rows(B, L, device, *, Hq=32, Hkv=8, D=128, impls=DECODE_IMPLS):
     import torch
     import flashattn
-    from flashattn.fp8 import decode_reference_fp8
+    from flashattn.reference.decode import decode_reference_fp8
     g = torch.Generator(device=device).manual_seed(0)
     q = torch.randn(B, Hq, 1, D, generator=g, device=device, dtype=torch.float16)
     kc = torch.randn(B, Hkv, L, D, generator=g, device=device, dtype=torch.float16)

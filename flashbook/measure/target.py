@@ -176,7 +176,7 @@ def _decode_go(name, *, cache_len, batch, heads, kv_heads, head_dim, dt):
     ``decode-bench``: ``bench_decode._decode_set``, pages of 64 shuffled)."""
     import torch
 
-    from flashattn.decode import decode
+    from flashattn.decoding import decode
     from .bench_decode import _decode_set
     if cache_len % 64:
         raise ValueError(f"decode targets take a cache length that is a multiple of 64 (the "

@@ -8,10 +8,14 @@ import pandas as pd
 
 def kernel_listing(name: str) -> str:
     """The source of one function of ``flashbook/ladder/decode.py`` (the library's kernel with
-    the fused merge the chapter discusses), folded as it ships
+    the fused merge the chapter discusses) or of its tile helpers (``kernels/splitkv.py``),
+    folded as it ships
     (``flashbook.source.shipped_listing``: read as text, no compiler needed)."""
     from ...source import shipped_listing
-    return shipped_listing("flashbook.ladder.decode", name).rstrip("\n")
+    try:
+        return shipped_listing("flashbook.ladder.decode", name).rstrip("\n")
+    except KeyError:          # a tile helper the kernels share (merge_splits, page_of, ...)
+        return shipped_listing("flashattn.kernels.splitkv", name).rstrip("\n")
 
 
 def merge_demo(seed: int = 0, length: int = 300, cuts=(128, 128)) -> dict:
