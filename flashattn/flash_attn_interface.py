@@ -646,7 +646,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
               and (causal or Nq == 1) and 1 <= Nq <= 16 and cache_batch_idx is None
               and (not paged or S % 16 == 0))
     if simple:
-        from .decode import decode
+        from .decoding import decode
         out = decode(q.transpose(1, 2), k_cache.transpose(1, 2), v_cache.transpose(1, 2),
                      lens.contiguous(), block_table=block_table, scale=softmax_scale,
                      num_splits=num_splits or None)

@@ -66,7 +66,7 @@ def _calls(c, n: int, b: int, device):
     import torch
     from . import flash_attn_interface as fai
     from .api import attention
-    from .decode import decode
+    from .decoding import decode
     from .varlen import attention_varlen
     dt = getattr(torch, c["dtype"])
     hq, hkv = c["heads"]
