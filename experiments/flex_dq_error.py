@@ -1,0 +1,226 @@
+"""Issue 38 item 5: why the flex backward's dQ error with a non-linear score function
+(PyTorch's test mods ``_squared``: score * score, ``_trig``: sin(cos(score)) + tan(b)) reads ~2x
+the eager reference's, where other mods read 1.0-1.2x.
+
+Part 1 runs ``flashattn.flex_attention`` (the shipped backward, interpreter) with each mod as a
+ScoreMod carrying its derivative, and measures max |error| of dQ, dK, dV against a dense fp64
+reference with autograd, beside two eager PyTorch references (PyTorch's flex_attention has no
+backward on CPU): "eager32" = the dense math in fp32, gradients rounded to the dtype (the
+tests' criterion), and "eager16" = the same math run in the inputs' dtype.
+
+Part 2 emulates the kernel's arithmetic in torch (variant "t": dS0 = P (dP - Delta) g'(s0),
+dQ += dS0.half() K) and switches one rounding at a time back to fp32/fp64:
+  delta   Delta = rowsum(dO * O) from the fp16/bf16 output O (shipped) or the fp32 one
+  ds      dS0 cast to the dtype before the dS0 K MMA (shipped) or kept in fp32
+  gs      g' evaluated on the fp32 score (shipped) or on the score rounded to the dtype
+
+    PYTHONPATH=. python experiments/flex_dq_error.py          # ~3 min on 2 cores
+    PYTHONPATH=. python experiments/flex_dq_error.py --gpu    # ours vs torch.compile(flex) GPU
+"""
+import argparse
+import math
+import sys
+import warnings
+
+import torch
+
+import flashattn.kernels.flex  # noqa: F401  (installs the interpreter shim before cuda.tile)
+import cuda.tile as ct  # noqa: E402
+from flashattn import interpret  # noqa: E402
+from flashattn.flex import flex_attention  # noqa: E402
+from flashattn.mods import ScoreMod, softcap  # noqa: E402
+
+
+# The mods as cuTile defs (tile and derivative) and torch functions. _trig drops tan(b): a
+# constant per batch, it cancels in the softmax (and is 0 at B=1).
+def sq_tile(score, b, h, q_idx, kv_idx):
+    return score * score
+
+
+def sq_grad(score, b, h, q_idx, kv_idx):
+    return score * 2.0
+
+
+def trig_tile(score, b, h, q_idx, kv_idx):
+    return ct.sin(ct.cos(score))
+
+
+def trig_grad(score, b, h, q_idx, kv_idx):
+    return -ct.cos(ct.cos(score)) * ct.sin(score)
+
+
+def trig_torch(score, b, h, q_idx, kv_idx):
+    return torch.sin(torch.cos(score))
+
+
+def times_two(score, b, h, q_idx, kv_idx):
+    return score * 2.0
+
+
+def two(score, b, h, q_idx, kv_idx):
+    return score * 0.0 + 2.0
+
+
+MODS = {
+    "identity": None,
+    "times_two": ScoreMod("times_two", times_two, grad=two),
+    "softcap20": softcap(20.0),
+    "squared": ScoreMod("squared", sq_tile, grad=sq_grad),
+    "trig": ScoreMod("trig", trig_tile, trig_torch, grad=trig_grad),
+}
+# torch versions of (score function, its derivative) for the emulation
+TORCH = {
+    "identity": (lambda s: s, lambda s: torch.ones_like(s)),
+    "times_two": (lambda s: 2 * s, lambda s: torch.full_like(s, 2.0)),
+    "softcap20": (lambda s: 20 * torch.tanh(s / 20), lambda s: 1 - torch.tanh(s / 20) ** 2),
+    "squared": (lambda s: s * s, lambda s: 2 * s),
+    "trig": (lambda s: torch.sin(torch.cos(s)), lambda s: -torch.cos(torch.cos(s)) * torch.sin(s)),
+}
+
+
+def inputs(seed, B, H, N, D, dtype):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(B, H, N, D, generator=g).to(dtype) for _ in range(4)]
+
+
+def dense(q, k, v, fn):
+    """out of the dense math in q's dtype (autograd-able)."""
+    s = (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
+    s = fn(s)
+    return torch.softmax(s, -1) @ v
+
+
+def ref_grads(q, k, v, do, fn, dt):
+    ls = [t.detach().to(dt).requires_grad_() for t in (q, k, v)]
+    dense(*ls, fn).backward(do.to(dt))
+    return [t.grad for t in ls]
+
+
+def ours(q, k, v, do, mod):
+    ls = [t.clone().requires_grad_() for t in (q, k, v)]
+    with interpret.enabled():
+        out = flex_attention(*ls, score_mod=mod)
+        out.backward(do)
+    return [t.grad for t in ls], out.detach()
+
+
+def emulate(q, k, v, do, out, name, delta="o16", ds="half", gs="fp32"):
+    """The shipped kernels' arithmetic (fp32 tiles, fp16/bf16 MMA operands), one switch at a
+    time: see the module docstring. Returns dq, dk, dv in the dtype."""
+    dt = q.dtype
+    f, g = TORCH[name]
+    scale = 1 / math.sqrt(q.shape[-1])
+    s0 = (q.float() @ k.float().transpose(-1, -2)) * scale       # fp16 products exact in fp32
+    s = f(s0)
+    lse = torch.logsumexp(s, -1, keepdim=True)                     # the forward's (fp32)
+    p = torch.exp(s - lse)
+    if delta == "o16":
+        o = out.float()                                            # the stored output
+    else:
+        o = (p @ v.float())                                        # the output before rounding
+    dlt = (do.float() * o).sum(-1, keepdim=True)
+    dp = do.float() @ v.float().transpose(-1, -2)
+    garg = s0 if gs == "fp32" else s0.to(dt).float()
+    ds0 = p * (dp - dlt) * g(garg)
+    dsm = ds0.to(dt).float() if ds == "half" else ds0
+    dq = (dsm @ k.float()) * scale
+    dk = (ds0.to(dt).float().transpose(-1, -2) @ q.float()) * scale
+    dv = p.to(dt).float().transpose(-1, -2) @ do.float()
+    return [x.to(dt) for x in (dq, dk, dv)]
+
+
+def err(a, r):
+    return (a.double() - r).abs().max().item()
+
+
+def table(shapes, dtypes, seeds):
+    rows = []
+    for name, mod in MODS.items():
+        f = TORCH[name][0]
+        for (B, H, N, D) in shapes:
+            for dt in dtypes:
+                acc = {}
+                for seed in seeds:
+                    q, k, v, do = inputs(seed, B, H, N, D, dt)
+                    r64 = ref_grads(q, k, v, do, f, torch.float64)
+                    cands = {"eager32": [x.to(dt) for x in ref_grads(q, k, v, do, f,
+                                                                     torch.float32)],
+                             "eager16": ref_grads(q, k, v, do, f, dt)}
+                    got, out = ours(q, k, v, do, mod)
+                    cands["ours"] = got
+                    cands["emu"] = emulate(q, k, v, do, out, name)
+                    cands["emu ds32"] = emulate(q, k, v, do, out, name, ds="fp32")
+                    cands["emu o32"] = emulate(q, k, v, do, out, name, delta="o32")
+                    cands["emu o32 ds32"] = emulate(q, k, v, do, out, name, delta="o32",
+                                                    ds="fp32")
+                    cands["emu g'(s16)"] = emulate(q, k, v, do, out, name, gs="half")
+                    for c, gr in cands.items():
+                        e = acc.setdefault(c, [0.0, 0.0, 0.0])
+                        for i in range(3):
+                            e[i] = max(e[i], err(gr[i], r64[i]))
+                rows.append((name, f"{B}x{H}x{N}x{D}", str(dt).split(".")[-1], acc))
+    return rows
+
+
+def show(rows):
+    cols = ["ours", "eager32", "eager16", "emu", "emu ds32", "emu o32", "emu o32 ds32",
+            "emu g'(s16)"]
+    print("max |error| vs fp64 of dQ (dK, dV below); ratio = / eager32")
+    print("| mod | shape | dtype | " + " | ".join(cols) + " |")
+    print("|---|---|---|" + "---|" * len(cols))
+    for name, shape, dt, acc in rows:
+        base = acc["eager32"][0]
+        cells = [f"{acc[c][0]:.2e} ({acc[c][0] / base:.2f}x)" for c in cols]
+        print(f"| {name} | {shape} | {dt} | " + " | ".join(cells) + " |")
+    print("\ndK, dV: ours / eager32 / emu o32")
+    for name, shape, dt, acc in rows:
+        print(f"{name:10s} {shape:12s} {dt:9s} dK {acc['ours'][1]:.2e} / "
+              f"{acc['eager32'][1]:.2e} / {acc['emu o32'][1]:.2e}   dV {acc['ours'][2]:.2e} / "
+              f"{acc['eager32'][2]:.2e} / {acc['emu o32'][2]:.2e}")
+
+
+def gpu():
+    """Ours (the shipped kernels) vs PyTorch's compiled flex backward on the GPU, both against
+    the fp64 dense reference: B=4, H=8, N=2048, D=64 (PyTorch's test shape), fp16 and bf16."""
+    from torch.nn.attention.flex_attention import flex_attention as tflex
+
+    def sq_t(score, b, h, m, n):
+        return score * score
+
+    def trig_t(score, b, h, m, n):
+        return torch.sin(torch.cos(score)) + torch.tan(b)
+    cf = torch.compile(tflex)
+    B, H, N, D = 4, 8, 2048, 64
+    print("| mod | dtype | ours dQ | torch flex dQ | ratio | ours dK | torch dK | ours dV | "
+          "torch dV |\n|---|---|---|---|---|---|---|---|---|")
+    for name, tmod in (("squared", sq_t), ("trig", trig_t)):
+        for dt in (torch.float16, torch.bfloat16):
+            q, k, v, do = (x.cuda() for x in inputs(0, B, H, N, D, dt))
+            f = TORCH[name][0]
+            r64 = ref_grads(q, k, v, do, f, torch.float64)
+            ls = [t.clone().requires_grad_() for t in (q, k, v)]
+            flex_attention(*ls, score_mod=MODS[name]).backward(do)
+            mine = [t.grad for t in ls]
+            ls = [t.clone().requires_grad_() for t in (q, k, v)]
+            cf(*ls, score_mod=tmod).backward(do)
+            theirs = [t.grad for t in ls]
+            e = [err(a, r) for a, r in zip(mine, r64)]
+            t = [err(a, r) for a, r in zip(theirs, r64)]
+            print(f"| {name} | {str(dt).split('.')[-1]} | {e[0]:.2e} | {t[0]:.2e} | "
+                  f"{e[0] / t[0]:.2f} | {e[1]:.2e} | {t[1]:.2e} | {e[2]:.2e} | {t[2]:.2e} |")
+
+
+if __name__ == "__main__":
+    warnings.simplefilter("ignore")
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--gpu", action="store_true")
+    ap.add_argument("--quick", action="store_true", help="one shape, fp16, one seed")
+    a = ap.parse_args()
+    if a.gpu:
+        gpu()
+        sys.exit()
+    if a.quick:
+        show(table([(1, 2, 128, 64)], [torch.float16], [0]))
+    else:
+        show(table([(1, 2, 128, 64), (1, 2, 256, 64)], [torch.float16, torch.bfloat16],
+                   [0, 1]))
