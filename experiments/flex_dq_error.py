@@ -10,12 +10,13 @@ tests' criterion), and "eager16" = the same math run in the inputs' dtype.
 
 Part 2 emulates the kernel's arithmetic in torch (variant "t": dS0 = P (dP - Delta) g'(s0),
 dQ += dS0.half() K) and switches one rounding at a time back to fp32/fp64:
-  delta   Delta = rowsum(dO * O) from the fp16/bf16 output O (shipped) or the fp32 one
+  delta   Delta = rowsum(dO * O) from the fp16/bf16 output O (shipped), the fp32 one, or
+          the stored O plus its rounding residual stored in the dtype ("hilo": a proposed fix)
   ds      dS0 cast to the dtype before the dS0 K MMA (shipped) or kept in fp32
   gs      g' evaluated on the fp32 score (shipped) or on the score rounded to the dtype
 
     PYTHONPATH=. python experiments/flex_dq_error.py          # ~3 min on 2 cores
-    PYTHONPATH=. python experiments/flex_dq_error.py --gpu    # ours vs torch.compile(flex) GPU
+    PYTHONPATH=. python experiments/flex_dq_error.py --gpu --dtype fp16   # vs torch's, on a GPU
 """
 import argparse
 import math
@@ -114,10 +115,13 @@ def emulate(q, k, v, do, out, name, delta="o16", ds="half", gs="fp32"):
     s = f(s0)
     lse = torch.logsumexp(s, -1, keepdim=True)                     # the forward's (fp32)
     p = torch.exp(s - lse)
+    o32 = p @ v.float()                                            # the output before rounding
     if delta == "o16":
         o = out.float()                                            # the stored output
+    elif delta == "hilo":
+        o = out.float() + (o32 - out.float()).to(dt).float()       # + its rounding residual
     else:
-        o = (p @ v.float())                                        # the output before rounding
+        o = o32
     dlt = (do.float() * o).sum(-1, keepdim=True)
     dp = do.float() @ v.float().transpose(-1, -2)
     garg = s0 if gs == "fp32" else s0.to(dt).float()
@@ -127,6 +131,19 @@ def emulate(q, k, v, do, out, name, delta="o16", ds="half", gs="fp32"):
     dk = (ds0.to(dt).float().transpose(-1, -2) @ q.float()) * scale
     dv = p.to(dt).float().transpose(-1, -2) @ do.float()
     return [x.to(dt) for x in (dq, dk, dv)]
+
+
+def amplification(name, B=1, H=2, N=128, D=64, dt=torch.float16, seed=0):
+    """What multiplies Delta's error in dQ: dQ_i gets scale * dDelta_i * sum_j P_ij g'_ij K_j.
+    Returns (max_i |dDelta_i|, median and max over rows of max_d |sum_j P g' K|)."""
+    q, k, v, do = inputs(seed, B, H, N, D, dt)
+    f, g = TORCH[name]
+    s0 = (q.float() @ k.float().transpose(-1, -2)) / math.sqrt(D)
+    p = torch.softmax(f(s0), -1)
+    o32 = p @ v.float()
+    dd = (do.float() * (o32.to(dt).float() - o32)).sum(-1).abs()
+    c = ((p * g(s0)) @ k.float()).abs().amax(-1)
+    return dd.max().item(), c.median().item(), c.max().item()
 
 
 def err(a, r):
@@ -153,6 +170,9 @@ def table(shapes, dtypes, seeds):
                     cands["emu o32"] = emulate(q, k, v, do, out, name, delta="o32")
                     cands["emu o32 ds32"] = emulate(q, k, v, do, out, name, delta="o32",
                                                     ds="fp32")
+                    cands["emu hilo"] = emulate(q, k, v, do, out, name, delta="hilo")
+                    cands["emu hilo ds32"] = emulate(q, k, v, do, out, name, delta="hilo",
+                                                     ds="fp32")
                     cands["emu g'(s16)"] = emulate(q, k, v, do, out, name, gs="half")
                     for c, gr in cands.items():
                         e = acc.setdefault(c, [0.0, 0.0, 0.0])
@@ -164,7 +184,7 @@ def table(shapes, dtypes, seeds):
 
 def show(rows):
     cols = ["ours", "eager32", "eager16", "emu", "emu ds32", "emu o32", "emu o32 ds32",
-            "emu g'(s16)"]
+            "emu hilo", "emu hilo ds32", "emu g'(s16)"]
     print("max |error| vs fp64 of dQ (dK, dV below); ratio = / eager32")
     print("| mod | shape | dtype | " + " | ".join(cols) + " |")
     print("|---|---|---|" + "---|" * len(cols))
@@ -172,14 +192,22 @@ def show(rows):
         base = acc["eager32"][0]
         cells = [f"{acc[c][0]:.2e} ({acc[c][0] / base:.2f}x)" for c in cols]
         print(f"| {name} | {shape} | {dt} | " + " | ".join(cells) + " |")
-    print("\ndK, dV: ours / eager32 / emu o32")
+    print("\ndK, dV: ours / eager32 / emu o32 / emu hilo")
     for name, shape, dt, acc in rows:
-        print(f"{name:10s} {shape:12s} {dt:9s} dK {acc['ours'][1]:.2e} / "
-              f"{acc['eager32'][1]:.2e} / {acc['emu o32'][1]:.2e}   dV {acc['ours'][2]:.2e} / "
-              f"{acc['eager32'][2]:.2e} / {acc['emu o32'][2]:.2e}")
+        dk = " / ".join(f"{acc[c][1]:.2e}" for c in ("ours", "eager32", "emu o32", "emu hilo"))
+        dv = " / ".join(f"{acc[c][2]:.2e}" for c in ("ours", "eager32", "emu o32", "emu hilo"))
+        print(f"{name:10s} {shape:12s} {dt:9s} dK {dk}   dV {dv}")
 
 
-def gpu():
+def show_amplification():
+    print("\nAmplification of Delta's error (1x2x128x64 fp16, seed 0): max |dDelta|, "
+          "median / max over rows of max_d |sum_j P g' K|")
+    for name in MODS:
+        d, med, mx = amplification(name)
+        print(f"{name:10s} {d:.2e}  {med:.2f} / {mx:.2f}")
+
+
+def gpu(dtypes):
     """Ours (the shipped kernels) vs PyTorch's compiled flex backward on the GPU, both against
     the fp64 dense reference: B=4, H=8, N=2048, D=64 (PyTorch's test shape), fp16 and bf16."""
     from torch.nn.attention.flex_attention import flex_attention as tflex
@@ -194,7 +222,7 @@ def gpu():
     print("| mod | dtype | ours dQ | torch flex dQ | ratio | ours dK | torch dK | ours dV | "
           "torch dV |\n|---|---|---|---|---|---|---|---|---|")
     for name, tmod in (("squared", sq_t), ("trig", trig_t)):
-        for dt in (torch.float16, torch.bfloat16):
+        for dt in dtypes:
             q, k, v, do = (x.cuda() for x in inputs(0, B, H, N, D, dt))
             f = TORCH[name][0]
             r64 = ref_grads(q, k, v, do, f, torch.float64)
@@ -215,12 +243,15 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--gpu", action="store_true")
     ap.add_argument("--quick", action="store_true", help="one shape, fp16, one seed")
+    ap.add_argument("--dtype", choices=("fp16", "bf16", "both"), default="both")
     a = ap.parse_args()
+    dts = {"fp16": [torch.float16], "bf16": [torch.bfloat16],
+           "both": [torch.float16, torch.bfloat16]}[a.dtype]
     if a.gpu:
-        gpu()
+        gpu(dts)
         sys.exit()
     if a.quick:
         show(table([(1, 2, 128, 64)], [torch.float16], [0]))
     else:
-        show(table([(1, 2, 128, 64), (1, 2, 256, 64)], [torch.float16, torch.bfloat16],
-                   [0, 1]))
+        show(table([(1, 2, 128, 64), (1, 2, 256, 64)], dts, [0, 1]))
+    show_amplification()
