@@ -15,7 +15,8 @@ dQ += dS0.half() K) and switches one rounding at a time back to fp32/fp64:
   ds      dS0 cast to the dtype before the dS0 K MMA (shipped) or kept in fp32
   gs      g' evaluated on the fp32 score (shipped) or on the score rounded to the dtype
 
-    PYTHONPATH=. python experiments/flex_dq_error.py          # ~3 min on 2 cores
+    PYTHONPATH=. python experiments/flex_dq_error.py          # ~2 min on 2 cores
+    (its output recorded: experiments/data/51-flex-dq-error/table.txt)
     PYTHONPATH=. python experiments/flex_dq_error.py --gpu --dtype fp16   # vs torch's, on a GPU
 """
 import argparse
