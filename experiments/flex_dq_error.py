@@ -208,7 +208,11 @@ def show_amplification():
         print(f"{name:10s} {d:.2e}  {med:.2f} / {mx:.2f}")
 
 
-def gpu(dtypes):
+DEVICE = "cuda"
+GPU_SHAPE = (4, 8, 2048, 64)      # PyTorch's test_flex_attention: B, H, S, D
+
+
+def gpu(dtypes, mods=("squared", "trig")):
     """Ours (the shipped kernels) vs PyTorch's compiled flex backward on the GPU, both against
     the fp64 dense reference: B=4, H=8, N=2048, D=64 (PyTorch's test shape), fp16 and bf16."""
     from torch.nn.attention.flex_attention import flex_attention as tflex
@@ -219,12 +223,12 @@ def gpu(dtypes):
     def trig_t(score, b, h, m, n):
         return torch.sin(torch.cos(score)) + torch.tan(b)
     cf = torch.compile(tflex)
-    B, H, N, D = 4, 8, 2048, 64
+    B, H, N, D = GPU_SHAPE
     print("| mod | dtype | ours dQ | torch flex dQ | ratio | ours dK | torch dK | ours dV | "
           "torch dV |\n|---|---|---|---|---|---|---|---|---|")
-    for name, tmod in (("squared", sq_t), ("trig", trig_t)):
+    for name, tmod in ((m, {"squared": sq_t, "trig": trig_t}[m]) for m in mods):
         for dt in dtypes:
-            q, k, v, do = (x.cuda() for x in inputs(0, B, H, N, D, dt))
+            q, k, v, do = (x.to(DEVICE) for x in inputs(0, B, H, N, D, dt))
             f = TORCH[name][0]
             r64 = ref_grads(q, k, v, do, f, torch.float64)
             ls = [t.clone().requires_grad_() for t in (q, k, v)]
@@ -245,11 +249,13 @@ if __name__ == "__main__":
     ap.add_argument("--gpu", action="store_true")
     ap.add_argument("--quick", action="store_true", help="one shape, fp16, one seed")
     ap.add_argument("--dtype", choices=("fp16", "bf16", "both"), default="both")
+    ap.add_argument("--mod", choices=("squared", "trig", "both"), default="both",
+                    help="--gpu: which of PyTorch's test mods")
     a = ap.parse_args()
     dts = {"fp16": [torch.float16], "bf16": [torch.bfloat16],
            "both": [torch.float16, torch.bfloat16]}[a.dtype]
     if a.gpu:
-        gpu(dts)
+        gpu(dts, ("squared", "trig") if a.mod == "both" else (a.mod,))
         sys.exit()
     if a.quick:
         show(table([(1, 2, 128, 64)], [torch.float16], [0]))
