@@ -14,6 +14,8 @@ dQ += dS0.half() K) and switches one rounding at a time back to fp32/fp64:
           the stored O plus its rounding residual stored in the dtype ("hilo": a proposed fix)
   ds      dS0 cast to the dtype before the dS0 K MMA (shipped) or kept in fp32
   gs      g' evaluated on the fp32 score (shipped) or on the score rounded to the dtype
+``scan`` repeats part 2 over larger shapes and seeds; ``kernel_check`` runs the shipped backward
+kernels (interpreter) with Delta computed from each O.
 
     PYTHONPATH=. python experiments/flex_dq_error.py          # ~2 min on 2 cores
     (its output recorded: experiments/data/51-flex-dq-error/table.txt)
@@ -233,6 +235,34 @@ def scan(dt=torch.float16, seeds=range(3)):
                   "  ".join(f"{c} {min(x):.2f}-{max(x):.2f}" for c, x in r.items()))
 
 
+def kernel_check(name="squared", seed=0, shape=(1, 2, 128, 64)):
+    """The shipped backward kernels (interpreter) given the O that Delta is computed from: the
+    16-bit O (as shipped), the fp32 O, the 16-bit O plus its 16-bit rounding residual (fix a).
+    O and LSE from fp32 math, so the three differ only in Delta."""
+    from flashattn import flex
+    f = TORCH[name][0]
+    B, H, N, D = shape
+    print(f"\nShipped kernels, Delta from three O's: {name} {B}x{H}x{N}x{D} seed {seed}, "
+          "max |error| vs fp64 (/ eager32's)")
+    for dt in (torch.float16, torch.bfloat16):
+        q, k, v, do = inputs(seed, B, H, N, D, dt)
+        r64 = ref_grads(q, k, v, do, f, torch.float64)
+        e32 = [x.to(dt) for x in ref_grads(q, k, v, do, f, torch.float32)]
+        s = f((q.float() @ k.float().transpose(-1, -2)) / math.sqrt(D))
+        lse = torch.logsumexp(s, -1)
+        o32 = torch.softmax(s, -1) @ v.float()
+        hi = o32.to(dt).float()
+        for label, out in (("O 16-bit", o32.to(dt)), ("O fp32", o32),
+                           ("O hi+lo", hi + (o32 - hi).to(dt).float())):
+            with interpret.enabled():
+                g = flex._backward(q, k, v, out, do, lse, None, score=MODS[name], mask=None,
+                                   tensors=None, block_size=None, scale=1 / math.sqrt(D),
+                                   blasst=None, ko=None, block_mask=None)
+            print(f"{str(dt).split('.')[-1]:9s} {label:9s} " + "  ".join(
+                f"{w} {err(a, r):.2e} ({err(a, r) / err(p, r):.2f}x)"
+                for w, a, r, p in zip(("dQ", "dK", "dV"), g[:3], r64, e32)))
+
+
 DEVICE = "cuda"
 GPU_SHAPE = (4, 8, 2048, 64)      # PyTorch's test_flex_attention: B, H, S, D
 
@@ -288,3 +318,4 @@ if __name__ == "__main__":
     show(table([(1, 2, 128, 64), (1, 2, 256, 64)], dts, [0, 1]))
     show_amplification()
     scan()
+    kernel_check()
