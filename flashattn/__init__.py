@@ -36,8 +36,8 @@ __all__ = ["attention", "sdpa", "decode", "attention_varlen", "attention_varlen_
 # Submodules load on first use (flashattn.reference, flashattn.kernels, ...): importing
 # flashattn stays cheap, and `import flashattn; flashattn.reference.attention(...)` works.
 _SUBMODULES = ("aot", "api", "autograd", "autotune", "config", "contract", "dispatch", "env",
-               "flex", "fp8", "interpret", "kernels", "launch", "launch_bwd", "mods", "reference",
-               "registry", "stats", "timing")
+               "flex", "flex_op", "fp8", "integrations", "interpret", "kernels", "launch",
+               "launch_bwd", "mods", "reference", "registry", "stats", "timing", "varlen_op")
 
 
 def __getattr__(name):
