@@ -16,7 +16,7 @@ from .registry import get_step
 
 
 def attention(q, k, v, *, causal: bool = False, scale: float | None = None,
-              input_pos: int = 0, step: str = "best", window_size=None, softcap=None,
+              input_pos: int = 0, window_size=None, softcap=None,
               q_descale=None, k_descale=None, v_descale=None, out_dtype=None):
     """Scaled dot-product attention with a cuTile FlashAttention kernel.
 
@@ -38,21 +38,21 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None,
         scale: softmax scale, default 1/sqrt(D).
         input_pos: 0 (as scaled_dot_product_attention(is_causal=True)) up to Nk - Nq
             (a prefill appended to a KV cache of Nk - Nq tokens). Causal only.
-        step: "best", or a registered step (the book's, once ``import flashbook`` ran) for the fastest known one on this GPU
-            ("best" sends a decode step, 1 to ``DECODE_PATH_MAX_NQ`` query rows over at
-            least ``DECODE_PATH_MIN_NK`` keys, to the split-KV kernels of
-            ``flashattn.decode``, which are faster there: the measured crossover).
         window_size: flash-attn's (left, right): row i (position input_pos + i) sees keys
             position - left .. position + right; -1 unbounded (default (-1, -1)).
         softcap: flash-attn's logit soft-capping, softcap * tanh(score / softcap) on the scaled
             score; 0 or None: off. With either, the call runs on the flex kernels
             (``flashattn.flex.attention_masked``), never the dense or decode path.
 
-        q_descale, k_descale, v_descale, out_dtype: FP8 (chapter 14). With float8_e4m3fn (or
+        q_descale, k_descale, v_descale, out_dtype: FP8. With float8_e4m3fn (or
             float8_e5m2) q, k, v the call runs the FP8 forward (``flashattn.fp8.attention_fp8``):
             the descales, (B, Hkv) float32 as FlashAttention-3's, are required
             (``flashattn.fp8.quantize_fp8`` makes them); the output is bf16, or ``out_dtype``
             (torch.float16). Not differentiable. Descales with fp16/bf16 inputs: ValueError.
+
+    The fastest kernel known for this GPU runs; a decode step (1 to ``DECODE_PATH_MAX_NQ``
+    query rows over at least ``DECODE_PATH_MIN_NK`` keys) runs on the split-KV kernels of
+    ``flashattn.decode``, faster there.
 
     Returns:
         (B, Hq, Nq, D) tensor, dtype of q. Differentiable: when q, k or v requires grad (or
@@ -64,15 +64,7 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None,
         TypeError, ValueError: bad shapes, dtypes, devices, or arguments (the message says
             which). NotImplementedError never; D up to 256 and any lengths >= 1 are supported.
     """
-    import torch
-    if not isinstance(step, str):
-        raise TypeError(f"step must be a str ('best' or a step's name), got "
-                        f"{type(step).__name__}")
     if _fp8_call(q, k, v, q_descale, k_descale, v_descale, out_dtype):
-        # The FP8 forward (its own kernel, no backward; chapter 14).
-        if step != "best":
-            raise ValueError(f"step={step!r} names an fp16/bf16 step; fp8 inputs run the FP8 "
-                             "kernel (leave step='best')")
         if window_size is not None or softcap is not None:
             raise ValueError("window_size and softcap are not supported with fp8 inputs (the FP8 "
                              "kernel has no mask or score function); pass fp16/bf16 tensors")
@@ -81,12 +73,24 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None,
                              v_descale=v_descale, causal=causal, scale=scale,
                              input_pos=input_pos, out_dtype=out_dtype)
     if window_size is not None or softcap is not None:
-        from .flex import attention_masked          # never a path that drops them (ch. 13)
+        from .flex import attention_masked          # never a path that drops them
         out = attention_masked(q, k, v, causal=check_causal(causal), scale=scale,
-                               input_pos=input_pos, step=step, window_size=window_size,
+                               input_pos=input_pos, step="best", window_size=window_size,
                                softcap=softcap)
         if out is not None:
             return out
+    return run_step(q, k, v, "best", causal=causal, scale=scale, input_pos=input_pos)
+
+
+def run_step(q, k, v, step: str, *, causal: bool = False, scale: float | None = None,
+             input_pos: int = 0):
+    """fp16/bf16 attention with the registered step ``step`` ("best": what ``attention``
+    ships, a decode step routed to the split-KV kernels). What ``attention`` runs, and how a
+    step registered from outside the library (``registry.register_step``) runs by name."""
+    import torch
+    if not isinstance(step, str):
+        raise TypeError(f"step must be a str ('best' or a step's name), got "
+                        f"{type(step).__name__}")
     if _differentiable(q, k, v):
         from . import autograd
         return autograd.attention(q, k, v, causal=causal, scale=scale, input_pos=input_pos,
@@ -97,7 +101,6 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None,
     if step != "best":
         get_step(step)  # unknown names fail before any work
     elif prefer_decode(q, k, causal, input_pos):
-        # A decode step (few query rows, a long cache): the split-KV kernels (chapter 12).
         return launch_via_decode(q, k, v, causal=causal, scale=scale, input_pos=input_pos)
     B, Hq, Nq, D = q.shape
     out = torch.empty((B, Hq, Nq, D), dtype=q.dtype, device=q.device)
@@ -142,7 +145,7 @@ def _differentiable(q, k, v) -> bool:
 
 
 def sdpa(query, key, value, attn_mask=None, dropout_p: float = 0.0, is_causal: bool = False,
-         scale: float | None = None, enable_gqa: bool = False, *, step: str = "best"):
+         scale: float | None = None, enable_gqa: bool = False):
     """Drop-in for ``torch.nn.functional.scaled_dot_product_attention`` (4-D inputs).
 
     Differentiable as ``attention``. Raises NotImplementedError for what the kernels do not do
@@ -169,7 +172,7 @@ def sdpa(query, key, value, attn_mask=None, dropout_p: float = 0.0, is_causal: b
         if query.shape[1] != key.shape[1] and not enable_gqa:
             raise ValueError(f"query has {query.shape[1]} heads and key {key.shape[1]}: pass "
                              "enable_gqa=True for grouped-query attention")
-    return attention(query, key, value, causal=is_causal, scale=scale, step=step)
+    return attention(query, key, value, causal=is_causal, scale=scale)
 
 
 # --- the routing of step="best": a decode step goes to the split-KV kernels (chapter 12) -------

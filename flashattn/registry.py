@@ -1,9 +1,8 @@
 """Named steps: a kernel's flags with its tile shape and launch hints per architecture, by name.
 
-The library registers what ``attention(step="best")`` ships: ``arch_tuned`` (a search space per
-architecture) and, on Hopper, ``warp_groups`` (two consumer warp groups; chapter 10). The book's
-ladder and experiments (``flashbook.steps``) register themselves on ``import flashbook``; then
-``attention(..., step=NAME)`` runs any of them.
+The library registers what ``attention`` ships: ``arch_tuned`` (a search space per
+architecture) and, on Hopper, ``warp_groups`` (two consumer warp groups). Steps registered from
+outside (``register_step``) run by name through ``api.run_step``.
 """
 from __future__ import annotations
 
@@ -53,7 +52,7 @@ _REGISTRY: dict[str, Step] = {}
 
 
 def register_step(step: Step) -> Step:
-    """Make ``step`` runnable by name (``attention(..., step=step.name)``); a step registered
+    """Make ``step`` runnable by name (``api.run_step(q, k, v, step.name)``); a step registered
     again under its name replaces the old one and moves to the end of the order."""
     if not isinstance(step, Step):
         raise TypeError(f"register_step takes a Step, got {type(step).__name__}")

@@ -18,6 +18,8 @@ import math
 
 import pytest
 
+import flashbook
+
 torch = pytest.importorskip("torch")
 
 from criteria import seed_of  # noqa: E402
@@ -289,7 +291,7 @@ def test_with_the_forward_kernel(causal):
     seed = 12
     q, k, v, dout = make_inputs(2, 8, 2, 500, 500, 128, "float16", seed=seed)
     scale = 128 ** -0.5
-    out = flashattn.attention(q, k, v, causal=causal, step="baseline")
+    out = flashbook.attention(q, k, v, causal=causal, step="baseline")
     _, lse, ref = reference(q, k, v, dout, causal, scale, 0)
     grads = run_backward(q, k, v, out, dout, lse.float(), causal, scale, 0)
     pt = torch_same_precision(q, k, v, dout, causal, scale, 0)

@@ -357,7 +357,7 @@ def test_the_library_alone_registers_what_best_ships():
             "print(','.join(registry.registered()))\n"
             "q = torch.zeros(1, 1, 16, 16, dtype=torch.float16)\n"
             "try:\n    with flashattn.interpret.enabled():\n"
-            "        flashattn.attention(q, q, q, step='baseline')\n"
+            "        flashattn.api.run_step(q, q, q, 'baseline')\n"
             "except ValueError as e:\n    print(e)\n"
             "print('flashbook' in sys.modules)")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

@@ -322,7 +322,7 @@ def run_bench(steps=None, seqlens=None, *, causal: bool = True, dtype: str = "fl
                     outs[0].fill_(float("nan"))   # rows a step forgets to write fail the check
                     call = fns[0]
                     if "@" not in s:   # the caller's view: the public API, validation included
-                        from flashattn.api import attention
+                        from flashbook import attention
                         call = (lambda name=s.split("#")[0]: attention(
                             q, k, v, causal=causal, scale=scale, step=name))
                     entries[s] = ("step", label, fns, contextlib.nullcontext,

@@ -135,7 +135,7 @@ def forward_thunks(impl: str, sets, *, causal: bool, scale: float, fwd_step: str
     ``flashattn.attention`` (the autograd operator, forward with the LSE); a library: its call
     from ``bench.library_fn`` (block mask and backend chosen once, outside the timing)."""
     if impl == OURS:
-        from flashattn.api import attention
+        from flashbook import attention
         return [(lambda s=s: attention(s[0], s[1], s[2], causal=causal, scale=scale,
                                        step=fwd_step)) for s in sets], contextlib.nullcontext
     from .libraries import library_fn
