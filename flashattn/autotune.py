@@ -24,8 +24,8 @@ import os
 from pathlib import Path
 
 from .contract import next_pow2
-from .dispatch import device_name, interpreting
-from .launch import arch_of, launch
+from .dispatch import device_arch, device_name, interpreting
+from .launch import launch
 from .config import Config
 from .registry import Step, resolve_name
 
@@ -128,7 +128,7 @@ def choose(step, arch: str, q, k, causal: bool) -> Config:
 def resolve(step: str, q, k, causal: bool) -> tuple[Step, Config]:
     """The Step object and the Config it runs with for these inputs on this GPU: "best"
     resolved for the GPU's architecture, a tuned step's configuration chosen by ``choose``."""
-    arch = arch_of(q.device)
+    arch = device_arch(q.device)
     s = resolve_name(step, arch)
     if s.tuned:
         return s, choose(s, arch, q, k, causal)

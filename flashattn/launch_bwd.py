@@ -20,7 +20,7 @@ import math
 from dataclasses import dataclass
 
 from .contract import check_causal, check_tensors
-from .dispatch import attention_steps, expect, interpreting, launch_kernel, on_device
+from .dispatch import attention_steps, device_arch, expect, interpreting, launch_kernel, on_device
 from .kernels import BWD, BWD_ATOMIC, KernelSpec, bwd_configs, bwd_constants, bwd_grid, hinted
 from .config import Config
 
@@ -169,13 +169,12 @@ def launch_backward(q, k, v, out, dout, lse, *, causal: bool, scale: float | Non
     delta = torch.empty((B, Hq, Nq), dtype=torch.float32, device=q.device)
     if scale is None:
         scale = 1.0 / math.sqrt(D)
-    from .launch import arch_of
     with on_device(q.device):
         dq_buf = dq if deterministic else torch.zeros(dq.shape, dtype=torch.float32,
                                                       device=dq.device)
         launches = backward_launches(q, k, v, out, dout, lse, delta, dq_buf, dk, dv,
                                      causal=causal, scale=float(scale), input_pos=input_pos,
-                                     arch=arch_of(q.device), configs=configs,
+                                     arch=device_arch(q.device), configs=configs,
                                      deterministic=deterministic)
         with expect(q.device, lambda: backward_steps(launches, q, k, causal=causal,
                                                      input_pos=input_pos),

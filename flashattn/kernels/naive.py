@@ -13,8 +13,7 @@ import math
 
 import cuda.tile as ct
 
-ConstInt = ct.Constant[int]
-ConstBool = ct.Constant[bool]
+from flashattn.kernels.common import ConstBool, ConstInt
 
 
 @ct.kernel

@@ -45,10 +45,8 @@ import math
 import cuda.tile as ct
 from cuda.tile import RoundingMode as RMd
 
-from flashattn.kernels.common import INV_LOG_2, key_tile_range, mask_scores, online_softmax_update
-
-ConstInt = ct.Constant[int]
-ConstBool = ct.Constant[bool]
+from flashattn.kernels.common import (INV_LOG_2, ConstBool, ConstInt, key_tile_range,
+                                      mask_scores, online_softmax_update)
 
 
 @ct.kernel

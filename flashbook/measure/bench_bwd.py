@@ -398,9 +398,9 @@ def _ours_config(s, *, causal, fwd_step, pass_, atomic=False) -> str:
     """"dkdv 64x128 nww=8, dq 128x64 nww=8" (and the forward's step and tiles for fwd_bwd;
     "dkdv+dq atomic 64x128 nww=8" for the atomics variant)."""
     from flashattn.kernels import bwd_configs
-    from flashattn.launch import arch_of
+    from flashattn.dispatch import device_arch
     q, k = s[0], s[1]
-    cfg = bwd_configs(arch_of(q.device), q.shape[-1])
+    cfg = bwd_configs(device_arch(q.device), q.shape[-1])
     if atomic:
         return f"dkdv+dq atomic {cfg['bwd_dkdv'].label()}"
     label = f"dkdv {cfg['bwd_dkdv'].label()}, dq {cfg['bwd_dq'].label()}"
