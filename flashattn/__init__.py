@@ -27,7 +27,7 @@ from .api import attention, sdpa
 from .decode import decode  # the function; the module is sys.modules["flashattn.decode"]
 from .varlen import attention_varlen, attention_varlen_backward
 from .flex import flex_attention  # FlexAttention on the cuTile kernel (flashattn.mods)
-from .fp8 import quantize_fp8  # fp8 inputs and caches with their descales
+from .fp8_quant import quantize_fp8  # fp8 inputs and caches with their descales
 
 __version__ = "0.1.0"
 __all__ = ["attention", "sdpa", "decode", "attention_varlen", "attention_varlen_backward",
@@ -36,8 +36,9 @@ __all__ = ["attention", "sdpa", "decode", "attention_varlen", "attention_varlen_
 # Submodules load on first use (flashattn.reference, flashattn.kernels, ...): importing
 # flashattn stays cheap, and `import flashattn; flashattn.reference.attention(...)` works.
 _SUBMODULES = ("aot", "api", "autograd", "autotune", "config", "contract", "dispatch", "env",
-               "flex", "flex_op", "fp8", "integrations", "interpret", "kernels", "launch",
-               "launch_bwd", "mods", "reference", "registry", "stats", "timing", "varlen_op")
+               "flex", "flex_op", "fp8", "fp8_attention", "fp8_quant", "integrations",
+               "interpret", "kernels", "launch", "launch_bwd", "mods", "reference", "registry",
+               "stats", "timing", "varlen_op")
 
 
 def __getattr__(name):

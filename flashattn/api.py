@@ -45,9 +45,9 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None,
             (``flashattn.flex.attention_masked``), never the dense or decode path.
 
         q_descale, k_descale, v_descale, out_dtype: FP8. With float8_e4m3fn (or
-            float8_e5m2) q, k, v the call runs the FP8 forward (``flashattn.fp8.attention_fp8``):
+            float8_e5m2) q, k, v the call runs the FP8 forward (``fp8_attention.attention_fp8``):
             the descales, (B, Hkv) float32 as FlashAttention-3's, are required
-            (``flashattn.fp8.quantize_fp8`` makes them); the output is bf16, or ``out_dtype``
+            (``flashattn.quantize_fp8`` makes them); the output is bf16, or ``out_dtype``
             (torch.float16). Not differentiable. Descales with fp16/bf16 inputs: ValueError.
 
     The fastest kernel known for this GPU runs; a decode step (1 to ``DECODE_PATH_MAX_NQ``
@@ -68,7 +68,7 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None,
         if window_size is not None or softcap is not None:
             raise ValueError("window_size and softcap are not supported with fp8 inputs (the FP8 "
                              "kernel has no mask or score function); pass fp16/bf16 tensors")
-        from .fp8 import attention_fp8
+        from .fp8_attention import attention_fp8
         return attention_fp8(q, k, v, q_descale=q_descale, k_descale=k_descale,
                              v_descale=v_descale, causal=causal, scale=scale,
                              input_pos=input_pos, out_dtype=out_dtype)

@@ -238,24 +238,6 @@ def time_rounds(fns: dict, *, rounds: int = 30, inner=10, graph: bool = True,
     return {n: _summarize_rounds(samples[n], inner[n], methods[n]) for n in names}
 
 
-def estimate_ms(fns: dict) -> dict:
-    """A rough wall time per call of each function (ms): one warm-up call (compilation), then
-    one call timed with ``perf_counter`` between two synchronisations. For sizing batches, not
-    for reporting."""
-    import time
-
-    import torch
-    est = {}
-    for name, fn in fns.items():
-        fn()
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        est[name] = (time.perf_counter() - t0) * 1e3
-    return est
-
-
 def host_time(fn, *, reps: int = 20) -> float:
     """Median host time in ms of one call of ``fn`` on an idle GPU: from the call until it
     returns, with the GPU drained before each call (what Python validation, configuration

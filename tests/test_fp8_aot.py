@@ -1,6 +1,6 @@
 """The FP8 kernels compile ahead of time for Hopper and Blackwell, on a machine with no GPU.
 
-Every case of ``flashattn.fp8.compile_cases`` (the forward at D 64/128/256, causal or not,
+Every case of ``flashbook.compile_fp8.compile_cases`` (the forward at D 64/128/256, causal or not,
 V transposed or not at D=128, e5m2 and exact accumulation on sm_90; the fp8-cache decode split
 kernel, contiguous and paged, FINAL or not) through ``aot.compile_spec``:
 
@@ -17,7 +17,7 @@ kernel, contiguous and paged, FINAL or not) through ``aot.compile_spec``:
 """
 import pytest
 
-from flashattn.fp8 import compile_cases, compile_report, format_compile_report
+from flashbook.compile_fp8 import compile_cases, compile_report, format_compile_report
 
 pytestmark = pytest.mark.slow
 

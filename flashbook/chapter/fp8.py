@@ -258,7 +258,7 @@ def time_fp8_vs_fp16(N: int = 8192, *, B: int = 4, H: int = 16, D: int = 128,
                for _ in range(3))
     q8, qd = lib.quantize_fp8(q)
     k8, kd = lib.quantize_fp8(k)
-    v8, vd = lib.quantize_fp8(v, transpose_v=True)
+    v8, vd = lib.quantize_fp8(v, v_transposed=True)
     runs = {
         "fp16": lambda: flashattn.attention(q, k, v, causal=causal),
         "fp8 (e4m3, V^T)": lambda: lib.attention_fp8(
