@@ -13,7 +13,7 @@ from .config import Config
 from .kernels.fmha_fwd_spec import SHIPPED_STEP_FLAGS, arch_space, warp_group_space
 
 __all__ = ["Step", "register_step", "get_step", "registered", "resolve_name", "with_config",
-           "best_step_name", "BEST_STEP", "DEFAULT_BEST"]
+           "best_step_name", "shipped_steps", "BEST_STEP", "DEFAULT_BEST"]
 
 
 @dataclass(frozen=True)
@@ -27,7 +27,6 @@ class Step:
     arch_configs: dict = field(default_factory=dict)   # arch -> Config, overrides `config`
     tuned: bool = False         # chooses its Config per shape by measurement (autotune)
     space: Callable[[str | None], list] | None = None  # a tuned step's search space per arch
-    source: str = "library"     # "library", or the book's "seed", "book", "experiment"
 
     def flag_values(self) -> dict:
         """The kernel's compile-time flags, by name (a copy)."""
@@ -72,13 +71,13 @@ def registered() -> dict[str, Step]:
 register_step(Step(
     "arch_tuned", "A search space per architecture",
     "Autotune over tiles and hints chosen per architecture (Hopper: 64x128, 2 programs/SM).",
-    config=Config(64, 128, occupancy=2), tuned=True, space=arch_space, source="book"))
+    config=Config(64, 128, occupancy=2), tuned=True, space=arch_space))
 register_step(Step(
     "warp_groups", "Two consumer warp groups",
     "Hopper: 128-row tiles shared by two warp groups (num_worker_warps=8), searched "
     "beside arch_tuned's tiles.",
     config=Config(128, 128, occupancy=1, num_worker_warps=8), tuned=True,
-    space=warp_group_space, source="book"))
+    space=warp_group_space))
 BEST_STEP: dict[str, str] = {"sm_90": "warp_groups"}
 DEFAULT_BEST = "arch_tuned"
 
@@ -88,16 +87,20 @@ def best_step_name(arch: str | None) -> str:
     return BEST_STEP.get(arch, DEFAULT_BEST)
 
 
+def shipped_steps() -> list[str]:
+    """The steps ``best`` resolves to on some architecture (what the library ships)."""
+    return list(dict.fromkeys([DEFAULT_BEST, *BEST_STEP.values()]))
+
+
 def get_step(name: str) -> Step:
-    """A registered step (or a chapter-10 experiment, once the book registered them) by name."""
+    """A registered step by name."""
     if name in _REGISTRY:
         return _REGISTRY[name]
-    steps = [n for n, s in _REGISTRY.items() if s.source != "experiment"]
-    experiments = [n for n, s in _REGISTRY.items() if s.source == "experiment"]
-    hint = (f", or an experiment: {', '.join(experiments)}" if experiments else
-            "; the book's steps and experiments need the book: import flashbook first "
+    hint = ("" if set(_REGISTRY) - set(shipped_steps()) else
+            "; the book's steps need the book: import flashbook first "
             "(flashbook.attention(..., step=NAME))")
-    raise ValueError(f"unknown step {name!r}; choose one of {', '.join(steps)}, 'best'{hint}")
+    raise ValueError(f"unknown step {name!r}; choose one of {', '.join(_REGISTRY)}, "
+                     f"'best'{hint}")
 
 
 def resolve_name(name: str, arch: str | None) -> Step:

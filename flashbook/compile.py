@@ -9,4 +9,5 @@ from . import ladder  # noqa: F401  (registers the ladder kernel with flashattn.
 
 
 def main(argv: list[str] | None = None) -> int:
-    return aot.main(argv, prog="python -m flashbook compile")
+    from .steps import STEPS
+    return aot.main(argv, prog="python -m flashbook compile", default_steps=list(STEPS))

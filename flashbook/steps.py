@@ -12,8 +12,11 @@ from __future__ import annotations
 
 from flashattn.config import ARCHS, Config
 from flashattn.kernels.fmha_fwd_spec import FMHA_LATENCIES, SEARCH_SPACE, WARP_GROUP_SPACE
-from flashattn.registry import (BEST_STEP, DEFAULT_BEST, Step, best_step_name, get_step,
-                                register_step, resolve_name, with_config)
+from dataclasses import dataclass
+
+from flashattn.registry import BEST_STEP, DEFAULT_BEST, best_step_name, get_step
+from flashattn.registry import Step as LibraryStep
+from flashattn.registry import register_step, resolve_name, with_config
 
 __all__ = ["Step", "Config", "ARCHS", "FLAG_DEFAULTS", "FLAGS", "STEPS", "STEP_NAMES",
            "SEED_STEPS", "EXPERIMENTS", "SEARCH_SPACE", "WARP_GROUP_SPACE", "seed_space",
@@ -27,6 +30,19 @@ FLAG_DEFAULTS = {"FAST_MATH": False, "SPLIT_LOOP": False, "REMAP": False, "PAIR"
                  "LAZY_RESCALE": False, "EXP_POLY": 0, "UNCHECKED_KV": False,
                  **FMHA_LATENCIES, "PERSISTENT": False, "PIPELINE": False}
 FLAGS = tuple(FLAG_DEFAULTS)
+
+
+@dataclass(frozen=True)
+class Step(LibraryStep):
+    """A step of the book: the library's ``Step`` with where it comes from, ``source``: "seed"
+    (the blog's walkthrough), "book" (beyond it; the library's own two steps) or "experiment"
+    (measured and refuted)."""
+    source: str = "book"
+
+
+def source_of(step) -> str:
+    """A registered step's source; the library's own steps (plain ``Step``) are the book's."""
+    return getattr(step, "source", "book")
 
 
 def _step(name, title, description, *, flags=None, source="seed", **kw) -> Step:
@@ -104,7 +120,7 @@ EXPERIMENTS: dict[str, Step] = {s.name: s for s in _EXPERIMENT_LIST}
 
 STEPS: dict[str, Step] = {s.name: s for s in _STEP_LIST}
 STEP_NAMES: tuple[str, ...] = tuple(STEPS)
-SEED_STEPS = tuple(s.name for s in _STEP_LIST if s.source == "seed")
+SEED_STEPS = tuple(s.name for s in _STEP_LIST if source_of(s) == "seed")
 
 for _s in (*_STEP_LIST, *_EXPERIMENT_LIST):
     register_step(_s)          # runnable by name through the library (flashattn.attention)
