@@ -3,7 +3,7 @@ contract, the references and the interpreter.
 
     import flashattn
     o = flashattn.attention(q, k, v, causal=True)            # fastest known kernel on this GPU
-    o = flashattn.decode(q_new, k_cache, v_cache, cache_seqlens)   # a decode step (chapter 12)
+    o = flashattn.decode(q_new, k_cache, v_cache, cache_seqlens)   # a decode step
     o = flashattn.attention_varlen(q, k, v, cu_seqlens, cu_seqlens, max_len, max_len)  # packed
     with flashattn.interpret.enabled():                       # or FLASHATTN_INTERPRET=1: CPU
         o = flashattn.attention(q_cpu, k_cpu, v_cpu)          # tensors, the real kernels

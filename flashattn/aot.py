@@ -1,4 +1,4 @@
-"""Ahead-of-time compilation and static analysis, no GPU needed (chapters 5 and 6).
+"""Ahead-of-time compilation and static analysis, no GPU needed.
 
 ``compile_step(name, arch)`` compiles a step's kernels with ``tileiras`` (through cuTile's
 ``export_kernel``) into cubins, and ``analyze_cubin`` reads them back with ``cuobjdump``:
@@ -253,7 +253,7 @@ def main(argv: list[str] | None = None, prog: str = LIBRARY_PROG,
             p.error(str(e))
     ladder += unknown           # the library's command: the book's steps are the book's command
     if ladder:
-        # The ladder's kernel is the book's: its command registers it (chapter 3).
+        # The ladder's kernel is the book's: its command registers it.
         p.error(f"{', '.join(ladder)} run{'s' if len(ladder) == 1 else ''} the book's ladder "
                 "kernel, which the library does not ship: python -m flashbook compile "
                 + " ".join(f"--step {s}" for s in ladder))

@@ -175,9 +175,9 @@ def sdpa(query, key, value, attn_mask=None, dropout_p: float = 0.0, is_causal: b
     return attention(query, key, value, causal=is_causal, scale=scale)
 
 
-# --- the routing of step="best": a decode step goes to the split-KV kernels (chapter 12) -------
+# --- the routing of step="best": a decode step goes to the split-KV kernels ----------------------
 # The square kernel's grid leaves most SMs idle for a few query rows; the split-KV kernels fill
-# them. Measured crossover on the H200 (experiments/LOG.md, chapter 12): from 1K keys for up to
+# them. Measured crossover on the H200 (experiments/LOG.md): from 1K keys for up to
 # 4 query rows; other shapes stay with the square kernel.
 DECODE_PATH_MAX_NQ = 4
 DECODE_PATH_MIN_NK = 1024

@@ -1,4 +1,4 @@
-"""flashattn as a differentiable PyTorch operator (the backward: chapter 11).
+"""flashattn as a differentiable PyTorch operator.
 
     out = flashattn.attention(q, k, v, causal=True)   # q, k or v requires grad: through the op
     out.float().square().sum().backward()               # dq, dk, dv from kernels/fmha_bwd.py

@@ -1,10 +1,10 @@
-"""Autotuning (chapter 9): search tile shapes and launch hints per shape and architecture.
+"""Autotuning: search tile shapes and launch hints per shape and architecture.
 
     step, config = resolve("best", q, k, causal=True)   # which step, which tiles and hints
 
 The search space differs per architecture (``Step.configs(arch)``; the tables are
 ``kernels.fmha_fwd_spec``'s), because what is fast differs: Blackwell keeps the accumulator in
-tensor memory and likes 256x128 tiles; on Hopper those tiles spill registers (chapter 5) and
+tensor memory and likes 256x128 tiles; on Hopper those tiles spill registers and
 64-row tiles with two programs per SM win. Results are cached per GPU name in memory and in
 ``$FLASHATTN_CACHE`` (default ``~/.cache/flashattn``), keyed by the shape bucket, so a search
 runs once per GPU and shape class.

@@ -1,4 +1,4 @@
-"""Launching the backward kernels (chapter 11): dQ, dK, dV from the forward's inputs and output.
+"""Launching the backward kernels: dQ, dK, dV from the forward's inputs and output.
 
     dq, dk, dv = attention_backward(q, k, v, out, dout, lse, causal=True)
 

@@ -65,7 +65,7 @@ def registered() -> dict[str, Step]:
     return dict(_REGISTRY)
 
 
-# What the public operators ship (chapter 10). Hopper runs warp_groups (its space holds
+# What the public operators ship. Hopper runs warp_groups (its space holds
 # arch_tuned's winner and the 128-row warp-group tiles that win at D=256); architectures we have
 # not measured run arch_tuned, whose space there is the seed's or smaller.
 register_step(Step(

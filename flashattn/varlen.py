@@ -1,4 +1,4 @@
-"""Packed variable-length prefill: attention over sequences packed without padding (chapter 12).
+"""Packed variable-length prefill: attention over sequences packed without padding.
 
     out = attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                            causal=True)

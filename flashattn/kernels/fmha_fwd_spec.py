@@ -1,4 +1,4 @@
-"""The fused forward's contract (chapters 3-10): its spec, the flags folded into it, its
+"""The fused forward's contract: its spec, the flags folded into it, its
 search spaces per architecture and a pure plan (kernel, constants, grid) that needs no GPU.
 
 The book's ladder kernel (every step's flag, ``flashbook/ladder/fmha.py``) is not part of the
@@ -40,7 +40,7 @@ SHIPPED_STEP_FLAGS = {**{f: SHIPPED_FLAGS[f] for f in ("FAST_MATH", "SPLIT_LOOP"
                                                         "UNCHECKED_KV")},
                       **FMHA_LATENCIES, "PERSISTENT": False, "PIPELINE": False}
 
-# Chapter 10: a space per architecture, from what the compiler report and the H200 showed.
+# A space per architecture, from what the compiler report and the H200 showed.
 SEARCH_SPACE: dict[str, list[Config]] = {
     # Hopper: registers hold the fp32 accumulators; small M tiles and 2 programs/SM.
     "sm_90": [Config(64, 128, occupancy=2), Config(64, 64, occupancy=2),
@@ -57,7 +57,7 @@ SEARCH_SPACE: dict[str, list[Config]] = {
     "sm_80": [Config(64, 128, occupancy=1), Config(128, 64, occupancy=1),
               Config(64, 64, occupancy=2)],
 }
-# Chapter 10: on Hopper, num_worker_warps=8 gives the compiler two consumer warp groups
+# On Hopper, num_worker_warps=8 gives the compiler two consumer warp groups
 # of 64 rows each (plus a producer group for the loads) for 128-row tiles, which then run
 # without spilling. The space adds those configurations to arch_tuned's best; on other
 # architectures it is arch_tuned's space unchanged.

@@ -6,7 +6,7 @@
 
 * S = Q K^T on FP8 tensor cores with fp32 accumulation; the descales of Q and K fold into the
   softmax scale (one multiply per row, as in fmha.py).
-* The softmax in fp32, online (chapter 2), in base 2.
+* The softmax in fp32, online, in base 2.
 * P is scaled into e4m3's range before its cast: ``p = 2^(s - m + P_SHIFT)`` lies in
   ``[0, 2^P_SHIFT]`` (256 for P_SHIFT = 8, below e4m3's 448), so the small probabilities keep
   their relative precision instead of falling into e4m3's subnormals (below 2^-6) or to zero
@@ -26,7 +26,7 @@
 
 Grid: ``(cdiv(Nq, TILE_M), B * Hq, 1)``, one program per query tile per (batch, head), GQA
 query head h reading key/value head ``h // group_size``; causal, the longest query tiles (the
-last ones) first, as the fp16 forward (chapter 8).
+last ones) first, as the fp16 forward.
 """
 import math
 
@@ -87,11 +87,11 @@ def fmha_fp8_kernel(Q, K, V, Out, QDescale, KDescale, VDescale,
     P_SHIFT: P is computed as 2^(s - m + P_SHIFT), in [0, 2^P_SHIFT].
     SPLIT: the unmasked key tiles in one loop of TILE_N keys, the masked ones (causal diagonal,
     ragged end of K) in a second loop of TILE_N // 2 (with the mask inside one loop the wide
-    tiles spilled; chapter 14).
+    tiles spilled).
     """
     # --- Program id -> (query tile, batch, head, kv head) ---
     if CAUSAL:
-        # Chapter 8: launch the longest query tiles (bottom rows) first.
+        # Launch the longest query tiles (bottom rows) first.
         bid_x = ct.num_blocks(0) - 1 - ct.bid(0)
     else:
         bid_x = ct.bid(0)
@@ -116,7 +116,7 @@ def fmha_fp8_kernel(Q, K, V, Out, QDescale, KDescale, VDescale,
     q = ct.load(Q, index=(batch_idx, head_idx, bid_x, 0), shape=(1, 1, TILE_M, TILE_D),
                 padding_mode=ct.PaddingMode.ZERO).reshape((TILE_M, TILE_D))  # [TILE_M, TILE_D] fp8
 
-    # --- Which key tiles this query tile visits (chapter 7) ---
+    # --- Which key tiles this query tile visits ---
     k_seqlen = K.shape[2]
     Tc, mask_start = key_tile_range(input_pos + bid_x * TILE_M, input_pos + (bid_x + 1) * TILE_M,
                                     k_seqlen, TILE_N, CAUSAL)

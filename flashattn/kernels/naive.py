@@ -1,6 +1,6 @@
 """Standard attention, written in cuTile so Nsight Compute can show its memory traffic.
 
-Three kernels, each a round trip through global memory (chapter 1)::
+Three kernels, each a round trip through global memory::
 
     S = scale * Q K^T (+ mask)     scores_kernel    writes  (BH, Nq, Nk) fp32
     P = softmax(S)                 softmax_kernel   reads S twice, writes P in the input dtype

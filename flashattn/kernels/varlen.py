@@ -24,7 +24,7 @@ Causal programs take their sequence's tiles in reverse (the longest, bottom tile
 the REMAP step of chapter 8).
 
 The body is the fused kernel's (``fmha.py``: the online softmax of chapter 2, the mask only on
-the tiles that need it, chapter 7) with two differences:
+the tiles that need it) with two differences:
 
 * causal is aligned to the bottom right, as FlashAttention's varlen: with ``len_q`` queries and
   ``len_k`` keys, query row ``i`` sits at position ``len_k - len_q + i`` and sees keys ``0 ..``
@@ -103,7 +103,7 @@ def varlen_fwd_kernel(Q, K, V, Out, CuSeqlensQ, CuSeqlensK,
         for t in range(Q_TILES):                     # the views above serve Q_TILES tiles
             if first + t < n_m:
                 if CAUSAL:
-                    bid_m = n_m - 1 - (first + t)    # chapter 8: the longest query tiles first
+                    bid_m = n_m - 1 - (first + t)    # the longest query tiles first
                 else:
                     bid_m = first + t
 
@@ -133,11 +133,11 @@ def varlen_fwd_kernel(Q, K, V, Out, CuSeqlensQ, CuSeqlensK,
                     qk = ct.mma(q, k, qk)                            # S = Q K^T
 
                     if j >= mask_start:
-                        # The ragged end of K and, if causal, the diagonal: -inf (chapter 7).
+                        # The ragged end of K and, if causal, the diagonal: -inf.
                         qk = mask_scores(qk, offs_m, j * TILE_N + offs_n_tile, len_k, CAUSAL,
                                          False)
 
-                    # --- Online softmax (chapter 2); a row with no visible key keeps -inf ---
+                    # --- Online softmax; a row with no visible key keeps -inf ---
                     p, m_i, l_i, acc = online_softmax_update(qk, m_i, l_i, acc, qk_scale, True,
                                                              True)
                     v = ct.load(v_seq, index=(kv_head, j, 0), shape=(1, TILE_N, TILE_D),

@@ -1,4 +1,4 @@
-"""The packed variable-length forward's contract (chapter 12): its spec, its configuration per
+"""The packed variable-length forward's contract: its spec, its configuration per
 architecture and head dim, and a pure plan (configuration, constants, grid) that needs no GPU.
 
 kernels/varlen.py: ``varlen_fwd_kernel``, one program per (query tile, sequence, head) over
@@ -39,9 +39,9 @@ VARLEN_Q_TILES_BELOW = 64
 # Tiles and hints per architecture and padded head dim (TILE_D up to the key): the forward
 # steps' configurations (warp_groups' first on Hopper, arch_tuned's elsewhere), smaller where
 # the compiler report showed spills (tests/test_varlen_aot.py prints it). Only sm_90 at D=128
-# was timed (chapter 12); the others are not measured yet.
+# was timed; the others are not measured yet.
 VARLEN_CONFIGS: dict[str, dict[int, Config]] = {
-    # sm_90, D=128: 64x128 occupancy=2 the fastest or tied of four tiles (chapter 12).
+    # sm_90, D=128: 64x128 occupancy=2 the fastest or tied of four tiles.
     "sm_90": {128: Config(64, 128, occupancy=2),
               256: Config(128, 64, occupancy=1, num_worker_warps=8)},
     "sm_100": {128: Config(128, 128, occupancy=2), 256: Config(128, 64, occupancy=1)},

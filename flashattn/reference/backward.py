@@ -34,7 +34,7 @@ from .emulate import INV_LOG_2, _as_f32, _exp2, _key_tiles
 from .exact import attention, causal_mask
 
 # The forward's masking rule the backward follows: with SPLIT_LOOP only the tiles that straddle
-# the causal diagonal, and the ragged last key tile, are masked (chapter 7).
+# the causal diagonal, and the ragged last key tile, are masked.
 _SPLIT = {"SPLIT_LOOP": True}
 
 
