@@ -175,27 +175,19 @@ def sdpa(query, key, value, attn_mask=None, dropout_p: float = 0.0, is_causal: b
     return attention(query, key, value, causal=is_causal, scale=scale)
 
 
-# --- the routing of step="best": a decode step goes to the split-KV kernels ----------------------
-# The square kernel's grid leaves most SMs idle for a few query rows; the split-KV kernels fill
-# them. Measured crossover on the H200 (experiments/LOG.md): from 1K keys for up to
-# 4 query rows; other shapes stay with the square kernel.
+# A decode step goes to the split-KV kernels: the square kernel's grid leaves most SMs idle for
+# a few query rows (measured crossover on the H200: from 1K keys, up to 4 rows).
 DECODE_PATH_MAX_NQ = 4
 DECODE_PATH_MIN_NK = 1024
 DECODE_PATH_MAX_GRID = 65535  # B x Hkv: one grid axis of the split kernel
 
 
 def prefer_decode(q, k, causal: bool, input_pos: int = 0) -> bool:
-    """Whether ``flashattn.attention(q, k, v, causal=causal, input_pos=input_pos)`` should run
-    the split-KV decode path (``attention_via_decode``) instead of the square kernel.
-
-    True when the decode kernels compute exactly ``attention``'s answer and the shape is a
-    decode step: few query rows (``Nq <= DECODE_PATH_MAX_NQ``), a long cache
-    (``Nk >= DECODE_PATH_MIN_NK``), causal (query row ``i`` at position ``input_pos + i`` is
-    decode's row at ``cache_seqlens - Nq + i`` with ``cache_seqlens = input_pos + Nq``) or
-    non-causal with one query row (it sees every key, as decode's last row does), fp16/bf16 on
-    a GPU, and ``B x Hkv`` within a grid axis. Looks at shapes, dtypes and devices only (never
-    at values, never synchronises); inputs ``attention`` would refuse give False.
-    """
+    """Whether ``attention`` should run the split-KV decode kernels instead of the square one:
+    when they compute exactly its answer (causal, or one non-causal row that sees every key)
+    on a decode step's shape (``Nq <= DECODE_PATH_MAX_NQ``, ``Nk >= DECODE_PATH_MIN_NK``,
+    fp16/bf16 on a kernel device, ``B x Hkv`` within a grid axis). Reads shapes, dtypes and
+    devices only; inputs ``attention`` would refuse give False."""
     try:
         B, Hq, Nq, D = (int(x) for x in q.shape)
         Bk, Hkv, Nk, Dk = (int(x) for x in k.shape)
@@ -218,24 +210,10 @@ def prefer_decode(q, k, causal: bool, input_pos: int = 0) -> bool:
 
 def attention_via_decode(q, k, v, *, causal: bool = False, scale: float | None = None,
                          input_pos: int = 0, num_splits: int | None = None):
-    """``flashattn.attention(q, k, v, causal=..., scale=..., input_pos=...)`` computed by the
-    split-KV decode kernels, for the shapes ``prefer_decode`` accepts.
-
-    The contiguous cache is k and v themselves (every sequence has capacity Nk); every
-    sequence's length is ``input_pos + Nq`` when causal (so row ``i`` sees keys ``0 ..
-    input_pos + i``, ``attention``'s semantics) and ``Nk`` otherwise (one row, every key).
-
-    Args:
-        q: (B, Hq, Nq, D), 1 <= Nq <= 16; k, v: (B, Hkv, Nk, D); fp16/bf16 CUDA tensors.
-        num_splits: as ``decode`` (default from the shape and the GPU).
-
-    Returns:
-        (B, Hq, Nq, D) in q's dtype, a new tensor.
-
-    Raises:
-        ValueError: for a call ``prefer_decode`` refuses (non-causal with Nq > 1: decode's rows
-            are causal), or as ``attention`` / ``decode`` for bad inputs.
-    """
+    """``attention(q, k, v, ...)`` computed by the split-KV decode kernels over the contiguous
+    cache k, v, each sequence ``input_pos + Nq`` long when causal (``Nk`` otherwise), for the
+    shapes ``prefer_decode`` accepts; ``num_splits`` as ``decode``. ValueError for a
+    non-causal call with Nq > 1 (decode's rows are causal) or bad inputs."""
     causal = check_causal(causal)
     check_tensors(q, k, v, causal=causal, scale=scale, input_pos=input_pos,
                   interpret=interpreting(getattr(q, "device", None)))

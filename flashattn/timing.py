@@ -1,21 +1,11 @@
-"""Timing on the GPU (chapter 3 explains the method and shows its control).
+"""Timing on the GPU: the GPU time of a kernel started on an idle GPU.
 
-What the book measures is the GPU time of the kernel started on an idle GPU: ``time_rounds``
-times short batches of back-to-back launches replayed from a CUDA graph (no host work inside
-the timed region), each after the GPU has idled for ``idle_ms``, in many rounds, with the
-implementations in a fresh random order every round, and reports the median per launch with a
-bootstrap 95 % confidence interval. The idle gap is what makes samples reproducible: under a
-sustained tensor-core load an H200 sits at its power limit and its SM clock wanders between
-states, so back-to-back samples of one kernel vary by several percent; after an idle gap every
-sample starts at the same clock, and they agree far more closely (chapter 3 measures both). The
-sustained regime (``idle_ms=0``, ``warm_ms`` > 0) is measured too, as an experiment: it ranks
-kernels by how much power they draw as well as by how much work they do. The host
-time of a call (how long it takes to return on an idle GPU) is measured separately
-(``host_time``).
-
-``time_interleaved`` (events around each single launch, ``bench --method interleaved``) and
-``time_cuda`` are the simpler methods of the first version, kept for comparison and
-for the chapters' quick live timings.
+``time_rounds`` times short batches of launches replayed from a CUDA graph, each after the GPU
+idled ``idle_ms`` (an H200 under sustained load wanders in clock, so back-to-back samples vary
+by several percent), in rounds with the implementations in a fresh random order, and reports the
+median per launch with a bootstrap 95 % interval; ``idle_ms=0`` with ``warm_ms`` > 0 times the
+sustained regime. ``host_time`` is how long a call takes to return. ``time_interleaved`` and
+``time_cuda`` are the simpler first methods, kept for comparison and quick timings.
 """
 from __future__ import annotations
 
