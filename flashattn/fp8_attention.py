@@ -173,7 +173,6 @@ def reference_fp8(q8, k8, v8, q_descale, k_descale, v_descale, *, causal=False, 
     return attention(q, k, v, causal=causal, scale=scale, input_pos=input_pos)
 
 
-
 def _check_grad(*ts):
     import torch
     if torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in ts):

@@ -39,7 +39,6 @@ def is_fp8(t) -> bool:
     return _name(getattr(t, "dtype", "")) in FP8_DTYPES
 
 
-
 def quantize_fp8(x, *, num_kv_heads: int | None = None, dtype=None, margin: float = 1.0,
                  v_transposed: bool = False):
     """Quantise ``x`` (B, H, N, D) to fp8 with one scale per (batch, kv head).
@@ -51,11 +50,9 @@ def quantize_fp8(x, *, num_kv_heads: int | None = None, dtype=None, margin: floa
             kernel's q descale); default H (K and V).
         dtype: ``torch.float8_e4m3fn`` (default) or ``torch.float8_e5m2``.
         margin: the largest |x| of a group maps to ``FP8_MAX / margin`` (>= 1).
-        v_transposed: for V: return x_fp8 transposed, (B, H, D, N), the layout the FP8
-            forward's P V product reads (``attention_fp8(..., v_transposed=True)``), written
-            by this quantising pass itself, so the forward needs no transpose pass of its own.
-            A view of the first N columns of a (B, H, D, N16) buffer, N16 = N rounded up to
-            16 (16-byte row pitches for the TMA).
+        v_transposed: for V: x_fp8 as (B, H, D, N), the layout the FP8 forward's P V reads,
+            written by this pass (the forward then needs no transpose of its own); a view of
+            a buffer whose rows are padded to 16 bytes for the TMA.
 
     Returns:
         (x_fp8, descale): x_fp8 of ``dtype``, x's shape ((B, H, D, N) with ``v_transposed``);
@@ -133,13 +130,11 @@ def incoherent(q, k, *, seed: int = 0):
     return ((q.float() @ r).to(q.dtype), (k.float() @ r).to(k.dtype))
 
 
-
 def _dequant(x8, descale, Hkv):
     import torch
     d = _descale_tensor(descale, "descale", x8.shape[0], Hkv, x8.device)
     G = x8.shape[1] // Hkv
     return x8.float() * d.repeat_interleave(G, dim=1).to(torch.float32)[:, :, None, None]
-
 
 
 def _descale_tensor(d, name, B, Hkv, device, *, allow_any_heads=False):
@@ -171,7 +166,6 @@ def _descale_tensor(d, name, B, Hkv, device, *, allow_any_heads=False):
     if d.device.type == "cpu" and not (torch.isfinite(d).all() and (d > 0).all()):
         raise ValueError(f"{name} must hold finite positive numbers")
     return d.contiguous()
-
 
 
 def _check_device(t, interp, what):

@@ -2,17 +2,10 @@
 
     dq, dk, dv = attention_backward(q, k, v, out, dout, lse, causal=True)
 
-``lse`` is the forward's log-sum-exp per query row, fp32 (B, Hq, Nq), natural log
-(``flashattn.reference.attention_lse``, or PyTorch's flash / memory-efficient kernels'
-``logsumexp``). Three launches: ``bwd_preprocess`` (Delta = rowsum(dO o O)), ``bwd_dkdv`` and
-``bwd_dq`` (kernels/fmha_bwd.py), with the configurations of ``kernels.bwd_configs`` for the
-GPU's architecture. Deterministic: no atomics, dK and dV are summed over each GQA group inside
-one program.
-
-``flashattn.attention`` and ``flashattn.sdpa`` reach it through ``torch.autograd``: the forward
-writes the LSE (``WRITE_LSE``) and ``flashattn.autograd`` registers this as the backward of its
-operator. A row whose LSE is -inf or +inf (it sees no key) gets dQ = 0 and adds nothing to dK
-and dV (kernels/fmha_bwd.py).
+``lse``: the forward's natural-log log-sum-exp per query row, fp32 (B, Hq, Nq). Three
+deterministic launches (``bwd_preprocess``, ``bwd_dkdv``, ``bwd_dq``; dK and dV summed over a
+GQA group inside one program) at ``kernels.bwd_configs``; ``flashattn.autograd`` registers this
+as its operator's backward. A row that sees no key gets dQ = 0 and adds nothing to dK, dV.
 """
 from __future__ import annotations
 

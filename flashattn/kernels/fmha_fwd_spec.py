@@ -49,18 +49,14 @@ SEARCH_SPACE: dict[str, list[Config]] = {
     # Datacenter Blackwell: the seed's space (tensor-memory accumulators, large tiles pay).
     "sm_100": [Config(256, 128, occupancy=1), Config(128, 128, occupancy=2),
                Config(64, 64, occupancy=2), Config(256, 128, occupancy=2)],
-    # Consumer Blackwell and Ampere: less shared memory, small tiles only. Not measured here:
-    # ordered by the compiler's report (python -m flashattn compile --arch sm_120 / sm_80), the
-    # configuration with the fewest spill bytes first (sm_120: 0 B; sm_80: 592 B; all sm_80
-    # variants with fast math spill a little, as Ampere's mma.sync holds operands in registers).
+    # Consumer Blackwell and Ampere: less shared memory, small tiles only; not timed, ordered
+    # by the compiler's report (fewest spill bytes first).
     "sm_120": [Config(64, 64), Config(64, 64, occupancy=2), Config(64, 128, occupancy=1)],
     "sm_80": [Config(64, 128, occupancy=1), Config(128, 64, occupancy=1),
               Config(64, 64, occupancy=2)],
 }
-# On Hopper, num_worker_warps=8 gives the compiler two consumer warp groups
-# of 64 rows each (plus a producer group for the loads) for 128-row tiles, which then run
-# without spilling. The space adds those configurations to arch_tuned's best; on other
-# architectures it is arch_tuned's space unchanged.
+# Hopper: num_worker_warps=8 gives 128-row tiles two consumer warp groups of 64 rows (and a
+# producer group), which run without spilling; elsewhere arch_tuned's space.
 WARP_GROUP_SPACE: dict[str, list[Config]] = {
     "sm_90": [Config(128, 128, occupancy=1, num_worker_warps=8),
               Config(64, 128, occupancy=2),

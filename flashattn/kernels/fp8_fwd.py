@@ -1,32 +1,21 @@
 """The FP8 forward (``fmha_fp8_kernel``), FlashAttention-3's recipe in cuTile::
 
     Q: (B, Hq, Nq, D) fp8       K: (B, Hkv, Nk, D) fp8       Out: (B, Hq, Nq, D) bf16/fp16
-    V: (B, Hkv, Nk, D) fp8, or with V_T (V transposed in memory): (B, Hkv, D, Nk) fp8
-    QDescale, KDescale, VDescale: (B, Hkv) fp32: the descale factors of each (batch, kv head)
+    V: (B, Hkv, Nk, D) fp8, or with V_T: (B, Hkv, D, Nk) fp8
+    QDescale, KDescale, VDescale: (B, Hkv) fp32
 
-* S = Q K^T on FP8 tensor cores with fp32 accumulation; the descales of Q and K fold into the
-  softmax scale (one multiply per row, as in fmha.py).
-* The softmax in fp32, online, in base 2.
-* P is scaled into e4m3's range before its cast: ``p = 2^(s - m + P_SHIFT)`` lies in
-  ``[0, 2^P_SHIFT]`` (256 for P_SHIFT = 8, below e4m3's 448), so the small probabilities keep
-  their relative precision instead of falling into e4m3's subnormals (below 2^-6) or to zero
-  (below 2^-10). The same factor is in the row sum, so the final division cancels it.
-* O += P V with P cast to the operands' fp8 type (cuTile's ``mma`` takes two operands of one
-  dtype) and fp32 accumulation; the v descale multiplies the output once at the end.
-* Hopper's FP8 warpgroup MMA reads both operands K-major (the reduction axis contiguous). For
-  S = Q K^T that is K's natural (Nk, D) layout; for O = P V the reduction axis is the key axis,
-  so V must be (D, Nk) in memory: ``V_T``. Without it the kernel reads V as (Nk, D) and the
-  compiler transposes each tile on chip (the compile report compares both).
+* S = Q K^T on FP8 tensor cores, fp32 accumulation; the q and k descales fold into the scale.
+* P = 2^(s - m + P_SHIFT) lies in [0, 2^P_SHIFT], below e4m3's 448, so small probabilities
+  keep their precision instead of falling into e4m3's subnormals; the row sum carries the same
+  factor, so the final division cancels it.
+* O += P V with P cast to V's fp8 type; the v descale multiplies the output once at the end.
+  Hopper's FP8 MMA reads both operands K-major, so V is read as (D, Nk) (``V_T``); without it
+  the compiler transposes each tile on chip.
+* SPLIT (wide tiles): unmasked key tiles in one loop of TILE_N keys, the masked ones in a
+  second of TILE_N // 2 (with the mask in one loop these tiles spilled). The mask is added,
+  not selected: the select form spilled on sm_100 and sm_120.
 
-* SPLIT (Hopper's wide tiles: 128x256, at D=256 128x128): the key tiles that need no mask run
-  in one loop of TILE_N keys, the masked ones (the causal diagonal, the ragged end of K) in a
-  second loop of TILE_N // 2; with the mask inside their one loop these tiles spilled. The
-  mask is added (``-inf`` where hidden), not selected: the select form spilled on sm_100 and
-  sm_120.
-
-Grid: ``(cdiv(Nq, TILE_M), B * Hq, 1)``, one program per query tile per (batch, head), GQA
-query head h reading key/value head ``h // group_size``; causal, the longest query tiles (the
-last ones) first, as the fp16 forward.
+Grid ``(cdiv(Nq, TILE_M), B * Hq, 1)``; causal, the longest query tiles first.
 """
 import math
 
