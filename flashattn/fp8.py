@@ -17,9 +17,9 @@ from __future__ import annotations
 import math
 
 from .dispatch import device_arch, expect, interpreting, launch_kernel, on_device
-from .fp8_attention import attention_fp8, reference_fp8
-from .fp8_quant import (FP8_ARCHS, FP8_MAX, _check_arch, _check_device, _descale_tensor, _name,
-                        dequantize_fp8, hadamard_rotation, incoherent, is_fp8, quantize_fp8)
+from .fp8_attention import _check_arch, _check_device, attention_fp8, reference_fp8
+from .fp8_quant import (FP8_ARCHS, FP8_MAX, _descale_tensor, _name, dequantize_fp8,
+                        hadamard_rotation, incoherent, is_fp8, quantize_fp8)
 from .kernels import hinted
 from .kernels.fp8_spec import DECODE_SPLIT_FP8, fp8_decode_constants, fp8_decode_hints
 

@@ -15,15 +15,16 @@ from __future__ import annotations
 
 import math
 
-from .contract import check_rank, check_scale, check_shapes
+from .contract import check_kernel_device, check_rank, check_scale, check_shapes
 from .dispatch import (attention_steps, device_arch, expect, interpreting, launch_kernel,
                        on_device)
-from .fp8_quant import _check_arch, _check_device, _dequant, _descale_tensor, _name
+from .fp8_quant import _dequant, _descale_tensor, _name
 from .kernels import hinted
-from .kernels.fp8_fwd_spec import (FMHA_FP8, FP8_DTYPES, FP8_FAST_ACC, fp8_config,
-                                   fp8_constants, fp8_grid)
+from .kernels.fp8_fwd_spec import FMHA_FP8, FP8_DTYPES, FP8_FAST_ACC, fp8_plan
 
 __all__ = ["attention_fp8", "reference_fp8", "check_fp8_inputs", "launch_fp8"]
+
+FP8_ARCHS_MIN = (8, 9)      # FP8 tensor cores: Ada and newer
 
 
 def attention_fp8(q, k, v, *, q_descale=None, k_descale=None, v_descale=None,
@@ -144,11 +145,9 @@ def launch_fp8(q, k, v, out, qd, kd, vd, *, causal: bool, scale, input_pos: int,
     q, k = (t if t.is_contiguous() else t.contiguous() for t in (q, k))
     if not v_t and not v.is_contiguous():
         v = v.contiguous()
-    config = fp8_config(device_arch(q.device), D) if config is None else config
-    constants = fp8_constants(config, head_dim=D, causal=causal,
-                              even_k=Nk % config.TILE_N == 0, v_transposed=v_t,
-                              fast_acc=fast_acc)
-    grid = fp8_grid(config, B=B, Hq=Hq, Nq=Nq)
+    config, constants, grid = fp8_plan(device_arch(q.device), B=B, Hq=Hq, Nq=Nq, Nk=Nk,
+                                       head_dim=D, causal=causal, v_transposed=v_t,
+                                       fast_acc=fast_acc, config=config)
     kernel = hinted(FMHA_FP8.kernel(), config.hints())
     args = FMHA_FP8.args(dict(Q=q, K=k, V=v, Out=out, QDescale=qd, KDescale=kd, VDescale=vd),
                          dict(qk_scale=float(scale), input_pos=int(input_pos), num_heads=Hq,
@@ -180,3 +179,17 @@ def _check_grad(*ts):
                          "call it under torch.no_grad() or on detached tensors, or train with "
                          "fp16/bf16 inputs")
 
+
+def _check_device(t, interp, what):
+    check_kernel_device(t, interp, f"{what} run", "flashattn.fp8.reference_fp8")
+
+
+def _check_arch(device, interp):
+    """FP8 tensor cores: sm_89 and newer (the interpreter stands in for sm_90 by default)."""
+    if interp or device.type != "cuda":
+        return
+    import torch
+    cap = torch.cuda.get_device_capability(device)
+    if tuple(cap) < FP8_ARCHS_MIN:
+        raise ValueError(f"FP8 attention needs FP8 tensor cores (sm_89 or newer: Ada, Hopper, "
+                         f"Blackwell); this GPU is sm_{cap[0]}{cap[1]}")

@@ -1,5 +1,5 @@
 """FP8 tensors: quantisation with one descale per (batch, kv head), incoherent processing, and
-the checks every FP8 entry point shares (descales, device, FP8 tensor cores).
+the descale checks every FP8 entry point shares.
 
     from flashattn.fp8_quant import quantize_fp8
     q8, qd = quantize_fp8(q, num_kv_heads=k.shape[1])       # descales per (batch, kv head)
@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import math
 
-from .contract import check_kernel_device
 from .kernels.fp8_fwd_spec import FP8_DTYPES
 
 __all__ = ["quantize_fp8", "dequantize_fp8", "incoherent", "hadamard_rotation", "is_fp8",
@@ -26,7 +25,6 @@ __all__ = ["quantize_fp8", "dequantize_fp8", "incoherent", "hadamard_rotation", 
 
 FP8_MAX = {"float8_e4m3fn": 448.0, "float8_e5m2": 57344.0}
 # FP8 tensor cores: Ada (sm_89), Hopper (sm_90), Blackwell (sm_100, sm_103, sm_120, ...).
-FP8_ARCHS_MIN = (8, 9)
 FP8_ARCHS = ("sm_89", "sm_90", "sm_100", "sm_103", "sm_110", "sm_120", "sm_121")
 
 
@@ -166,19 +164,3 @@ def _descale_tensor(d, name, B, Hkv, device, *, allow_any_heads=False):
     if d.device.type == "cpu" and not (torch.isfinite(d).all() and (d > 0).all()):
         raise ValueError(f"{name} must hold finite positive numbers")
     return d.contiguous()
-
-
-def _check_device(t, interp, what):
-    check_kernel_device(t, interp, f"{what} run", "flashattn.fp8.reference_fp8")
-
-
-def _check_arch(device, interp):
-    """FP8 tensor cores: sm_89 and newer (the interpreter stands in for sm_90 by default)."""
-    if interp or device.type != "cuda":
-        return
-    import torch
-    cap = torch.cuda.get_device_capability(device)
-    if tuple(cap) < FP8_ARCHS_MIN:
-        raise ValueError(f"FP8 attention needs FP8 tensor cores (sm_89 or newer: Ada, Hopper, "
-                         f"Blackwell); this GPU is sm_{cap[0]}{cap[1]}")
-

@@ -12,7 +12,7 @@ from .spec import Array, KernelSpec
 
 __all__ = ["FMHA_FP8", "FP8_CONFIGS", "FP8_P_SHIFT", "FP8_FAST_ACC", "FP8_SPLIT_TILE_N",
            "FP8_SPLIT_WIDTH", "FP8_DTYPES", "fp8_config", "fp8_constants", "fp8_grid",
-           "with_fp8"]
+           "fp8_plan", "with_fp8"]
 
 FP8_DTYPES = ("float8_e4m3fn", "float8_e5m2")
 
@@ -90,3 +90,15 @@ def fp8_constants(config: Config, *, head_dim: int, causal: bool, even_k: bool,
 def fp8_grid(config: Config, *, B: int, Hq: int, Nq: int) -> tuple[int, int, int]:
     """One program per query tile per (batch, query head)."""
     return (-(-int(Nq) // config.TILE_M), int(B) * int(Hq), 1)
+
+
+def fp8_plan(arch: str | None, *, B: int, Hq: int, Nq: int, Nk: int, head_dim: int,
+             causal: bool, v_transposed: bool, fast_acc: bool = FP8_FAST_ACC,
+             config: Config | None = None) -> tuple[Config, dict, tuple[int, int, int]]:
+    """(config, constants, grid) of one launch of the FP8 forward: pure, no GPU. ``config``:
+    pinned tiles, default the arch's (``fp8_config``)."""
+    config = fp8_config(arch, head_dim) if config is None else config
+    constants = fp8_constants(config, head_dim=head_dim, causal=causal,
+                              even_k=Nk % config.TILE_N == 0, v_transposed=v_transposed,
+                              fast_acc=fast_acc)
+    return config, constants, fp8_grid(config, B=B, Hq=Hq, Nq=Nq)
