@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from .config import Config
-from .kernels.fmha_fwd_spec import SHIPPED_STEP_FLAGS, arch_space, warp_group_space
+from .kernels.fmha_fwd_spec import FMHA_LATENCIES, FusedKernel, arch_space, warp_group_space
 
 __all__ = ["Step", "register_step", "get_step", "registered", "resolve_name", "with_config",
            "best_step_name", "shipped_steps", "BEST_STEP", "DEFAULT_BEST"]
@@ -22,11 +22,12 @@ class Step:
     title: str
     description: str            # one line: what this step changes
     kernel: str = "fmha"        # "fmha" (fused) or "naive" (three kernels)
-    flags: dict = field(default_factory=lambda: dict(SHIPPED_STEP_FLAGS))   # every flag's value
+    flags: dict = field(default_factory=lambda: dict(FMHA_LATENCIES))   # the kernel's flags
     config: Config = Config(64, 64)
     arch_configs: dict = field(default_factory=dict)   # arch -> Config, overrides `config`
     tuned: bool = False         # chooses its Config per shape by measurement (autotune)
     space: Callable[[str | None], list] | None = None  # a tuned step's search space per arch
+    fused: FusedKernel | None = None  # another build of the fused forward (default: FMHA)
 
     def flag_values(self) -> dict:
         """The kernel's compile-time flags, by name (a copy)."""

@@ -12,11 +12,14 @@ from __future__ import annotations
 
 from flashattn.config import ARCHS, Config
 from flashattn.kernels.fmha_fwd_spec import FMHA_LATENCIES, SEARCH_SPACE, WARP_GROUP_SPACE
+import dataclasses
 from dataclasses import dataclass
 
 from flashattn.registry import BEST_STEP, DEFAULT_BEST, best_step_name, get_step
 from flashattn.registry import Step as LibraryStep
 from flashattn.registry import register_step, resolve_name, with_config
+
+from .ladder import fused_for
 
 __all__ = ["Step", "Config", "ARCHS", "FLAG_DEFAULTS", "FLAGS", "STEPS", "STEP_NAMES",
            "SEED_STEPS", "EXPERIMENTS", "SEARCH_SPACE", "WARP_GROUP_SPACE", "seed_space",
@@ -52,7 +55,17 @@ def _step(name, title, description, *, flags=None, source="seed", **kw) -> Step:
     if unknown:
         raise ValueError(f"step {name!r}: unknown flags {sorted(unknown)}")
     values = {f: type(d)(flags.get(f, d)) for f, d in FLAG_DEFAULTS.items()}
-    return Step(name, title, description, flags=values, source=source, **kw)
+    return Step(name, title, description, flags=values, source=source,
+                fused=fused_for(values), **kw)
+
+
+def _the_library_step(name: str) -> Step:
+    """A step the library ships, as a book step: the same tiles and spaces, the ladder's flags
+    written out (the seed's: the shipped kernel is the ladder with them folded)."""
+    lib = get_step(name)
+    kw = {f.name: getattr(lib, f.name) for f in dataclasses.fields(LibraryStep)}
+    return Step(**dict(kw, flags=_step(name, "", "", flags=_SEED).flags, fused=None),
+                source="book")
 
 
 def seed_space(arch: str | None) -> list[Config]:
@@ -88,8 +101,8 @@ _STEP_LIST = [
           "Search tile shapes and hints per shape and architecture; cache the winner per GPU.",
           flags=dict(_SEED), config=Config(64, 64, occupancy=2), tuned=True, space=seed_space),
     # --- Beyond the blog (chapter 10): what step="best" ships, the library's two steps ---
-    get_step("arch_tuned"),
-    get_step("warp_groups"),
+    _the_library_step("arch_tuned"),
+    _the_library_step("warp_groups"),
 ]
 
 # Techniques we measured that did not pay on the H200 (chapter 10 tells why). They are kept

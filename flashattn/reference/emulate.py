@@ -39,6 +39,10 @@ class Program:
         return sum(len(t) for t in self.key_tiles)
 
 
+# What kernels/fmha.py does: a step whose flags do not name these runs it.
+FMHA_BEHAVIOUR = dict(FAST_MATH=True, SPLIT_LOOP=True, REMAP=True, PAIR=False, LAZY_RESCALE=False)
+
+
 def _step(step) -> Step:
     return get_step(step) if isinstance(step, str) else step
 
@@ -77,7 +81,7 @@ def schedule(step, Nq: int, Nk: int, *, causal: bool, input_pos: int = 0,
     if step.kernel != "fmha":
         raise ValueError(f"step {step.name!r} is not the fused kernel: it has no tile schedule")
     config = config or default_config(step)
-    flags = step.flag_values()
+    flags = {**FMHA_BEHAVIOUR, **step.flag_values()}
     TM, TN = config.TILE_M, config.TILE_N
     n = -(-Nq // TM)                                                  # num_m_blocks
     programs = []
@@ -172,7 +176,7 @@ def emulate(step, q, k, v, *, causal: bool = False, scale: float | None = None,
         return p @ v
 
     config = config or default_config(step)
-    flags = step.flag_values()
+    flags = {**FMHA_BEHAVIOUR, **step.flag_values()}
     TM, TN, TD = config.TILE_M, config.TILE_N, tile_d_for(D)
     ftz = flags["FAST_MATH"]
     n_m, n_n = -(-Nq // TM), -(-Nk // TN)
