@@ -2,7 +2,7 @@
 
 Validate (``contract``), choose the step's configuration and launch (``launch``). When an input
 requires grad, or under ``torch.compile``, through the differentiable operator of ``autograd``
-(the forward with its LSE, the backward kernels of chapter 11).
+(the forward with its LSE, then the backward kernels).
 """
 from __future__ import annotations
 

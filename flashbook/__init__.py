@@ -21,7 +21,7 @@ The package, by layer (each imports only from the layers above it, and from flas
 from .steps import (ARCHS, EXPERIMENTS, FLAGS, SEED_STEPS, STEP_NAMES, STEPS, Config, Step,
                     get_step)  # registers the book's steps with flashattn.registry
 
-from . import ladder  # noqa: F401  (registers the ladder kernel with flashattn.kernels)
+from . import ladder  # noqa: F401  (the ladder kernel: the book steps off the shipped flags run it)
 
 
 

@@ -32,7 +32,7 @@ VARLEN_LATENCIES = dict(FMHA_LATENCIES)
 # Query tiles per varlen program (the kernel's Q_TILES) per architecture (absent: 1), used when
 # the sequences average fewer than VARLEN_Q_TILES_BELOW query tiles: each program builds its
 # sequence's tensor maps once and runs this many tiles with them: short sequences gain, long
-# ones lose (chapter 12; timed on sm_90 only).
+# ones lose (timed on sm_90 only).
 VARLEN_Q_TILES: dict[str, int] = {"sm_90": 4}
 VARLEN_Q_TILES_BELOW = 64
 
