@@ -6,7 +6,6 @@ from __future__ import annotations
 from flashattn import aot
 
 
-
 def main(argv: list[str] | None = None) -> int:
     from .steps import STEPS
     return aot.main(argv, prog="python -m flashbook compile", default_steps=list(STEPS))
