@@ -13,7 +13,7 @@
     fp8.profile_card()            # Nsight Compute: the FP8 forward beside the fp16 kernel
     fp8.decode_speed_table(b)     # the FP8 cache against the fp16 cache per B and cache length
 
-The library's FP8 code is ``flashattn.fp8`` and ``flashattn.kernels.fp8``; nothing here is
+The library's FP8 code is ``flashattn.fp8*`` and ``flashattn.kernels.fp8*``; nothing here is
 needed to use it.
 """
 from __future__ import annotations
