@@ -245,18 +245,15 @@ def main(argv: list[str] | None = None, prog: str = LIBRARY_PROG,
     archs = a.arch or ["sm_90", "sm_100"]
     steps = a.step or default_steps
     unknown = [s for s in steps if s not in registered()]
-    ladder = [s for s in steps if s not in unknown and not _ships(s)]
     if unknown and prog != LIBRARY_PROG:
         try:
             get_step(unknown[0])
         except ValueError as e:
             p.error(str(e))
-    ladder += unknown           # the library's command: the book's steps are the book's command
-    if ladder:
-        # The ladder's kernel is the book's: its command registers it.
-        p.error(f"{', '.join(ladder)} run{'s' if len(ladder) == 1 else ''} the book's ladder "
+    if unknown:                 # the library's command: the book's steps are the book's command
+        p.error(f"{', '.join(unknown)} run{'s' if len(unknown) == 1 else ''} the book's ladder "
                 "kernel, which the library does not ship: python -m flashbook compile "
-                + " ".join(f"--step {s}" for s in ladder))
+                + " ".join(f"--step {s}" for s in unknown))
     reports = []
     for arch in archs:
         for s in steps:
@@ -272,15 +269,6 @@ def main(argv: list[str] | None = None, prog: str = LIBRARY_PROG,
         Path(a.out).write_text(json.dumps(doc, indent=1))
     print(json.dumps(doc, indent=1) if a.json else format_table(reports))
     return 1 if any(r.error for r in reports) else 0
-
-
-def _ships(name: str) -> bool:
-    """Whether the library compiles step ``name`` by itself (not the book's ladder kernel)."""
-    try:
-        kernels_of(get_step(name))
-    except ValueError:
-        return False
-    return True
 
 
 def _meta(a, archs, steps) -> dict:
