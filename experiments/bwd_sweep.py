@@ -48,6 +48,7 @@ def main(argv=None) -> int:
     from flashattn.env import metadata
     from flashattn.launch_bwd import attention_backward
     from flashattn import timing
+    from flashbook.measure.harness import estimate_ms
     from flashbook.measure.workload import SAMPLE_MS
     from flashattn.config import Config
     B, H, D = 4, 32, 128
@@ -104,7 +105,7 @@ def main(argv=None) -> int:
             for label, (fs, _) in fns.items():
                 calls[label] = (lambda fs=fs, c=[0]: (c.__setitem__(0, c[0] + 1),
                                                       fs[c[0] % len(fs)]())[1])
-            est = timing.estimate_ms(calls)
+            est = estimate_ms(calls)
             inner = {n: max(1, min(10, round(SAMPLE_MS / max(e, 1e-3)))) for n, e in est.items()}
             inner = {n: min(inner.values()) for n in inner}      # one batch length for all
             res = timing.time_rounds(calls, rounds=a.rounds, inner=inner)

@@ -76,7 +76,7 @@ def run(out):
         q8, qd = quantize_fp8(q, num_kv_heads=2)
         k8, kd = quantize_fp8(k)
         v8, vd = quantize_fp8(v)
-        v8t, vdt = quantize_fp8(v, transpose_v=True)
+        v8t, vdt = quantize_fp8(v, v_transposed=True)
         for causal in (True, False):
             res[f"fp8/fwd/{causal}"] = attention_fp8(q8, k8, v8, causal=causal, q_descale=qd,
                                                      k_descale=kd, v_descale=vd)

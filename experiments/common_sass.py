@@ -61,7 +61,7 @@ def extra_cases(only=None):
         return
     arch = "sm_90"
     from flashattn import aot, flex, mods
-    from flashattn.fp8 import compile_cases, compile_report
+    from flashbook.compile_fp8 import compile_cases, compile_report
     for label, kw in (("causal mask", dict(mask=mods.causal())),
                       ("softcap score", dict(score=mods.softcap(30.0), block_size=None)),
                       ("softcap+causal ragged lse", dict(score=mods.softcap(30.0),
@@ -118,7 +118,7 @@ def _fp8(case):
         return r
     aot.compile_spec = keep
     try:
-        from flashattn.fp8 import compile_report
+        from flashbook.compile_fp8 import compile_report
         compile_report([case])
     finally:
         aot.compile_spec = orig

@@ -86,8 +86,9 @@ def _time(calls: dict, rounds: int, ref_name: str):
     ratio to ``ref_name``."""
     from flashattn.stats import ratio_ci
     from flashattn import timing
+    from flashbook.measure.harness import estimate_ms
     from flashbook.measure.workload import SAMPLE_MS
-    est = timing.estimate_ms(calls)
+    est = estimate_ms(calls)
     inner = max(1, min(10, round(SAMPLE_MS / max(min(est.values()), 1e-3))))
     res = timing.time_rounds(calls, rounds=rounds, inner=inner)
     ref = res[ref_name]

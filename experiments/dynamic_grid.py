@@ -160,6 +160,7 @@ def main(argv=None) -> int:
     from flashattn.env import metadata
     from flashattn.launch import launch
     from flashattn import timing
+    from flashbook.measure.harness import estimate_ms
     from flashbook.measure.libraries import library_fn
     from flashbook.measure.workload import SAMPLE_MS
     from flashbook.steps import Config, get_step
@@ -198,7 +199,7 @@ def main(argv=None) -> int:
             torch.cuda.synchronize()
             want = outs["arch_tuned"]
             same = {n: bool(torch.equal(o, want)) for n, o in outs.items()}
-            est = timing.estimate_ms(calls)
+            est = estimate_ms(calls)
             inner = max(1, min(10, round(SAMPLE_MS / max(min(est.values()), 1e-3))))
             res = timing.time_rounds(calls, rounds=a.rounds, inner=inner)
             flops = 4 * B * H * N * N * D * (0.5 if causal else 1.0)

@@ -2,7 +2,7 @@
 
     PYTHONPATH=$PWD python experiments/fp8_compile.py [--quick] [--out experiments/data/42-fp8-aot]
 
-Compiles every case of ``flashattn.fp8.compile_cases`` (the FP8 forward with V transposed
+Compiles every case of ``flashbook.compile_fp8.compile_cases`` (the FP8 forward with V transposed
 (K-major) and not, e5m2 and exact accumulation on sm_90, and the fp8-cache decode split kernel)
 and writes ``report.txt`` (the table) and ``report.json.xz`` (registers, stack, shared memory,
 SASS counts and the MMA instruction forms of each).
@@ -20,7 +20,7 @@ def main(argv=None) -> int:
     ap.add_argument("--arch", action="append", help="sm_90, sm_100, sm_120 (repeatable)")
     ap.add_argument("--out", default="experiments/data/42-fp8-aot")
     a = ap.parse_args(argv)
-    from flashattn.fp8 import compile_cases, compile_report, format_compile_report
+    from flashbook.compile_fp8 import compile_cases, compile_report, format_compile_report
     archs = tuple(a.arch or ("sm_90", "sm_100", "sm_120"))
     t0 = time.time()
     rows = compile_report(compile_cases(archs=archs, quick=a.quick))

@@ -449,11 +449,11 @@ FWD_VARIANTS = {"fwd-split": False, "fwd-emu": True}
 def attention_fp8_v2(q8, k8, v8t, *, q_descale, k_descale, v_descale, causal: bool,
                      variant: str = "fwd-emu", config=None, out_dtype=None):
     """The FP8 forward through ``fmha_fp8_emu_kernel``: q8, k8 (B, H, N, D) e4m3, v8t
-    (B, Hkv, D, Nk) e4m3 (``quantize_fp8(v, transpose_v=True)``), descales (B, Hkv)."""
+    (B, Hkv, D, Nk) e4m3 (``quantize_fp8(v, v_transposed=True)``), descales (B, Hkv)."""
     import torch
     from flashattn.dispatch import device_arch, launch_kernel, on_device
     from flashattn.kernels import hinted
-    from flashattn.kernels.fp8_spec import fp8_config
+    from flashattn.kernels.fp8_fwd_spec import fp8_config
     if variant not in FWD_VARIANTS:
         raise ValueError(f"unknown variant {variant!r}; choose from {', '.join(FWD_VARIANTS)}")
     B, Hq, Nq, D = q8.shape
@@ -616,7 +616,7 @@ def compile_cases(archs=("sm_90", "sm_100"), D=128, rows=4):
 def forward_compile_cases(archs=("sm_90", "sm_100"), D=128):
     """The library's FP8 forward (V^T, its default tile) beside fwd-split and fwd-emu, causal
     and not, at the arch's FP8 configuration."""
-    from flashattn.kernels.fp8_spec import FMHA_FP8, fp8_config, fp8_constants
+    from flashattn.kernels.fp8_fwd_spec import FMHA_FP8, fp8_config, fp8_constants
     cases = []
     for arch in archs:
         cfg = fp8_config(arch, D)
@@ -728,7 +728,7 @@ def forward_calls(B, H, N, D, causal, device, *, Hkv=None):
     v = torch.randn(B, Hkv, N, D, generator=g, device=device, dtype=torch.float16)
     q8, qd = quantize_fp8(q, num_kv_heads=Hkv)
     k8, kd = quantize_fp8(k, num_kv_heads=Hkv)
-    v8t, vd = quantize_fp8(v, num_kv_heads=Hkv, transpose_v=True)
+    v8t, vd = quantize_fp8(v, num_kv_heads=Hkv, v_transposed=True)
     kw = dict(q_descale=qd, k_descale=kd, v_descale=vd, causal=causal)
     cfg = None
     if device.type == "cpu":
@@ -767,7 +767,8 @@ def _timer(dry: bool):
                               method="fake (CPU host time)")
             return res
         return fake
-    from flashattn.timing import estimate_ms, time_rounds
+    from flashattn.timing import time_rounds
+    from flashbook.measure.harness import estimate_ms
 
     def project(fns, rounds):
         est = estimate_ms(fns)

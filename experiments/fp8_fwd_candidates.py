@@ -146,7 +146,7 @@ def make_inputs(b, h, n, d, device, seed=0):
                for _ in range(3))
     q8, qd = quantize_fp8(q)
     k8, kd = quantize_fp8(k)
-    v8t, vd = quantize_fp8(v, transpose_v=True)
+    v8t, vd = quantize_fp8(v, v_transposed=True)
     return dict(q=q, k=k, v=v, q8=q8, k8=k8, v8t=v8t, qd=qd, kd=kd, vd=vd)
 
 

@@ -254,7 +254,7 @@ def variant_constants(name: str, config, *, head_dim: int, causal: bool, even_k:
 def attention_fp8_var(q8, k8, v8t, *, q_descale, k_descale, v_descale, causal: bool,
                       variant: str, config=None, out_dtype=None):
     """The FP8 forward through ``fmha_fp8_var_kernel``: q8 (B, Hq, N, D), k8 (B, Hkv, Nk, D),
-    v8t (B, Hkv, D, Nk) e4m3 (``quantize_fp8(v, transpose_v=True)``), descales (B, Hkv) fp32.
+    v8t (B, Hkv, D, Nk) e4m3 (``quantize_fp8(v, v_transposed=True)``), descales (B, Hkv) fp32.
     CPU tensors run in the interpreter (inside ``flashattn.interpret.enabled()``)."""
     import torch
     from flashattn.dispatch import device_arch, launch_kernel, on_device

@@ -54,7 +54,7 @@ def _fwd_case(step, *, causal, N=200, Nk=None, D=64, Hq=4, Hkv=2, input_pos=0,
                     v=_randn(g, 1, Hkv, Nk, D, dtype=dtype))
 
     def run(x):
-        return [flashattn.attention(x["q"], x["k"], x["v"], causal=causal, step=step,
+        return [flashbook.attention(x["q"], x["k"], x["v"], causal=causal, step=step,
                                     input_pos=input_pos)]
 
     def ref(x):

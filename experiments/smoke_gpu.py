@@ -5,6 +5,7 @@ import sys
 import torch
 
 import flashattn
+import flashbook
 from flashattn.launch import launch
 from flashattn.reference import attention as ref
 from flashbook.steps import Config, get_step, with_config
@@ -21,7 +22,7 @@ for name, cfg in cases:
         k = torch.randn(B, Hkv, N, D, device="cuda", dtype=torch.float16)
         v = torch.randn_like(k)
         if cfg is None:
-            o = flashattn.attention(q, k, v, causal=causal, step=name)
+            o = flashbook.attention(q, k, v, causal=causal, step=name)
         else:
             c = Config.parse(cfg)
             o = torch.full_like(q, float("nan"))

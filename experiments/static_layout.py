@@ -213,6 +213,7 @@ def time_report(out: str, seqlens: str, rounds: int, argv) -> int:
     from flashattn.env import metadata
     from flashattn.launch import launch
     from flashattn import timing
+    from flashbook.measure.harness import estimate_ms
     from flashbook.measure.libraries import library_fn
     from flashbook.measure.workload import SAMPLE_MS
     from flashbook.steps import Config, get_step
@@ -246,7 +247,7 @@ def time_report(out: str, seqlens: str, rounds: int, argv) -> int:
                     c()
                 torch.cuda.synchronize()
                 same = {n: bool(torch.equal(o, outs["library"])) for n, o in outs.items()}
-                est = timing.estimate_ms(calls)
+                est = estimate_ms(calls)
                 inner = max(1, min(10, round(SAMPLE_MS / max(min(est.values()), 1e-3))))
                 res = timing.time_rounds(calls, rounds=rounds, inner=inner)
                 flops = 4 * B * H * N * N * D * (0.5 if causal else 1.0)

@@ -3,7 +3,7 @@ contract, the references and the interpreter.
 
     import flashattn
     o = flashattn.attention(q, k, v, causal=True)            # fastest known kernel on this GPU
-    o = flashattn.decode(q_new, k_cache, v_cache, cache_seqlens)   # a decode step (chapter 12)
+    o = flashattn.decode(q_new, k_cache, v_cache, cache_seqlens)   # a decode step
     o = flashattn.attention_varlen(q, k, v, cu_seqlens, cu_seqlens, max_len, max_len)  # packed
     with flashattn.interpret.enabled():                       # or FLASHATTN_INTERPRET=1: CPU
         o = flashattn.attention(q_cpu, k_cpu, v_cpu)          # tensors, the real kernels
@@ -27,7 +27,7 @@ from .api import attention, sdpa
 from .decoding import decode
 from .varlen import attention_varlen, attention_varlen_backward
 from .flex import flex_attention  # FlexAttention on the cuTile kernel (flashattn.mods)
-from .fp8 import quantize_fp8  # fp8 inputs and caches with their descales
+from .fp8_quant import quantize_fp8  # fp8 inputs and caches with their descales
 from .flash_attn_interface import flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache
 from .mla import flash_mla_with_kvcache, get_mla_metadata  # MLA decoding, FlashMLA's calls
 from .precompiler import precompile  # compile configurations ahead of the first call
@@ -41,8 +41,10 @@ __all__ = ["attention", "sdpa", "decode", "attention_varlen", "attention_varlen_
 # Submodules load on first use (flashattn.reference, flashattn.kernels, ...): importing
 # flashattn stays cheap, and `import flashattn; flashattn.reference.attention(...)` works.
 _SUBMODULES = ("aot", "api", "autograd", "autotune", "config", "contract", "decoding",
-               "dispatch", "env", "flex", "fp8", "interpret", "kernels", "launch", "launch_bwd",
-               "mods", "reference", "registry", "stats", "timing")
+               "dispatch", "env", "flash_attn_interface", "flex", "flex_op", "fp8",
+               "fp8_attention", "fp8_quant", "integrations", "interpret", "kernels", "launch",
+               "launch_bwd", "mla", "mods", "precompiler", "reference", "registry", "stats",
+               "timing", "value_dim", "varlen", "varlen_op")
 
 
 def __getattr__(name):

@@ -1,4 +1,4 @@
-"""Ahead-of-time compilation and static analysis, no GPU needed (chapters 5 and 6).
+"""Ahead-of-time compilation and static analysis, no GPU needed.
 
 ``compile_step(name, arch)`` compiles a step's kernels with ``tileiras`` (through cuTile's
 ``export_kernel``) into cubins, and ``analyze_cubin`` reads them back with ``cuobjdump``:
@@ -22,7 +22,7 @@ from pathlib import Path
 from .kernels import constants_for, hinted
 from .kernels import kernels_of
 from .config import ARCHS, Config
-from .registry import get_step, registered
+from .registry import get_step, registered, shipped_steps
 
 # The workload the book's static tables describe: the seed's B=4, H=32, D=128, fp16, causal.
 DEFAULT_SHAPE = dict(head_dim=128, causal=True, even_k=True, dtype="float16")
@@ -220,7 +220,8 @@ def format_table(reports: list[KernelReport]) -> str:
 LIBRARY_PROG = "python -m flashattn compile"
 
 
-def main(argv: list[str] | None = None, prog: str = LIBRARY_PROG) -> int:
+def main(argv: list[str] | None = None, prog: str = LIBRARY_PROG,
+         default_steps: list[str] | None = None) -> int:
     import argparse
 
     from .contract import MAX_HEAD_DIM, head_dim_arg
@@ -229,9 +230,10 @@ def main(argv: list[str] | None = None, prog: str = LIBRARY_PROG) -> int:
                                             "report registers, spills, shared memory and SASS.")
     p.add_argument("--arch", action="append", choices=ARCHS,
                    help="target architecture (repeatable; default sm_90 and sm_100)")
+    default_steps = default_steps or shipped_steps()
     p.add_argument("--step", action="append", metavar="NAME",
-                   help="step or experiment to compile (repeatable; default: every step that "
-                        "compiles here: " + ", ".join(_default_steps()) + ")")
+                   help="step or experiment to compile (repeatable; default: "
+                        + ", ".join(default_steps) + ")")
     p.add_argument("--head-dim", type=head_dim_arg, default=128,
                    help="head dim D, 1 to %d as the API takes (default 128)" % MAX_HEAD_DIM)
     p.add_argument("--no-causal", action="store_true")
@@ -241,20 +243,17 @@ def main(argv: list[str] | None = None, prog: str = LIBRARY_PROG) -> int:
     p.add_argument("--no-cache", action="store_true", help="recompile even if a cubin is cached")
     a = p.parse_args(argv)
     archs = a.arch or ["sm_90", "sm_100"]
-    steps = a.step or _default_steps()
+    steps = a.step or default_steps
     unknown = [s for s in steps if s not in registered()]
-    ladder = [s for s in steps if s not in unknown and not _ships(s)]
     if unknown and prog != LIBRARY_PROG:
         try:
             get_step(unknown[0])
         except ValueError as e:
             p.error(str(e))
-    ladder += unknown           # the library's command: the book's steps are the book's command
-    if ladder:
-        # The ladder's kernel is the book's: its command registers it (chapter 3).
-        p.error(f"{', '.join(ladder)} run{'s' if len(ladder) == 1 else ''} the book's ladder "
+    if unknown:                 # the library's command: the book's steps are the book's command
+        p.error(f"{', '.join(unknown)} run{'s' if len(unknown) == 1 else ''} the book's ladder "
                 "kernel, which the library does not ship: python -m flashbook compile "
-                + " ".join(f"--step {s}" for s in ladder))
+                + " ".join(f"--step {s}" for s in unknown))
     reports = []
     for arch in archs:
         for s in steps:
@@ -270,20 +269,6 @@ def main(argv: list[str] | None = None, prog: str = LIBRARY_PROG) -> int:
         Path(a.out).write_text(json.dumps(doc, indent=1))
     print(json.dumps(doc, indent=1) if a.json else format_table(reports))
     return 1 if any(r.error for r in reports) else 0
-
-
-def _default_steps() -> list[str]:
-    """The registered steps (not the experiments) whose kernels are registered too."""
-    return [n for n, s in registered().items() if s.source != "experiment" and _ships(n)]
-
-
-def _ships(name: str) -> bool:
-    """Whether the library compiles step ``name`` by itself (not the book's ladder kernel)."""
-    try:
-        kernels_of(get_step(name))
-    except ValueError:
-        return False
-    return True
 
 
 def _meta(a, archs, steps) -> dict:

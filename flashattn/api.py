@@ -2,7 +2,7 @@
 
 Validate (``contract``), choose the step's configuration and launch (``launch``). When an input
 requires grad, or under ``torch.compile``, through the differentiable operator of ``autograd``
-(the forward with its LSE, the backward kernels of chapter 11).
+(the forward with its LSE, then the backward kernels).
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from .registry import get_step
 
 
 def attention(q, k, v, *, causal: bool = False, scale: float | None = None,
-              input_pos: int = 0, step: str = "best", window_size=None, softcap=None,
+              input_pos: int = 0, window_size=None, softcap=None,
               q_descale=None, k_descale=None, v_descale=None, out_dtype=None,
               v_transposed: bool = False):
     """Scaled dot-product attention with a cuTile FlashAttention kernel.
@@ -40,23 +40,23 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None,
         scale: softmax scale, default 1/sqrt(D).
         input_pos: 0 (as scaled_dot_product_attention(is_causal=True)) up to Nk - Nq
             (a prefill appended to a KV cache of Nk - Nq tokens). Causal only.
-        step: "best", or a registered step (the book's, once ``import flashbook`` ran) for the fastest known one on this GPU
-            ("best" sends a decode step, 1 to ``DECODE_PATH_MAX_NQ`` query rows over at
-            least ``DECODE_PATH_MIN_NK`` keys, to the split-KV kernels of
-            ``flashattn.decode``, which are faster there: the measured crossover).
         window_size: flash-attn's (left, right): row i (position input_pos + i) sees keys
             position - left .. position + right; -1 unbounded (default (-1, -1)).
         softcap: flash-attn's logit soft-capping, softcap * tanh(score / softcap) on the scaled
             score; 0 or None: off. With either, the call runs on the flex kernels
             (``flashattn.flex.attention_masked``), never the dense or decode path.
 
-        q_descale, k_descale, v_descale, out_dtype: FP8 (chapter 14). With float8_e4m3fn (or
-            float8_e5m2) q, k, v the call runs the FP8 forward (``flashattn.fp8.attention_fp8``):
+        q_descale, k_descale, v_descale, out_dtype: FP8. With float8_e4m3fn (or
+            float8_e5m2) q, k, v the call runs the FP8 forward (``fp8_attention.attention_fp8``):
             the descales, (B, Hkv) float32 as FlashAttention-3's, are required
-            (``flashattn.fp8.quantize_fp8`` makes them); the output is bf16, or ``out_dtype``
+            (``flashattn.quantize_fp8`` makes them); the output is bf16, or ``out_dtype``
             (torch.float16). Not differentiable. Descales with fp16/bf16 inputs: ValueError.
         v_transposed: fp8 only: v is (B, Hkv, D, Nk), as ``quantize_fp8(v, v_transposed=True)``
             returns it; the FP8 forward then reads it without a transpose pass (the fast path).
+
+    The fastest kernel known for this GPU runs; a decode step (1 to ``DECODE_PATH_MAX_NQ``
+    query rows over at least ``DECODE_PATH_MIN_NK`` keys) runs on the split-KV kernels of
+    ``flashattn.decode``, faster there.
 
     Returns:
         (B, Hq, Nq, D) tensor, dtype of q. Differentiable: when q, k or v requires grad (or
@@ -68,21 +68,13 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None,
         TypeError, ValueError: bad shapes, dtypes, devices, or arguments (the message says
             which). NotImplementedError never; D up to 256 and any lengths >= 1 are supported.
     """
-    import torch
-    if not isinstance(step, str):
-        raise TypeError(f"step must be a str ('best' or a step's name), got "
-                        f"{type(step).__name__}")
     if not isinstance(v_transposed, bool):
         raise TypeError(f"v_transposed must be a bool, got {type(v_transposed).__name__}")
     if _fp8_call(q, k, v, q_descale, k_descale, v_descale, out_dtype):
-        # The FP8 forward (its own kernel, no backward; chapter 14).
-        if step != "best":
-            raise ValueError(f"step={step!r} names an fp16/bf16 step; fp8 inputs run the FP8 "
-                             "kernel (leave step='best')")
         if window_size is not None or softcap is not None:
             raise ValueError("window_size and softcap are not supported with fp8 inputs (the FP8 "
                              "kernel has no mask or score function); pass fp16/bf16 tensors")
-        from .fp8 import attention_fp8
+        from .fp8_attention import attention_fp8
         return attention_fp8(q, k, v, q_descale=q_descale, k_descale=k_descale,
                              v_descale=v_descale, causal=causal, scale=scale,
                              input_pos=input_pos, out_dtype=out_dtype,
@@ -94,15 +86,27 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None,
     if differs(q, k, v):
         # A value head dim other than the query's: zero-padded to one head dim, sliced back.
         q, k, v, scale, dv = pad_heads(q, k, v, scale)
-        return attention(q, k, v, causal=causal, scale=scale, input_pos=input_pos, step=step,
+        return attention(q, k, v, causal=causal, scale=scale, input_pos=input_pos,
                          window_size=window_size, softcap=softcap)[..., :dv].contiguous()
     if window_size is not None or softcap is not None:
-        from .flex import attention_masked          # never a path that drops them (ch. 13)
+        from .flex import attention_masked          # never a path that drops them
         out = attention_masked(q, k, v, causal=check_causal(causal), scale=scale,
-                               input_pos=input_pos, step=step, window_size=window_size,
+                               input_pos=input_pos, step="best", window_size=window_size,
                                softcap=softcap)
         if out is not None:
             return out
+    return run_step(q, k, v, "best", causal=causal, scale=scale, input_pos=input_pos)
+
+
+def run_step(q, k, v, step: str, *, causal: bool = False, scale: float | None = None,
+             input_pos: int = 0):
+    """fp16/bf16 attention with the registered step ``step`` ("best": what ``attention``
+    ships, a decode step routed to the split-KV kernels). What ``attention`` runs, and how a
+    step registered from outside the library (``registry.register_step``) runs by name."""
+    import torch
+    if not isinstance(step, str):
+        raise TypeError(f"step must be a str ('best' or a step's name), got "
+                        f"{type(step).__name__}")
     if _differentiable(q, k, v):
         from . import autograd
         return autograd.attention(q, k, v, causal=causal, scale=scale, input_pos=input_pos,
@@ -113,7 +117,6 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None,
     if step != "best":
         get_step(step)  # unknown names fail before any work
     elif prefer_decode(q, k, causal, input_pos):
-        # A decode step (few query rows, a long cache): the split-KV kernels (chapter 12).
         return launch_via_decode(q, k, v, causal=causal, scale=scale, input_pos=input_pos)
     B, Hq, Nq, D = q.shape
     out = torch.empty((B, Hq, Nq, D), dtype=q.dtype, device=q.device)
@@ -158,7 +161,7 @@ def _differentiable(q, k, v) -> bool:
 
 
 def sdpa(query, key, value, attn_mask=None, dropout_p: float = 0.0, is_causal: bool = False,
-         scale: float | None = None, enable_gqa: bool = False, *, step: str = "best"):
+         scale: float | None = None, enable_gqa: bool = False):
     """Drop-in for ``torch.nn.functional.scaled_dot_product_attention`` (4-D inputs).
 
     Differentiable as ``attention``. Raises NotImplementedError for what the kernels do not do
@@ -185,30 +188,22 @@ def sdpa(query, key, value, attn_mask=None, dropout_p: float = 0.0, is_causal: b
         if query.shape[1] != key.shape[1] and not enable_gqa:
             raise ValueError(f"query has {query.shape[1]} heads and key {key.shape[1]}: pass "
                              "enable_gqa=True for grouped-query attention")
-    return attention(query, key, value, causal=is_causal, scale=scale, step=step)
+    return attention(query, key, value, causal=is_causal, scale=scale)
 
 
-# --- the routing of step="best": a decode step goes to the split-KV kernels (chapter 12) -------
-# The square kernel's grid leaves most SMs idle for a few query rows; the split-KV kernels fill
-# them. Measured crossover on the H200 (experiments/LOG.md, chapter 12): from 1K keys for up to
-# 4 query rows; other shapes stay with the square kernel.
+# A decode step goes to the split-KV kernels: the square kernel's grid leaves most SMs idle for
+# a few query rows (measured crossover on the H200: from 1K keys, up to 4 rows).
 DECODE_PATH_MAX_NQ = 4
 DECODE_PATH_MIN_NK = 1024
 DECODE_PATH_MAX_GRID = 65535  # B x Hkv: one grid axis of the split kernel
 
 
 def prefer_decode(q, k, causal: bool, input_pos: int = 0) -> bool:
-    """Whether ``flashattn.attention(q, k, v, causal=causal, input_pos=input_pos)`` should run
-    the split-KV decode path (``attention_via_decode``) instead of the square kernel.
-
-    True when the decode kernels compute exactly ``attention``'s answer and the shape is a
-    decode step: few query rows (``Nq <= DECODE_PATH_MAX_NQ``), a long cache
-    (``Nk >= DECODE_PATH_MIN_NK``), causal (query row ``i`` at position ``input_pos + i`` is
-    decode's row at ``cache_seqlens - Nq + i`` with ``cache_seqlens = input_pos + Nq``) or
-    non-causal with one query row (it sees every key, as decode's last row does), fp16/bf16 on
-    a GPU, and ``B x Hkv`` within a grid axis. Looks at shapes, dtypes and devices only (never
-    at values, never synchronises); inputs ``attention`` would refuse give False.
-    """
+    """Whether ``attention`` should run the split-KV decode kernels instead of the square one:
+    when they compute exactly its answer (causal, or one non-causal row that sees every key)
+    on a decode step's shape (``Nq <= DECODE_PATH_MAX_NQ``, ``Nk >= DECODE_PATH_MIN_NK``,
+    fp16/bf16 on a kernel device, ``B x Hkv`` within a grid axis). Reads shapes, dtypes and
+    devices only; inputs ``attention`` would refuse give False."""
     try:
         B, Hq, Nq, D = (int(x) for x in q.shape)
         Bk, Hkv, Nk, Dk = (int(x) for x in k.shape)
@@ -231,24 +226,10 @@ def prefer_decode(q, k, causal: bool, input_pos: int = 0) -> bool:
 
 def attention_via_decode(q, k, v, *, causal: bool = False, scale: float | None = None,
                          input_pos: int = 0, num_splits: int | None = None):
-    """``flashattn.attention(q, k, v, causal=..., scale=..., input_pos=...)`` computed by the
-    split-KV decode kernels, for the shapes ``prefer_decode`` accepts.
-
-    The contiguous cache is k and v themselves (every sequence has capacity Nk); every
-    sequence's length is ``input_pos + Nq`` when causal (so row ``i`` sees keys ``0 ..
-    input_pos + i``, ``attention``'s semantics) and ``Nk`` otherwise (one row, every key).
-
-    Args:
-        q: (B, Hq, Nq, D), 1 <= Nq <= 16; k, v: (B, Hkv, Nk, D); fp16/bf16 CUDA tensors.
-        num_splits: as ``decode`` (default from the shape and the GPU).
-
-    Returns:
-        (B, Hq, Nq, D) in q's dtype, a new tensor.
-
-    Raises:
-        ValueError: for a call ``prefer_decode`` refuses (non-causal with Nq > 1: decode's rows
-            are causal), or as ``attention`` / ``decode`` for bad inputs.
-    """
+    """``attention(q, k, v, ...)`` computed by the split-KV decode kernels over the contiguous
+    cache k, v, each sequence ``input_pos + Nq`` long when causal (``Nk`` otherwise), for the
+    shapes ``prefer_decode`` accepts; ``num_splits`` as ``decode``. ValueError for a
+    non-causal call with Nq > 1 (decode's rows are causal) or bad inputs."""
     causal = check_causal(causal)
     check_tensors(q, k, v, causal=causal, scale=scale, input_pos=input_pos,
                   interpret=interpreting(getattr(q, "device", None)))

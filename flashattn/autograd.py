@@ -1,31 +1,18 @@
-"""flashattn as a differentiable PyTorch operator (the backward: chapter 11).
+"""flashattn as a differentiable PyTorch operator.
 
     out = flashattn.attention(q, k, v, causal=True)   # q, k or v requires grad: through the op
     out.float().square().sum().backward()               # dq, dk, dv from kernels/fmha_bwd.py
 
-Two ``torch.library`` custom operators, so that autograd, ``torch.compile(fullgraph=True)`` and
-FakeTensor tracing see one opaque node each, with no graph break:
+Two ``torch.library`` custom operators, one opaque node each for autograd,
+``torch.compile(fullgraph=True)`` and FakeTensor tracing:
 
     flashattn::attention_fwd(q, k, v, causal, scale, input_pos, step) -> (out, lse)
-        the fused forward of ``step`` with its LSE output on (``WRITE_LSE``): out (B, Hq, Nq, D)
-        in q's dtype, lse (B, Hq, Nq) fp32, natural log (not differentiable)
     flashattn::attention_bwd(dout, q, k, v, out, lse, causal, scale, input_pos) -> (dq, dk, dv)
-        ``launch_bwd.attention_backward``: three kernels, deterministic, dk and dv summed over
-        each GQA group
 
-The backward of the first is registered with ``register_autograd`` and calls the second. Both
-have fake implementations (``register_fake``: shapes and dtypes, no GPU), which also serve the
-``meta`` device. ``flashattn.attention`` and ``flashattn.sdpa`` take this path when an input
-requires grad (and grad mode is on) or under ``torch.compile``; otherwise they launch the
-inference kernel directly.
-
-Tensors on the ``meta`` device (shapes only) go through the operator too, in eager mode as well:
-a model built on ``meta`` traces forward and backward with no GPU.
-
-The operator checks its tensors, once per call: the real implementation with
-``contract.check_tensors``, the fake one (meta tensors, tracing) with ``check_tensor_meta``,
-all but the device; the entry points check the other arguments. Bad input raises the same
-TypeError/ValueError eagerly and under ``torch.compile``.
+The first writes the LSE (``WRITE_LSE``; fp32, natural log) and has the second as its backward
+(``register_autograd``); their fake implementations serve tracing and the ``meta`` device.
+``attention`` and ``sdpa`` take this path when an input requires grad or under
+``torch.compile``. Tensors are checked once per call, with the same errors eagerly and traced.
 """
 from __future__ import annotations
 

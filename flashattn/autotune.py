@@ -1,10 +1,10 @@
-"""Autotuning (chapter 9): search tile shapes and launch hints per shape and architecture.
+"""Autotuning: search tile shapes and launch hints per shape and architecture.
 
     step, config = resolve("best", q, k, causal=True)   # which step, which tiles and hints
 
 The search space differs per architecture (``Step.configs(arch)``; the tables are
 ``kernels.fmha_fwd_spec``'s), because what is fast differs: Blackwell keeps the accumulator in
-tensor memory and likes 256x128 tiles; on Hopper those tiles spill registers (chapter 5) and
+tensor memory and likes 256x128 tiles; on Hopper those tiles spill registers and
 64-row tiles with two programs per SM win. Results are cached per GPU name in memory and in
 ``$FLASHATTN_CACHE`` (default ``~/.cache/flashattn``), keyed by the shape bucket, so a search
 runs once per GPU and shape class.
@@ -24,8 +24,8 @@ import os
 from pathlib import Path
 
 from .contract import next_pow2
-from .dispatch import device_name, interpreting
-from .launch import arch_of, launch
+from .dispatch import device_arch, device_name, interpreting
+from .launch import launch
 from .config import Config
 from .registry import Step, resolve_name
 
@@ -128,7 +128,7 @@ def choose(step, arch: str, q, k, causal: bool) -> Config:
 def resolve(step: str, q, k, causal: bool) -> tuple[Step, Config]:
     """The Step object and the Config it runs with for these inputs on this GPU: "best"
     resolved for the GPU's architecture, a tuned step's configuration chosen by ``choose``."""
-    arch = arch_of(q.device)
+    arch = device_arch(q.device)
     s = resolve_name(step, arch)
     if s.tuned:
         return s, choose(s, arch, q, k, causal)

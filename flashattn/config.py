@@ -1,4 +1,4 @@
-"""A kernel configuration: a tile shape and the launch hints (chapters 5 and 9), and the GPU
+"""A kernel configuration: a tile shape and the launch hints, and the GPU
 architectures the library compiles for. A leaf: it imports nothing from the package.
 """
 from __future__ import annotations

@@ -83,7 +83,7 @@ def head_dim_arg(text: str) -> int:
         raise argparse.ArgumentTypeError(msg) from None
 
 
-# --- the rules, one helper each ----------------------------------------------------------------
+# --- the rules, one helper each ------------------------------------------------------------------
 def _is_int(x) -> bool:
     """An int, a NumPy integer or torch.compile's symbolic int (a SymInt: this module does not
     import torch, so it goes by the name), never a bool."""
@@ -136,7 +136,7 @@ def check_optional_int(name: str, x, *, minimum: int = 0):
 
 def check_scale(scale, *, positive: bool = True) -> None:
     """None, or a finite float; positive unless told otherwise. The kernels scale after the
-    row max (one multiply per row, chapter 3): that is only the max of the scaled scores for a
+    row max (one multiply per row): that is only the max of the scaled scores for a
     positive scale, so every kernel contract asks for one (the references take any)."""
     if scale is None:
         return
@@ -246,8 +246,8 @@ def check_head_dims(D: int, Dk: int, kv: str) -> None:
 
 
 def check_groups(Hq: int, Hkv: int, kv_heads: str = "key/value heads") -> None:
-    """Hq a positive multiple of Hkv: query head h reads key/value head h // (Hq // Hkv)
-    (chapter 4). ``kv_heads`` names the latter in the message."""
+    """Hq a positive multiple of Hkv: query head h reads key/value head h // (Hq // Hkv).
+    ``kv_heads`` names the latter in the message."""
     if Hkv < 1 or Hq < 1 or Hq % Hkv:
         raise ValueError(f"query heads ({Hq}) must be a positive multiple of {kv_heads} "
                          f"({Hkv}) for grouped-query attention")
@@ -274,7 +274,7 @@ def is_meta(*tensors) -> bool:
     return all(_device_type(t) == "meta" for t in tensors)
 
 
-# --- dense: q (B, Hq, Nq, D), k and v (B, Hkv, Nk, D) ------------------------------------------
+# --- dense: q (B, Hq, Nq, D), k and v (B, Hkv, Nk, D) --------------------------------------------
 DENSE_LAYOUT = " (B, H, N, D)"
 
 
@@ -335,7 +335,7 @@ def check_tensors(q, k, v, *, causal: bool, scale, input_pos, interpret: bool = 
                         "flashattn.reference.attention(q, k, v, causal=...)")
 
 
-# --- decode: a few new tokens over a KV cache (chapter 12) -------------------------------------
+# --- decode: a few new tokens over a KV cache ----------------------------------------------------
 class DecodeDims(NamedTuple):
     """What ``check_decode`` found. page_size is None for a contiguous cache; capacity is the
     most keys a sequence can hold (S, or max_pages x page_size)."""
@@ -493,7 +493,7 @@ def check_decode_tensors(q, k_cache, v_cache, cache_seqlens, block_table=None, *
     return dims
 
 
-# --- varlen: sequences packed without padding (chapter 12) -------------------------------------
+# --- varlen: sequences packed without padding ----------------------------------------------------
 class VarlenDims(NamedTuple):
     """What ``check_varlen`` found: B sequences, their packed totals, heads and head dim."""
     B: int

@@ -110,7 +110,8 @@ def _check_fp8_cache(q, k_cache, v_cache, cache_seqlens, block_table, scale, che
                      k_descale, v_descale, v_transposed):
     """``decode``'s checks for fp8 caches: (dims, k_descale, v_descale as (B, Hkv) float32)."""
     import torch
-    from .fp8 import _check_arch, _descale_tensor
+    from .fp8_attention import _check_arch
+    from .fp8_quant import _descale_tensor
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache),
                     ("cache_seqlens", cache_seqlens)):
         if not isinstance(t, torch.Tensor):
@@ -245,7 +246,7 @@ def fp8_kv_cache(k, v, *, capacity: int | None = None, dtype=None, margin: float
         descales.
     """
     import torch
-    from .fp8 import quantize_fp8
+    from .fp8_quant import quantize_fp8
     for name, t in (("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -288,7 +289,7 @@ def append_kv_fp8(k_cache8, v_cache8, k_new, v_new, cache_seqlens, k_descale, v_
         block_table: (B, max_pages) int32 for a paged cache.
     """
     import torch
-    from .fp8 import FP8_MAX, _descale_tensor, is_fp8
+    from .fp8_quant import FP8_MAX, _descale_tensor, is_fp8
     for name, t in (("k_cache8", k_cache8), ("v_cache8", v_cache8), ("k_new", k_new),
                     ("v_new", v_new), ("cache_seqlens", cache_seqlens)):
         if not isinstance(t, torch.Tensor):

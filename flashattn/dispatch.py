@@ -1,27 +1,15 @@
 """Where a launch runs: on the GPU through ``ct.launch``, or, for CPU tensors with the
-interpreter opted in, through ``flashattn.interpret.launch`` (the interpreter: see CONTRIBUTING).
+interpreter opted in (``FLASHATTN_INTERPRET=1``, read at each call, or
+``with flashattn.interpret.enabled():``), through ``flashattn.interpret.launch``.
 
     launch_kernel(q.device, grid, kernel, args)     # every launch site of the package
     device_arch(q.device), device_sm_count(q.device)   # "sm_90", 132 for an interpreted H200
 
-The opt-in is ``FLASHATTN_INTERPRET=1`` in the environment (read at each call) or
-``with flashattn.interpret.enabled():``; ``interpreting(device)`` says whether it applies to a
-device (a CPU one). Then the public operators (``attention``, ``sdpa``, ``decode``,
-``attention_varlen`` and their backward) run the real kernels on the CPU tensors, with the
-configurations a GPU of ``flashattn.interpret.arch()`` (default sm_90, an H200 of 132 SMs)
-gets: the same step for ``step="best"``, the same tiles, split counts and grids. A tuned step
-(``step="autotune"``, ``"arch_tuned"``, ``"warp_groups"``, and ``"best"``, which is one) never
-times anything there: ``autotune.choose`` takes the winner cached for that GPU on this machine
-if there is one (read-only), else the first configuration of its search space (what
-``FLASHATTN_AUTOTUNE=0`` picks on a GPU).
-
-Without the opt-in a CPU tensor is refused as before (``contract``), and the message names it.
-Nothing here imports ``cuda.tile`` unless a GPU launch happens: the interpreter works where
-cuda-tile is not installed (``interpreting`` installs its shim then).
-
-A call the interpreter would take more than ``LONG_CALL_S`` seconds over says so before it
-starts (``expect``: a ``SlowInterpreterWarning`` with the estimate): the count of (query tile,
-key tile) steps of its kernels times ``STEP_COST_S``.
+Interpreted, the public operators run the real kernels with the configurations a GPU of
+``flashattn.interpret.arch()`` gets; a tuned step times nothing there (the winner cached for
+that GPU, else its space's first). Nothing here imports ``cuda.tile`` before a GPU launch, so
+the interpreter works without cuda-tile. ``expect`` warns before a call the interpreter would
+take more than ``LONG_CALL_S`` seconds over.
 """
 from __future__ import annotations
 

@@ -49,12 +49,6 @@ def check_lse_out(q, lse, *, contiguous: bool = True) -> None:
         raise ValueError("lse must be contiguous (the kernel writes it in place)")
 
 
-def arch_of(device) -> str:
-    """"sm_90" for an H100/H200, "sm_100" for a B200, ...; an interpreted CPU device answers
-    the architecture the interpreter stands in for (``dispatch.device_arch``)."""
-    return device_arch(device)
-
-
 def fmha_args(q, k, v, out, step: Step, config: Config, *, causal: bool, scale: float,
               input_pos: int, lse=None):
     """(grid, kernel, args) for one launch of the fused kernel; with ``lse`` (fp32 (B, Hq, Nq))

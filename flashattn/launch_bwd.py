@@ -1,18 +1,11 @@
-"""Launching the backward kernels (chapter 11): dQ, dK, dV from the forward's inputs and output.
+"""Launching the backward kernels: dQ, dK, dV from the forward's inputs and output.
 
     dq, dk, dv = attention_backward(q, k, v, out, dout, lse, causal=True)
 
-``lse`` is the forward's log-sum-exp per query row, fp32 (B, Hq, Nq), natural log
-(``flashattn.reference.attention_lse``, or PyTorch's flash / memory-efficient kernels'
-``logsumexp``). Three launches: ``bwd_preprocess`` (Delta = rowsum(dO o O)), ``bwd_dkdv`` and
-``bwd_dq`` (kernels/fmha_bwd.py), with the configurations of ``kernels.bwd_configs`` for the
-GPU's architecture. Deterministic: no atomics, dK and dV are summed over each GQA group inside
-one program.
-
-``flashattn.attention`` and ``flashattn.sdpa`` reach it through ``torch.autograd``: the forward
-writes the LSE (``WRITE_LSE``) and ``flashattn.autograd`` registers this as the backward of its
-operator. A row whose LSE is -inf or +inf (it sees no key) gets dQ = 0 and adds nothing to dK
-and dV (kernels/fmha_bwd.py).
+``lse``: the forward's natural-log log-sum-exp per query row, fp32 (B, Hq, Nq). Three
+deterministic launches (``bwd_preprocess``, ``bwd_dkdv``, ``bwd_dq``; dK and dV summed over a
+GQA group inside one program) at ``kernels.bwd_configs``; ``flashattn.autograd`` registers this
+as its operator's backward. A row that sees no key gets dQ = 0 and adds nothing to dK, dV.
 """
 from __future__ import annotations
 
@@ -20,7 +13,7 @@ import math
 from dataclasses import dataclass
 
 from .contract import check_causal, check_tensors
-from .dispatch import attention_steps, expect, interpreting, launch_kernel, on_device
+from .dispatch import attention_steps, device_arch, expect, interpreting, launch_kernel, on_device
 from .kernels import BWD, BWD_ATOMIC, KernelSpec, bwd_configs, bwd_constants, bwd_grid, hinted
 from .config import Config
 
@@ -169,13 +162,12 @@ def launch_backward(q, k, v, out, dout, lse, *, causal: bool, scale: float | Non
     delta = torch.empty((B, Hq, Nq), dtype=torch.float32, device=q.device)
     if scale is None:
         scale = 1.0 / math.sqrt(D)
-    from .launch import arch_of
     with on_device(q.device):
         dq_buf = dq if deterministic else torch.zeros(dq.shape, dtype=torch.float32,
                                                       device=dq.device)
         launches = backward_launches(q, k, v, out, dout, lse, delta, dq_buf, dk, dv,
                                      causal=causal, scale=float(scale), input_pos=input_pos,
-                                     arch=arch_of(q.device), configs=configs,
+                                     arch=device_arch(q.device), configs=configs,
                                      deterministic=deterministic)
         with expect(q.device, lambda: backward_steps(launches, q, k, causal=causal,
                                                      input_pos=input_pos),

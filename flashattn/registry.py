@@ -1,9 +1,8 @@
 """Named steps: a kernel's flags with its tile shape and launch hints per architecture, by name.
 
-The library registers what ``attention(step="best")`` ships: ``arch_tuned`` (a search space per
-architecture) and, on Hopper, ``warp_groups`` (two consumer warp groups; chapter 10). The book's
-ladder and experiments (``flashbook.steps``) register themselves on ``import flashbook``; then
-``attention(..., step=NAME)`` runs any of them.
+The library registers what ``attention`` ships: ``arch_tuned`` (a search space per
+architecture) and, on Hopper, ``warp_groups`` (two consumer warp groups). Steps registered from
+outside (``register_step``) run by name through ``api.run_step``.
 """
 from __future__ import annotations
 
@@ -11,10 +10,10 @@ from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from .config import Config
-from .kernels.fmha_fwd_spec import SHIPPED_STEP_FLAGS, arch_space, warp_group_space
+from .kernels.fmha_fwd_spec import FMHA_LATENCIES, FusedKernel, arch_space, warp_group_space
 
 __all__ = ["Step", "register_step", "get_step", "registered", "resolve_name", "with_config",
-           "best_step_name", "BEST_STEP", "DEFAULT_BEST"]
+           "best_step_name", "shipped_steps", "BEST_STEP", "DEFAULT_BEST"]
 
 
 @dataclass(frozen=True)
@@ -23,12 +22,12 @@ class Step:
     title: str
     description: str            # one line: what this step changes
     kernel: str = "fmha"        # "fmha" (fused) or "naive" (three kernels)
-    flags: dict = field(default_factory=lambda: dict(SHIPPED_STEP_FLAGS))   # every flag's value
+    flags: dict = field(default_factory=lambda: dict(FMHA_LATENCIES))   # the kernel's flags
     config: Config = Config(64, 64)
     arch_configs: dict = field(default_factory=dict)   # arch -> Config, overrides `config`
     tuned: bool = False         # chooses its Config per shape by measurement (autotune)
     space: Callable[[str | None], list] | None = None  # a tuned step's search space per arch
-    source: str = "library"     # "library", or the book's "seed", "book", "experiment"
+    fused: FusedKernel | None = None  # another build of the fused forward (default: FMHA)
 
     def flag_values(self) -> dict:
         """The kernel's compile-time flags, by name (a copy)."""
@@ -53,7 +52,7 @@ _REGISTRY: dict[str, Step] = {}
 
 
 def register_step(step: Step) -> Step:
-    """Make ``step`` runnable by name (``attention(..., step=step.name)``); a step registered
+    """Make ``step`` runnable by name (``api.run_step(q, k, v, step.name)``); a step registered
     again under its name replaces the old one and moves to the end of the order."""
     if not isinstance(step, Step):
         raise TypeError(f"register_step takes a Step, got {type(step).__name__}")
@@ -67,19 +66,19 @@ def registered() -> dict[str, Step]:
     return dict(_REGISTRY)
 
 
-# What the public operators ship (chapter 10). Hopper runs warp_groups (its space holds
+# What the public operators ship. Hopper runs warp_groups (its space holds
 # arch_tuned's winner and the 128-row warp-group tiles that win at D=256); architectures we have
 # not measured run arch_tuned, whose space there is the seed's or smaller.
 register_step(Step(
     "arch_tuned", "A search space per architecture",
     "Autotune over tiles and hints chosen per architecture (Hopper: 64x128, 2 programs/SM).",
-    config=Config(64, 128, occupancy=2), tuned=True, space=arch_space, source="book"))
+    config=Config(64, 128, occupancy=2), tuned=True, space=arch_space))
 register_step(Step(
     "warp_groups", "Two consumer warp groups",
     "Hopper: 128-row tiles shared by two warp groups (num_worker_warps=8), searched "
     "beside arch_tuned's tiles.",
     config=Config(128, 128, occupancy=1, num_worker_warps=8), tuned=True,
-    space=warp_group_space, source="book"))
+    space=warp_group_space))
 BEST_STEP: dict[str, str] = {"sm_90": "warp_groups"}
 DEFAULT_BEST = "arch_tuned"
 
@@ -89,16 +88,20 @@ def best_step_name(arch: str | None) -> str:
     return BEST_STEP.get(arch, DEFAULT_BEST)
 
 
+def shipped_steps() -> list[str]:
+    """The steps ``best`` resolves to on some architecture (what the library ships)."""
+    return list(dict.fromkeys([DEFAULT_BEST, *BEST_STEP.values()]))
+
+
 def get_step(name: str) -> Step:
-    """A registered step (or a chapter-10 experiment, once the book registered them) by name."""
+    """A registered step by name."""
     if name in _REGISTRY:
         return _REGISTRY[name]
-    steps = [n for n, s in _REGISTRY.items() if s.source != "experiment"]
-    experiments = [n for n, s in _REGISTRY.items() if s.source == "experiment"]
-    hint = (f", or an experiment: {', '.join(experiments)}" if experiments else
-            "; the book's steps and experiments need the book: import flashbook first "
+    hint = ("" if set(_REGISTRY) - set(shipped_steps()) else
+            "; the book's steps need the book: import flashbook first "
             "(flashbook.attention(..., step=NAME))")
-    raise ValueError(f"unknown step {name!r}; choose one of {', '.join(steps)}, 'best'{hint}")
+    raise ValueError(f"unknown step {name!r}; choose one of {', '.join(_REGISTRY)}, "
+                     f"'best'{hint}")
 
 
 def resolve_name(name: str, arch: str | None) -> Step:

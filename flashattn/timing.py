@@ -1,21 +1,11 @@
-"""Timing on the GPU (chapter 3 explains the method and shows its control).
+"""Timing on the GPU: the GPU time of a kernel started on an idle GPU.
 
-What the book measures is the GPU time of the kernel started on an idle GPU: ``time_rounds``
-times short batches of back-to-back launches replayed from a CUDA graph (no host work inside
-the timed region), each after the GPU has idled for ``idle_ms``, in many rounds, with the
-implementations in a fresh random order every round, and reports the median per launch with a
-bootstrap 95 % confidence interval. The idle gap is what makes samples reproducible: under a
-sustained tensor-core load an H200 sits at its power limit and its SM clock wanders between
-states, so back-to-back samples of one kernel vary by several percent; after an idle gap every
-sample starts at the same clock, and they agree far more closely (chapter 3 measures both). The
-sustained regime (``idle_ms=0``, ``warm_ms`` > 0) is measured too, as an experiment: it ranks
-kernels by how much power they draw as well as by how much work they do (chapter 3). The host
-time of a call (how long it takes to return on an idle GPU) is measured separately
-(``host_time``).
-
-``time_interleaved`` (events around each single launch, ``bench --method interleaved``) and
-``time_cuda`` are the simpler methods of the first version, kept for comparison (chapter 3) and
-for the chapters' quick live timings.
+``time_rounds`` times short batches of launches replayed from a CUDA graph, each after the GPU
+idled ``idle_ms`` (an H200 under sustained load wanders in clock, so back-to-back samples vary
+by several percent), in rounds with the implementations in a fresh random order, and reports the
+median per launch with a bootstrap 95 % interval; ``idle_ms=0`` with ``warm_ms`` > 0 times the
+sustained regime. ``host_time`` is how long a call takes to return. ``time_interleaved`` and
+``time_cuda`` are the simpler first methods, kept for comparison and quick timings.
 """
 from __future__ import annotations
 
@@ -95,7 +85,7 @@ def time_interleaved(fns: dict, reps: dict, *, rounds: int = 4, flush: bool = Tr
     for a share of its reps, the order rotated every pass.
 
     A shared GPU drifts (clocks, temperature, neighbours): timing A's runs, then B's, lets
-    the drift fall on one of them. Interleaving spreads it over all (chapter 3).
+    the drift fall on one of them. Interleaving spreads it over all.
     Returns {name: Timing}.
     """
     import torch
@@ -175,7 +165,7 @@ def _graph_ms(g, inner: int, fn) -> float:
 def time_rounds(fns: dict, *, rounds: int = 30, inner=10, graph: bool = True,
                 flush: bool = True, seed: int = 0, progress=None,
                 idle_ms: float = IDLE_MS, warm_ms: float = 0.0) -> dict:
-    """GPU time per launch of each function, measured in alternation (chapter 3).
+    """GPU time per launch of each function, measured in alternation.
 
     Every round times each function once, in a fresh random order (seeded): ``inner``
     back-to-back calls (a number, or one per function) between two CUDA events, replayed from a CUDA graph when ``graph`` (so
@@ -186,7 +176,7 @@ def time_rounds(fns: dict, *, rounds: int = 30, inner=10, graph: bool = True,
     "graph" or "batch".
 
     Before each sample the GPU idles for ``idle_ms`` (after the L2 flush), so every sample
-    starts in the same power and clock state whatever ran before it (chapter 3). With ``warm_ms`` > 0
+    starts in the same power and clock state whatever ran before it. With ``warm_ms`` > 0
     the batch instead first runs untimed (whole replays, at least ``warm_ms`` milliseconds, at
     most 50; none for a batch of 100 ms or more): the sustained, power-limited regime.
 
@@ -236,24 +226,6 @@ def time_rounds(fns: dict, *, rounds: int = 30, inner=10, graph: bool = True,
     methods = {n: "graph" if graphs[n] is not None else "batch" for n in names}
     del graphs
     return {n: _summarize_rounds(samples[n], inner[n], methods[n]) for n in names}
-
-
-def estimate_ms(fns: dict) -> dict:
-    """A rough wall time per call of each function (ms): one warm-up call (compilation), then
-    one call timed with ``perf_counter`` between two synchronisations. For sizing batches, not
-    for reporting."""
-    import time
-
-    import torch
-    est = {}
-    for name, fn in fns.items():
-        fn()
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        est[name] = (time.perf_counter() - t0) * 1e3
-    return est
 
 
 def host_time(fn, *, reps: int = 20) -> float:

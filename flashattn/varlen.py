@@ -1,24 +1,14 @@
-"""Packed variable-length prefill: attention over sequences packed without padding (chapter 12).
+"""Packed variable-length prefill: attention over sequences packed without padding.
 
     out = attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                            causal=True)
     dq, dk, dv = attention_varlen_backward(q, k, v, out, dout, cu_seqlens_q, cu_seqlens_k,
                                            max_seqlen_q, max_seqlen_k, causal=True)
 
-The interface of FlashAttention's ``flash_attn_varlen_func``: sequence ``b`` is rows
-``cu_seqlens_q[b] .. cu_seqlens_q[b+1] - 1`` of q and rows ``cu_seqlens_k[b] ..
-cu_seqlens_k[b+1] - 1`` of k and v. The forward is one launch of ``varlen_fwd_kernel``
-(``flashattn/kernels/varlen.py``), one program per (``Q_TILES`` query tiles, head, sequence);
-its CPU reference is ``flashattn.reference.varlen_attention``.
-
-The backward (``attention_varlen_backward``) is composed from the square kernels, not a
-packed kernel: for each sequence it launches the square forward (``autograd.forward_lse``, to
-recompute that sequence's output and LSE) and the square backward
-(``launch_bwd.launch_backward``), B host-loop iterations of an extra forward and three backward
-kernels. Its CPU reference is ``flashattn.reference.varlen.varlen_attention_backward``.
-
-``attention_varlen`` is differentiable, and traced by ``torch.compile``, through the
-``torch.library`` operators of ``varlen_op`` (as the dense path through ``autograd``).
+FlashAttention's ``flash_attn_varlen_func`` interface. The forward is one launch of
+``kernels/varlen.py``; the backward is composed from the square kernels, once per sequence (a
+recomputed forward with its LSE, then the three backward kernels). Differentiable, and traced
+by ``torch.compile``, through the operators of ``varlen_op``.
 """
 from __future__ import annotations
 
@@ -75,12 +65,8 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
         q, k, v and the offsets; a model built on the meta device) an empty meta tensor of that
         shape, as ``flashattn.attention`` gives: shapes and dtypes checked, offsets not read.
 
-    Differentiable: with grad mode on and q, k or v requiring grad, and under
-    ``torch.compile``, the call goes through the operator ``flashattn::attention_varlen_fwd``
-    (``varlen_op``), whose backward is ``attention_varlen_backward`` (the square kernels once
-    per sequence: see the module docstring); cu_seqlens and the other arguments get no
-    gradient. ``out=`` is refused there (RuntimeError, as PyTorch's ``out=`` functions refuse
-    autograd). Otherwise the kernel is launched directly.
+    Differentiable in q, k, v (``varlen_op``); ``out=`` is then refused, as PyTorch's ``out=``
+    functions refuse autograd.
 
     Raises:
         TypeError, ValueError: as ``flashattn.contract.check_varlen_tensors``; bad offsets (with
@@ -236,33 +222,17 @@ def attention_varlen_backward(q, k, v, out, dout, cu_seqlens_q, cu_seqlens_k,
                               scale: float | None = None, check_values: bool = True):
     """dQ, dK, dV of ``attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, ...)``.
 
-    Composed from the square kernels, not a packed backward kernel: for each sequence (a host
-    loop over the offsets, read once) it launches the square forward
-    (``autograd.forward_lse``) to recompute the sequence's output and LSE, then the square
-    backward (``launch_bwd.launch_backward``); the inputs are checked once, here, not again
-    per sequence. B sequences cost B extra forwards and 3B backward launches, plus copies of
-    each sequence's rows into (1, H, len, D). It reads the offsets on the host (a
-    synchronisation), so it cannot run under CUDA-graph capture.
-
-    Per sequence with ``len_q`` queries and ``len_k`` keys (bottom-right causal alignment, as
-    the forward):
-
-    * ``len_q == 0``: nothing; ``len_k == 0``: its dq rows are 0, and nothing reaches dk, dv;
-    * causal with ``len_q > len_k``: the first ``len_q - len_k`` rows see no key (dq 0); the
-      last ``len_k`` rows are a square causal problem at ``input_pos = 0``;
-    * otherwise the square problem of all its rows, ``input_pos = len_k - len_q`` if causal
-      (0 if not: every row sees every key).
+    Composed from the square kernels, once per sequence (a recomputed forward with its LSE,
+    then the square backward): B sequences cost B forwards and 3B backward launches. It reads
+    the offsets on the host, so it cannot run under CUDA-graph capture. A row that sees no key
+    (bottom-right causal alignment, as the forward) gets dq 0.
 
     Args:
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale: the
             forward's (``attention_varlen``).
-        out: the forward's output, (total_q, Hq, D) in q's dtype. Checked; the gradients use
-            each sequence's recomputed output (consistent with its recomputed LSE).
-        dout: the gradient of the loss with respect to out, (total_q, Hq, D) in q's dtype.
-            Any strides for out and dout (each sequence's rows are copied).
-        check_values: accepted for the forward's signature. The backward always reads the
-            offsets on the host (its loop needs them) and always checks them: a bad offset is
-            a ValueError, never a silent wrong gradient.
+        out, dout: the forward's output and its gradient, (total_q, Hq, D) in q's dtype, any
+            strides (out is checked; each sequence's output is recomputed with its LSE).
+        check_values: the forward's; the offsets are always read and checked here.
 
     Returns:
         (dq, dk, dv) packed as q, k, v (contiguous), in their dtype; dk and dv summed over each

@@ -21,7 +21,7 @@ The package, by layer (each imports only from the layers above it, and from flas
 from .steps import (ARCHS, EXPERIMENTS, FLAGS, SEED_STEPS, STEP_NAMES, STEPS, Config, Step,
                     get_step)  # registers the book's steps with flashattn.registry
 
-from . import ladder  # noqa: F401  (registers the ladder kernel with flashattn.kernels)
+from . import ladder  # noqa: F401  (the ladder kernel: the book steps off the shipped flags run it)
 
 
 
@@ -29,10 +29,9 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None, inpu
               step: str = "best"):
     """Attention with one step of the book (a name of ``STEPS`` or ``EXPERIMENTS``, or "best"):
     steps off the shipped flags run the ladder kernel (``flashbook.ladder``), the others the
-    library's kernel. The library's ``flashattn.attention`` validates, resolves and launches."""
-    import flashattn
-    return flashattn.attention(q, k, v, causal=causal, scale=scale, input_pos=input_pos,
-                               step=step)
+    library's kernel. The library's ``flashattn.api.run_step`` validates, resolves and launches."""
+    from flashattn.api import run_step
+    return run_step(q, k, v, step, causal=causal, scale=scale, input_pos=input_pos)
 
 
 __all__ = ["attention", "STEPS", "STEP_NAMES", "SEED_STEPS", "Step", "Config", "get_step", "EXPERIMENTS",

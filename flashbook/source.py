@@ -398,7 +398,7 @@ def shipped_kernel_source(flags: dict | None = None) -> str:
     """The ladder kernel with the library's shipped flags (``flashattn.kernels.SHIPPED_FLAGS``)
     folded away, their parameters, helpers and constants dropped, docstrings and comments
     removed (``ast.unparse``): what ``flashattn/kernels/fmha.py`` must be, as code."""
-    from flashattn.kernels import SHIPPED_FLAGS
+    from .ladder import SHIPPED_FLAGS
     env = dict(SHIPPED_FLAGS if flags is None else flags)
     src = specialize(kernel_source("fmha"), env)
     tree = _FoldKnown(env).visit(ast.parse(src))

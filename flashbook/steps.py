@@ -12,8 +12,14 @@ from __future__ import annotations
 
 from flashattn.config import ARCHS, Config
 from flashattn.kernels.fmha_fwd_spec import FMHA_LATENCIES, SEARCH_SPACE, WARP_GROUP_SPACE
-from flashattn.registry import (BEST_STEP, DEFAULT_BEST, Step, best_step_name, get_step,
-                                register_step, resolve_name, with_config)
+import dataclasses
+from dataclasses import dataclass
+
+from flashattn.registry import BEST_STEP, DEFAULT_BEST, best_step_name, get_step
+from flashattn.registry import Step as LibraryStep
+from flashattn.registry import register_step, resolve_name, with_config
+
+from .ladder import fused_for
 
 __all__ = ["Step", "Config", "ARCHS", "FLAG_DEFAULTS", "FLAGS", "STEPS", "STEP_NAMES",
            "SEED_STEPS", "EXPERIMENTS", "SEARCH_SPACE", "WARP_GROUP_SPACE", "seed_space",
@@ -29,6 +35,19 @@ FLAG_DEFAULTS = {"FAST_MATH": False, "SPLIT_LOOP": False, "REMAP": False, "PAIR"
 FLAGS = tuple(FLAG_DEFAULTS)
 
 
+@dataclass(frozen=True)
+class Step(LibraryStep):
+    """A step of the book: the library's ``Step`` with where it comes from, ``source``: "seed"
+    (the blog's walkthrough), "book" (beyond it; the library's own two steps) or "experiment"
+    (measured and refuted)."""
+    source: str = "book"
+
+
+def source_of(step) -> str:
+    """A registered step's source; the library's own steps (plain ``Step``) are the book's."""
+    return getattr(step, "source", "book")
+
+
 def _step(name, title, description, *, flags=None, source="seed", **kw) -> Step:
     """A book step: its flags checked and completed with the ladder's defaults."""
     flags = dict(flags or {})
@@ -36,7 +55,17 @@ def _step(name, title, description, *, flags=None, source="seed", **kw) -> Step:
     if unknown:
         raise ValueError(f"step {name!r}: unknown flags {sorted(unknown)}")
     values = {f: type(d)(flags.get(f, d)) for f, d in FLAG_DEFAULTS.items()}
-    return Step(name, title, description, flags=values, source=source, **kw)
+    return Step(name, title, description, flags=values, source=source,
+                fused=fused_for(values), **kw)
+
+
+def _the_library_step(name: str) -> Step:
+    """A step the library ships, as a book step: the same tiles and spaces, the ladder's flags
+    written out (the seed's: the shipped kernel is the ladder with them folded)."""
+    lib = get_step(name)
+    kw = {f.name: getattr(lib, f.name) for f in dataclasses.fields(LibraryStep)}
+    return Step(**dict(kw, flags=_step(name, "", "", flags=_SEED).flags, fused=None),
+                source="book")
 
 
 def seed_space(arch: str | None) -> list[Config]:
@@ -72,8 +101,8 @@ _STEP_LIST = [
           "Search tile shapes and hints per shape and architecture; cache the winner per GPU.",
           flags=dict(_SEED), config=Config(64, 64, occupancy=2), tuned=True, space=seed_space),
     # --- Beyond the blog (chapter 10): what step="best" ships, the library's two steps ---
-    get_step("arch_tuned"),
-    get_step("warp_groups"),
+    _the_library_step("arch_tuned"),
+    _the_library_step("warp_groups"),
 ]
 
 # Techniques we measured that did not pay on the H200 (chapter 10 tells why). They are kept
@@ -104,7 +133,7 @@ EXPERIMENTS: dict[str, Step] = {s.name: s for s in _EXPERIMENT_LIST}
 
 STEPS: dict[str, Step] = {s.name: s for s in _STEP_LIST}
 STEP_NAMES: tuple[str, ...] = tuple(STEPS)
-SEED_STEPS = tuple(s.name for s in _STEP_LIST if s.source == "seed")
+SEED_STEPS = tuple(s.name for s in _STEP_LIST if source_of(s) == "seed")
 
 for _s in (*_STEP_LIST, *_EXPERIMENT_LIST):
     register_step(_s)          # runnable by name through the library (flashattn.attention)

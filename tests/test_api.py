@@ -23,6 +23,15 @@ def test_steps_in_book_order():
     assert set(flashbook.SEED_STEPS) >= {"naive", "baseline", "autotune"}
 
 
+def test_the_public_entry_points_take_no_step():
+    # Issue 35: a step of the book runs through flashbook.attention(..., step=NAME).
+    import inspect
+    for fn in (flashattn.attention, flashattn.sdpa):
+        assert "step" not in inspect.signature(fn).parameters, fn.__name__
+    with pytest.raises(TypeError, match="step"):
+        flashattn.attention(t(1, 2, 8, 16), t(1, 2, 8, 16), t(1, 2, 8, 16), step="baseline")
+
+
 def test_unknown_step():
     with pytest.raises(ValueError, match="unknown step 'fastest'"):
         flashbook.get_step("fastest")
@@ -136,12 +145,13 @@ def no_work(monkeypatch):
     return calls
 
 
-@pytest.mark.parametrize("entry", ["attention", "sdpa"])
+@pytest.mark.parametrize("entry", ["run_step", "flashbook.attention"])
 def test_unknown_step_fails_before_work(no_work, entry):
     q = t(1, 2, 8, 16).as_subclass(_FakeCuda)
     check_tensors(q, q, q, causal=True, scale=None, input_pos=0)    # the inputs are valid
-    fn = attention if entry == "attention" else (
-        lambda q, k, v, causal, step: sdpa(q, k, v, is_causal=causal, step=step))
+    fn = (lambda q, k, v, causal, step: api.run_step(q, k, v, step, causal=causal)) \
+        if entry == "run_step" else (lambda q, k, v, causal, step:
+                                     flashbook.attention(q, k, v, causal=causal, step=step))
     with pytest.raises(ValueError, match="unknown step 'fastest'"):
         fn(q, q, q, causal=True, step="fastest")
     assert no_work == [], f"work started before the step name was checked: {no_work}"
@@ -152,10 +162,10 @@ def test_unknown_step_fails_before_work(no_work, entry):
 
 
 def test_invalid_tensors_fail_before_the_step_name(no_work):
-    # attention validates the tensors first, then the step name: both are errors before work.
+    # A step validates the tensors first, then the step name: both are errors before work.
     q = t(1, 2, 8, 16)
     with pytest.raises(ValueError, match="CUDA GPU"):
-        attention(q, q, q, step="fastest")
+        flashbook.attention(q, q, q, step="fastest")
     assert no_work == []
 
 

@@ -10,6 +10,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import flashattn
+import flashbook
 from flashattn import autograd as A
 
 
@@ -116,11 +117,11 @@ def test_eager_calls_check_at_the_call():
     with pytest.raises(NotImplementedError, match="dropout"):
         flashattn.sdpa(q, q, q, dropout_p=0.1)
     with pytest.raises(ValueError, match="naive"):
-        flashattn.attention(q, q, q, step="naive")           # no LSE, no backward
+        flashbook.attention(q, q, q, step="naive")           # no LSE, no backward
     with pytest.raises(ValueError, match="unknown step"):
-        flashattn.attention(q, q, q, step="nope")
+        flashbook.attention(q, q, q, step="nope")
     with pytest.raises(TypeError, match="step must be a str"):
-        flashattn.attention(q, q, q, step=3)
+        flashbook.attention(q, q, q, step=3)
 
 
 def test_inference_path_is_unchanged_without_grad(monkeypatch):

@@ -10,6 +10,8 @@ import math
 
 import pytest
 
+import flashbook
+
 torch = pytest.importorskip("torch")
 
 from criteria import assert_flash_criterion  # noqa: E402
@@ -86,7 +88,7 @@ def test_lse_output_matches_the_reference(step, causal):
     assert err < 2e-3 * max(1.0, ref_lse.abs().max().item()), f"{step}: LSE error {err:.3g}"
     # The output is the inference kernel's, bit for bit: WRITE_LSE only adds the store.
     import flashattn
-    assert torch.equal(out, flashattn.attention(q, k, v, causal=causal, step=step))
+    assert torch.equal(out, flashbook.attention(q, k, v, causal=causal, step=step))
 
 
 def test_sdpa_is_a_drop_in_for_training():
@@ -191,4 +193,4 @@ def test_naive_step_has_no_backward():
     import flashattn
     q = torch.randn(1, 2, 8, 64, device="cuda", dtype=torch.float16, requires_grad=True)
     with pytest.raises(ValueError, match="naive"):
-        flashattn.attention(q, q, q, step="naive")
+        flashbook.attention(q, q, q, step="naive")

@@ -18,6 +18,8 @@ import math
 
 import pytest
 
+import flashbook
+
 torch = pytest.importorskip("torch")
 
 from criteria import seed_of  # noqa: E402
@@ -230,14 +232,14 @@ def test_preprocess_writes_every_delta():
     import cuda.tile as ct
 
     from flashattn.kernels import hinted
-    from flashattn.launch import arch_of
+    from flashattn.dispatch import device_arch
     from flashattn.launch_bwd import backward_launches
     q, k, v, dout = make_inputs(2, 4, 2, 77, 90, 80, "bfloat16", seed=9)
     out = torch.randn_like(q)
     lse = torch.zeros(q.shape[:3], device="cuda")
     delta = torch.full(q.shape[:3], math.nan, device="cuda")
     pre = backward_launches(q, k, v, out, dout, lse, delta, q, k, v, causal=False, scale=0.1,
-                            input_pos=0, arch=arch_of(q.device))[0]
+                            input_pos=0, arch=device_arch(q.device))[0]
     assert pre.spec.name == "bwd_preprocess"
     ct.launch(torch.cuda.current_stream(), pre.grid, hinted(pre.spec.kernel(), pre.hints),
               pre.args)
@@ -289,7 +291,7 @@ def test_with_the_forward_kernel(causal):
     seed = 12
     q, k, v, dout = make_inputs(2, 8, 2, 500, 500, 128, "float16", seed=seed)
     scale = 128 ** -0.5
-    out = flashattn.attention(q, k, v, causal=causal, step="baseline")
+    out = flashbook.attention(q, k, v, causal=causal, step="baseline")
     _, lse, ref = reference(q, k, v, dout, causal, scale, 0)
     grads = run_backward(q, k, v, out, dout, lse.float(), causal, scale, 0)
     pt = torch_same_precision(q, k, v, dout, causal, scale, 0)

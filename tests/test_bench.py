@@ -371,7 +371,7 @@ def test_record_quick(tmp_path):
 def cpu_fakes(monkeypatch):
     """run_bench's GPU parts replaced by CPU fakes: the launch writes the fp32 reference, timing
     returns 1 ms. Returns the names ``autotune.resolve`` was asked for."""
-    from flashattn import launch
+    from flashattn import dispatch, launch
     from flashbook import steps
     from flashattn import timing
     resolved = []
@@ -422,7 +422,7 @@ def cpu_fakes(monkeypatch):
     monkeypatch.setattr(timing, "time_interleaved", fake_interleaved)
     monkeypatch.setattr(timing, "time_rounds", fake_rounds)
     monkeypatch.setattr(timing, "host_time", lambda fn, **kw: 2.5)   # fn: flashattn.attention
-    monkeypatch.setattr(launch, "arch_of", lambda device: "sm_90")
+    monkeypatch.setattr(dispatch, "device_arch", lambda device: "sm_90")
     from flashattn import autotune
     monkeypatch.setattr(autotune, "resolve", fake_resolve)
     monkeypatch.setattr(launch, "launch", fake_launch)
@@ -633,7 +633,7 @@ def _math_attention(q, k, v, causal, scale):
 def bwd_fakes(monkeypatch):
     """run_bench_backward's GPU parts replaced by CPU fakes: every implementation is autograd
     through fp32 math attention (ours: its backward from the reference), timing fakes rounds."""
-    from flashattn import api, autograd, autotune, launch, launch_bwd
+    from flashattn import api, autograd, autotune, dispatch, launch, launch_bwd
     from flashbook import steps
     from flashattn import reference as R
     from flashattn import timing
@@ -646,7 +646,7 @@ def bwd_fakes(monkeypatch):
             raise RuntimeError("fake: no kernel for this shape\nmore")
         return (lambda: _math_attention(q, k, v, causal, scale)), __import__("contextlib").nullcontext
 
-    def fake_fwd(q, k, v, *, causal, scale, step="best", input_pos=0):
+    def fake_fwd(q, k, v, step="best", *, causal, scale, input_pos=0):
         return _math_attention(q, k, v, causal, scale)
 
     def fake_forward_lse(q, k, v, *, causal, scale, step="best", input_pos=0):
@@ -688,12 +688,12 @@ def bwd_fakes(monkeypatch):
         torch.randn(B, Hq, N, D)))
     from flashbook.measure import libraries
     monkeypatch.setattr(libraries, "library_fn", fake_lib)
-    monkeypatch.setattr(api, "attention", fake_fwd)
+    monkeypatch.setattr(api, "run_step", fake_fwd)
     monkeypatch.setattr(autograd, "attention_forward", fake_forward_lse)
     monkeypatch.setattr(launch_bwd, "attention_backward", fake_backward)
     monkeypatch.setattr(bench_bwd, "_check_once", fake_check)
     monkeypatch.setattr(timing, "time_rounds", fake_rounds)
-    monkeypatch.setattr(launch, "arch_of", lambda device: "sm_90")
+    monkeypatch.setattr(dispatch, "device_arch", lambda device: "sm_90")
     monkeypatch.setattr(autotune, "resolve", lambda s, q, k, causal: (
         steps.get_step("warp_groups"), Config(128, 128, occupancy=1, num_worker_warps=8)))
     return seen

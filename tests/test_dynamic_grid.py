@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
+import flashbook
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -31,7 +33,7 @@ def test_variants_equal_arch_tuned(dyn, causal):
     q = torch.randn(2, 4, 150, 64, generator=g, dtype=torch.float16)
     k, v = (torch.randn(2, 2, 150, 64, generator=g, dtype=torch.float16) for _ in range(2))
     with interpret.enabled("sm_90"):
-        want = flashattn.attention(q, k, v, causal=causal, step="arch_tuned")
+        want = flashbook.attention(q, k, v, causal=causal, step="arch_tuned")
         for variant in dyn.VARIANTS:
             got = dyn.attention_dynamic(q, k, v, causal=causal, config=Config(64, 128),
                                         programs=3, variant=variant)

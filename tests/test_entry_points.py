@@ -17,6 +17,7 @@ import pytest
 import torch
 
 import flashattn
+import flashbook
 from flashattn import aot
 from flashbook import nbrun
 from flashattn.contract import MAX_HEAD_DIM, check_head_dim, head_dim_arg
@@ -122,9 +123,9 @@ def test_sdpa_and_attention_check_their_other_arguments():
         flashattn.sdpa(q, q, q, is_causal="yes")
     for args in ((q, q, q), (_f16(1, 2, 8, 16),) * 3):       # meta and plain CPU tensors
         with pytest.raises(TypeError, match="step must be a str"):
-            flashattn.attention(*args, step=3)
+            flashbook.attention(*args, step=3)
         with pytest.raises(TypeError, match="step must be a str"):
-            flashattn.attention(*args, step=["baseline"])
+            flashbook.attention(*args, step=["baseline"])
 
 
 @pytest.mark.parametrize("bad", [[1], None, 3.0])

@@ -35,7 +35,7 @@ from flashattn import interpret
 from flashattn.reference.decode import decode_reference_fp8
 from flashattn.fp8 import (dequantize_fp8, hadamard_rotation, incoherent,
                            quantize_fp8, reference_fp8)
-from flashattn.kernels.fp8_spec import FP8_P_SHIFT, fp8_config
+from flashattn.kernels.fp8_fwd_spec import FP8_P_SHIFT, fp8_config
 
 U = {torch.float8_e4m3fn: 2.0 ** -4, torch.float8_e5m2: 2.0 ** -3}
 U_OUT = {torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11}
@@ -143,9 +143,21 @@ def _emulate(q8, k8, v8, qd, kd, vd, *, causal, input_pos, tile_n, out_dtype, fp
 
 def _emulate_config(config, D):
     """_emulate's tile arguments for the kernel's constants at ``config``."""
-    from flashattn.kernels.fp8_spec import fp8_constants
+    from flashattn.kernels.fp8_fwd_spec import fp8_constants
     c = fp8_constants(config, head_dim=D, causal=False, even_k=True, v_transposed=True)
     return dict(tile_m=c["TILE_M"], tile_n=c["TILE_N"], split=c["SPLIT"])
+
+
+def _forward(v_mode):
+    """The library's FP8 forward; "kernel": the book's variant reading V as (N, D)."""
+    if v_mode == "kernel":
+        from flashbook.measure.bench_fp8 import attention_fp8_vk
+        return attention_fp8_vk
+    return flashattn.fp8.attention_fp8
+
+
+def _v_kw(v_mode):
+    return {} if v_mode == "kernel" else dict(v_transposed=v_mode == "transposed")
 
 
 @pytest.mark.parametrize("fp8,out_dtype,v_mode", [
@@ -158,10 +170,9 @@ def test_fp8_forward_follows_its_arithmetic(fp8, out_dtype, v_mode):
     (q8, k8, v8), (qd, kd, vd) = _inputs(B, Hq, Hkv, Nq, Nk, D, seed=5, dtype=fp8)
     v_arg = v8.transpose(-1, -2).contiguous() if v_mode == "transposed" else v8
     with interpret.enabled():
-        out = flashattn.fp8.attention_fp8(
+        out = _forward(v_mode)(
             q8, k8, v_arg, q_descale=qd, k_descale=kd, v_descale=vd, causal=True,
-            input_pos=Nk - Nq, out_dtype=out_dtype, v_transposed=v_mode == "transposed",
-            v_transpose="kernel" if v_mode == "kernel" else "host")
+            input_pos=Nk - Nq, out_dtype=out_dtype, **_v_kw(v_mode))
     assert out.dtype == out_dtype
     emu = _emulate(q8, k8, v8, qd, kd, vd, causal=True, input_pos=Nk - Nq,
                    out_dtype=out_dtype, fp8=fp8, **_emulate_config(fp8_config("sm_90", D), D))
@@ -197,15 +208,15 @@ def test_p_shift_matters():
     assert (out.float() - emu.float()).abs().max().item() <= 2.0 ** -7
 
 
-def test_quantize_fp8_transpose_v_fused():
-    """quantize_fp8(v, transpose_v=True): the same fp8 values and descales as quantising and
+def test_quantize_fp8_v_transposed_fused():
+    """quantize_fp8(v, v_transposed=True): the same fp8 values and descales as quantising and
     then transposing, in rows padded to 16 bytes, and the forward reads it as v_transposed
     with the emulation's answer (N = 200: a row pitch of 208)."""
     B, Hq, Hkv, Nq, Nk, D = 1, 2, 1, 24, 200, 64
     g = torch.Generator().manual_seed(11)
     v = torch.randn(B, Hkv, Nk, D, generator=g).half()
     v8, vd = quantize_fp8(v)
-    v8t, vdt = quantize_fp8(v, transpose_v=True)
+    v8t, vdt = quantize_fp8(v, v_transposed=True)
     assert v8t.shape == (B, Hkv, D, Nk) and v8t.stride(-1) == 1 and v8t.stride(-2) == 208
     assert torch.equal(vdt, vd)
     assert torch.equal(v8t.float(), v8.transpose(-1, -2).float())
@@ -218,8 +229,8 @@ def test_quantize_fp8_transpose_v_fused():
                    out_dtype=torch.bfloat16, fp8=torch.float8_e4m3fn,
                    **_emulate_config(fp8_config("sm_90", D), D))
     assert (out.float() - emu.float()).abs().max().item() <= 2.0 ** -7 * v.abs().max().item()
-    with pytest.raises(TypeError, match="transpose_v"):
-        quantize_fp8(v, transpose_v=1)
+    with pytest.raises(TypeError, match="v_transposed"):
+        quantize_fp8(v, v_transposed=1)
 
 
 @pytest.mark.parametrize("config", ["64x64", "128x64 occ=1 nww=8", "64x128 occ=2",
@@ -261,17 +272,16 @@ def test_fp8_forward_split_follows_its_arithmetic(B, Hq, Hkv, Nq, Nk, D, causal,
     in a loop of their own, and causal the longest query tiles first): the emulation of exactly
     those key spans per query tile, and the derived bound against the dequantised reference;
     GQA, ragged ends of Q and K, causal with Nq != Nk, each V layout."""
-    from flashattn.kernels.fp8_spec import fp8_constants
+    from flashattn.kernels.fp8_fwd_spec import fp8_constants
     cfg = fp8_config("sm_90", D)
     assert fp8_constants(cfg, head_dim=D, causal=causal, even_k=False,
                          v_transposed=True)["SPLIT"]
     (q8, k8, v8), (qd, kd, vd) = _inputs(B, Hq, Hkv, Nq, Nk, D, seed=Nq + 3 * Nk)
     v_arg = v8.transpose(-1, -2).contiguous() if v_mode == "transposed" else v8
     with interpret.enabled(arch="sm_90"):
-        out = flashattn.fp8.attention_fp8(
+        out = _forward(v_mode)(
             q8, k8, v_arg, q_descale=qd, k_descale=kd, v_descale=vd, causal=causal,
-            input_pos=input_pos, config=cfg, v_transposed=v_mode == "transposed",
-            v_transpose="kernel" if v_mode == "kernel" else "host")
+            input_pos=input_pos, config=cfg, **_v_kw(v_mode))
     assert torch.isfinite(out.float()).all()
     emu = _emulate(q8, k8, v8, qd, kd, vd, causal=causal, input_pos=input_pos,
                    out_dtype=torch.bfloat16, fp8=torch.float8_e4m3fn,
@@ -288,7 +298,7 @@ def test_fp8_split_plan():
     """SPLIT comes with the tile (256 keys, or 128 keys at D=256), not the arch: on sm_90 every
     head dim, elsewhere none; the key spans of a causal query tile cover its keys once, the
     256-key tiles first."""
-    from flashattn.kernels.fp8_spec import FP8_CONFIGS, fp8_constants
+    from flashattn.kernels.fp8_fwd_spec import FP8_CONFIGS, fp8_constants
     from flashattn.config import Config
 
     def split(cfg, d=128):
@@ -383,7 +393,7 @@ def _fp8_args(**over):
     (dict(q_descale="1"), TypeError, "q_descale must be"),
     (dict(v_descale=-1.0), ValueError, "positive"),
     (dict(out_dtype=torch.float32), TypeError, "out_dtype"),
-    (dict(step="baseline"), ValueError, "fp16/bf16 step"),
+    (dict(step="baseline"), TypeError, "step"),          # the library runs no named step
     (dict(q="grad"), ValueError, "no backward"),
 ])
 def test_fp8_forward_bad_inputs(over, exc, match):
@@ -413,8 +423,8 @@ def test_fp8_forward_more_bad_inputs():
         with pytest.raises(ValueError, match="multiple of 16"):
             (q8, k8, v8), (qd, kd, vd) = _inputs(1, 1, 1, 4, 4, 40, seed=0)
             flashattn.attention(q8, k8, v8, q_descale=qd, k_descale=kd, v_descale=vd)
-        with pytest.raises(ValueError, match="v_transpose"):
-            flashattn.fp8.attention_fp8(q, k, v, v_transpose="gpu", **args)
+        with pytest.raises(TypeError, match="v_transpose"):  # one name: v_transposed
+            flashattn.fp8.attention_fp8(q, k, v, v_transpose="host", **args)
         with pytest.raises(ValueError):                      # transposed V of the wrong shape
             flashattn.fp8.attention_fp8(q, k, v, v_transposed=True, **args)
 

@@ -1,6 +1,6 @@
 """The FP8 kernels compile ahead of time for Hopper and Blackwell, on a machine with no GPU.
 
-Every case of ``flashattn.fp8.compile_cases`` (the forward at D 64/128/256, causal or not,
+Every case of ``flashbook.compile_fp8.compile_cases`` (the forward at D 64/128/256, causal or not,
 V transposed or not at D=128, e5m2 and exact accumulation on sm_90; the fp8-cache decode split
 kernel, contiguous and paged, FINAL or not) through ``aot.compile_spec``:
 
@@ -17,7 +17,7 @@ kernel, contiguous and paged, FINAL or not) through ``aot.compile_spec``:
 """
 import pytest
 
-from flashattn.fp8 import compile_cases, compile_report, format_compile_report
+from flashbook.compile_fp8 import compile_cases, compile_report, format_compile_report
 
 pytestmark = pytest.mark.slow
 
@@ -88,7 +88,7 @@ def test_fp8_forward_cases_cover_the_split_kernel():
     """The cases compile what ships: on sm_90 the masked key tiles split off (SPLIT), 128x256
     at D 64 and 128, 128x128 at D=256 (128x256 split spilled 528 bytes there, 128x128 unsplit
     64 causal: experiments/data/49-fp8-fwd-split), causal and not; sm_100, sm_120 unsplit."""
-    from flashattn.kernels.fp8_spec import fp8_constants
+    from flashattn.kernels.fp8_fwd_spec import fp8_constants
     seen = set()
     for c in CASES:
         if c["kernel"] != "fmha_fp8":

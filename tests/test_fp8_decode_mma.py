@@ -261,13 +261,13 @@ def test_fp8mma_decode_bad_inputs():
         append_kv_fp8(k8, v8t, k[:, :, :1], k[:, :, :1], lens.long(), kd, vd, v_transposed=True)
 
 
-def test_fp8mma_decode_reads_quantize_fp8_transpose_v():
-    """``quantize_fp8(v, transpose_v=True)`` (a view of 16-byte padded rows) is a V cache the
+def test_fp8mma_decode_reads_quantize_fp8_v_transposed():
+    """``quantize_fp8(v, v_transposed=True)`` (a view of 16-byte padded rows) is a V cache the
     MMA decode reads as it is."""
     g = torch.Generator().manual_seed(9)
     q = torch.randn(2, 4, 1, 64, generator=g).half()
     k8, kd = quantize_fp8(torch.randn(2, 2, 100, 64, generator=g))
-    v8t, vd = quantize_fp8(torch.randn(2, 2, 100, 64, generator=g), transpose_v=True)
+    v8t, vd = quantize_fp8(torch.randn(2, 2, 100, 64, generator=g), v_transposed=True)
     assert v8t.shape == (2, 2, 64, 100) and v8t.stride(-2) == 112
     lens = torch.tensor([100, 61], dtype=torch.int32)
     with interpret.enabled("sm_90"):

@@ -40,10 +40,13 @@ def test_fp8_forward_gpu(B, Hq, Hkv, Nq, Nk, D, causal, input_pos, fp8, v_mode):
     k8, kd = quantize_fp8(k, dtype=dt)
     v8, vd = quantize_fp8(v, dtype=dt)
     v_arg = v8.transpose(-1, -2).contiguous() if v_mode == "transposed" else v8
+    if v_mode == "kernel":                  # the book's variant: V read as (N, D)
+        from flashbook.measure.bench_fp8 import attention_fp8_vk as attention_fp8
+        kw = {}
+    else:
+        kw = dict(v_transposed=v_mode == "transposed")
     out = attention_fp8(q8, k8, v_arg, q_descale=qd, k_descale=kd, v_descale=vd,
-                        causal=causal, input_pos=input_pos,
-                        v_transposed=v_mode == "transposed",
-                        v_transpose="kernel" if v_mode == "kernel" else "host")
+                        causal=causal, input_pos=input_pos, **kw)
     torch.cuda.synchronize()
     ref = reference_fp8(q8, k8, v8, qd, kd, vd, causal=causal, input_pos=input_pos)
     u = 2.0 ** -4 if fp8 == "float8_e4m3fn" else 2.0 ** -3

@@ -243,6 +243,22 @@ def test_import_flashattn_loads_neither_pandas_nor_matplotlib_nor_the_book():
     assert res.stdout.strip() == "", f"importing the library loaded: {res.stdout.strip()}"
 
 
+def test_every_subpackage_is_an_attribute_after_import_flashattn():
+    # Issue 35 item 6: `import flashattn; flashattn.integrations.transformers.register` works,
+    # and so does every other module of the package by attribute, in a fresh process.
+    mods = sorted({p.relative_to(REPO).with_suffix("").as_posix().replace("/", ".")
+                   for p in (REPO / "flashattn").glob("*.py") if p.stem[0] != "_"}
+                  | {p.parent.relative_to(REPO).as_posix().replace("/", ".")
+                     for p in (REPO / "flashattn").glob("*/__init__.py")})
+    code = ("import flashattn, functools\n"
+            f"for m in {mods!r}:\n"
+            "    functools.reduce(getattr, m.split('.')[1:], flashattn)\n"
+            "assert callable(flashattn.integrations.transformers.register)\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=REPO, timeout=300)
+    assert res.returncode == 0, res.stderr
+
+
 def test_flashattn_exports_no_book_concepts():
     import flashattn
     book = {"STEPS", "STEP_NAMES", "SEED_STEPS", "EXPERIMENTS", "FLAGS", "Step", "get_step",
@@ -341,7 +357,7 @@ def test_the_library_alone_registers_what_best_ships():
             "print(','.join(registry.registered()))\n"
             "q = torch.zeros(1, 1, 16, 16, dtype=torch.float16)\n"
             "try:\n    with flashattn.interpret.enabled():\n"
-            "        flashattn.attention(q, q, q, step='baseline')\n"
+            "        flashattn.api.run_step(q, q, q, 'baseline')\n"
             "except ValueError as e:\n    print(e)\n"
             "print('flashbook' in sys.modules)")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

@@ -16,6 +16,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import flashattn  # noqa: E402
+import flashbook  # noqa: E402
 from criteria import assert_flash_criterion  # noqa: E402
 from flashattn import dispatch, interpret  # noqa: E402
 from flashattn import reference as R  # noqa: E402
@@ -71,7 +72,7 @@ def check_forward(out, q, k, v, causal, input_pos=0, *, seed):
 def test_attention_runs_the_kernels_on_cpu(interp, step, hq, hkv, nq, nk, causal, pos):
     seed = nq + nk + hq
     q, k, v = inputs(1, hq, hkv, nq, nk, 64, seed=seed)
-    out = flashattn.attention(q, k, v, causal=causal, input_pos=pos, step=step)
+    out = flashbook.attention(q, k, v, causal=causal, input_pos=pos, step=step)
     check_forward(out, q, k, v, causal, pos, seed=seed)
 
 
@@ -114,7 +115,7 @@ def test_autotune_never_times_on_cpu(interp, launches, monkeypatch, tmp_path):
     monkeypatch.setattr(autotune, "_memory", {})
     monkeypatch.setattr(autotune, "search", lambda *a, **kw: pytest.fail("searched on a CPU"))
     q, k, v = inputs(1, 2, 2, 200, 200, 64, seed=9)
-    out = flashattn.attention(q, k, v, step="autotune")      # seed space: 64x64 first
+    out = flashbook.attention(q, k, v, step="autotune")      # seed space: 64x64 first
     assert launches == [(4, 2, 1)]
     check_forward(out, q, k, v, False, seed=9)
     assert not list(tmp_path.iterdir()), "the interpreter wrote an autotune cache"
@@ -124,7 +125,7 @@ def test_autotune_never_times_on_cpu(interp, launches, monkeypatch, tmp_path):
         {key: dict(TILE_M=128, TILE_N=128, occupancy=2, ms=1.0)}))
     monkeypatch.setattr(autotune, "_memory", {})
     launches.clear()
-    flashattn.attention(q, k, v, step="autotune")
+    flashbook.attention(q, k, v, step="autotune")
     assert launches == [(2, 2, 1)]
 
 

@@ -30,7 +30,7 @@ def test_every_step_and_experiment(step, causal):
     """GQA 4:2, a ragged length and a head dim that is not a power of two."""
     q, k, v = _qkv(f"{step}{causal}", 1, 4, 2, 113, 113, 80)
     with interpret.enabled():
-        out = flashattn.attention(q, k, v, causal=causal, step=step)
+        out = flashbook.attention(q, k, v, causal=causal, step=step)
     assert_close_to_reference(out, q, k, v, causal=causal)
 
 
@@ -58,7 +58,7 @@ def test_best_of_each_architecture(arch):
 def test_input_pos(input_pos, Nq, Nk):
     q, k, v = _qkv(f"pos{input_pos}", 1, 4, 2, Nq, Nk, 64)
     with interpret.enabled():
-        out = flashattn.attention(q, k, v, causal=True, input_pos=input_pos, step="arch_tuned")
+        out = flashbook.attention(q, k, v, causal=True, input_pos=input_pos, step="arch_tuned")
     assert_close_to_reference(out, q, k, v, causal=True, input_pos=input_pos)
 
 

@@ -15,10 +15,10 @@ import pytest
 
 from flashattn import kernels
 from flashattn.contract import tile_d_for
-from flashattn.kernels import (FMHA, NAIVE, SHIPPED_FLAGS, SPECS, KernelContractError,
+from flashattn.kernels import (FMHA, NAIVE, SPECS, KernelContractError,
                                KernelSpec, constants_for, fmha_constants, fmha_grid, fmha_spec,
                                kernels_of, naive_constants)
-from flashbook.ladder import LADDER
+from flashbook.ladder import LADDER, SHIPPED_FLAGS
 from flashbook.steps import ARCHS, EXPERIMENTS, STEPS, Config
 
 ALL_STEPS = {**STEPS, **EXPERIMENTS}

@@ -17,6 +17,7 @@ import pytest
 from criteria import assert_flash_criterion, seed_of
 
 import flashattn
+import flashbook
 from flashbook.steps import EXPERIMENTS, STEP_NAMES
 
 torch = pytest.importorskip("torch")
@@ -146,7 +147,7 @@ def test_attention_wrapper_noncontiguous_and_scale():
     k = torch.randn(2, 90, 2, 64, generator=g, device="cuda").to(dt).transpose(1, 2)
     v = torch.randn(2, 90, 2, 64, generator=g, device="cuda").to(dt).transpose(1, 2)
     assert not q.is_contiguous()
-    out = flashattn.attention(q, k, v, causal=True, scale=0.3, input_pos=13, step="baseline")
+    out = flashbook.attention(q, k, v, causal=True, scale=0.3, input_pos=13, step="baseline")
     check(out, q, k, v, True, 0.3, 13, 1e-3, seed=seed)
 
 
@@ -180,7 +181,7 @@ def test_unknown_step_fails_before_work_on_gpu(monkeypatch):
         monkeypatch.setattr(mod, "launch", refuse)
     q = torch.randn(1, 2, 8, 16, device="cuda", dtype=torch.float16)
     with pytest.raises(ValueError, match="unknown step 'fastest'"):
-        flashattn.attention(q, q, q, step="fastest")
+        flashbook.attention(q, q, q, step="fastest")
 
 
 @pytest.fixture
@@ -197,9 +198,9 @@ def fresh_autotune(monkeypatch, tmp_path):
 def test_best_step_and_autotune_search(fresh_autotune):
     seed = 11
     q, k, v = make_inputs(1, 4, 4, 512, 512, 64, "float16", seed=seed)
-    out = flashattn.attention(q, k, v, causal=True, step="autotune")
+    out = flashbook.attention(q, k, v, causal=True, step="autotune")
     check(out, q, k, v, True, 1 / 8, 0, 1e-3, seed=seed)
     cached = list(fresh_autotune.glob("autotune-*.json"))
     assert cached, "the search result is cached per GPU"
-    out = flashattn.attention(q, k, v, causal=True)  # step="best"
+    out = flashbook.attention(q, k, v, causal=True)  # step="best"
     check(out, q, k, v, True, 1 / 8, 0, 1e-3, seed=seed)

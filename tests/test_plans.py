@@ -10,8 +10,8 @@ import pytest
 from flashattn.config import Config
 from flashattn.contract import VarlenDims
 from flashattn.kernels import FMHA, SPECS, VARLEN_FWD
-from flashattn.kernels.fmha_fwd_spec import (FMHA_LATENCIES, SEARCH_SPACE, SHIPPED_FLAGS,
-                                             WARP_GROUP_SPACE, FmhaPlan, fmha_plan)
+from flashattn.kernels.fmha_fwd_spec import (FMHA_LATENCIES, SEARCH_SPACE, WARP_GROUP_SPACE,
+                                             FmhaPlan, fmha_plan)
 from flashattn.kernels.varlen_spec import VARLEN_CONFIGS, varlen_plan
 from flashattn.registry import Step, get_step, resolve_name
 
@@ -65,16 +65,14 @@ def test_a_book_step_plans_the_ladder_with_its_own_grid():
     assert fmha_plan(flashbook.get_step("remap"), cfg, **SHAPE).spec is FMHA
 
 
-def test_a_step_off_the_shipped_flags_needs_the_ladder():
-    off = Step("off", "", "", flags=dict(get_step("arch_tuned").flags, REMAP=False))
-    from flashattn.kernels import fmha_fwd_spec
-    saved = list(fmha_fwd_spec._LADDER)
-    try:
-        fmha_fwd_spec._LADDER.clear()
-        with pytest.raises(ValueError, match="import flashbook first"):
-            fmha_plan(off, Config(64, 64), **SHAPE)
-    finally:
-        fmha_fwd_spec._LADDER[:] = saved
+def test_a_step_runs_its_own_build_of_the_kernel_or_the_shipped_one():
+    # Issue 35: the library knows no ladder flags; a step that carries a FusedKernel runs it.
+    from flashbook.ladder import LADDER, LADDER_KERNEL, SHIPPED_FLAGS
+    plain = Step("plain", "", "")
+    assert plain.flags == FMHA_LATENCIES and fmha_plan(plain, Config(64, 64), **SHAPE).spec is FMHA
+    off = Step("off", "", "", flags=dict(get_step("arch_tuned").flags, REMAP=False),
+               fused=LADDER_KERNEL)
+    assert fmha_plan(off, Config(64, 64), **SHAPE).spec is LADDER
     assert {f: v for f, v in get_step("warp_groups").flags.items() if f in SHIPPED_FLAGS} \
         == SHIPPED_FLAGS
 

@@ -5,34 +5,18 @@
     model = AutoModelForCausalLM.from_pretrained(name, dtype=torch.bfloat16,
                                                  attn_implementation="cutile")
 
-The name is ``"cutile"``, not "flashattn": transformers takes any implementation whose name
-contains "flash" for a flash-attn kernel (``is_flash_attention_requested``) and tries to load
-one from the Hub. ``register()`` adds the name to transformers' ``AttentionInterface`` (the function below,
-``attention_forward``) and to its ``AttentionMaskInterface`` (transformers' own ``sdpa_mask``:
-no mask at all where the mask is plain causal, else a boolean (B, 1, Nq, Nk) mask; without a
-mask function registered transformers would hand a custom implementation no mask, and padding
-would be lost).
+The name is ``"cutile"``: transformers takes a name containing "flash" for a flash-attn kernel
+and loads one from the Hub. ``register()`` adds ``attention_forward`` to its
+``AttentionInterface`` and ``sdpa_mask`` to its ``AttentionMaskInterface`` (without a mask
+function a custom implementation gets no mask, and padding would be lost).
 
-What each model passes, and where it goes (transformers 5.x):
-
-* ``scaling`` -> ``scale``; grouped-query heads (the model's key/value heads, not repeated) ->
-  ``enable_gqa``;
-* ``sliding_window`` (Mistral, Gemma 2, gpt-oss: ``kv_idx > q_idx - sliding_window``) ->
-  ``mods.sliding_window(sliding_window - 1)``;
-* ``softcap`` (Gemma 2's ``attn_logit_softcapping``) -> ``mods.softcap``;
-* ``s_aux`` (gpt-oss's per-head sink logits; also accepted as ``sinks``) -> ``sinks``;
-* ``attention_mask``: None -> causal (the module's ``is_causal``, query rows top-left aligned as
-  SDPA's ``is_causal``; one query row: no mask); a boolean mask equal to the causal or
-  sliding-window pattern (query row i at position ``Nk - Nq + i``) -> that structured mask; any
-  other mask (padding, packed sequences, ...) -> ``mods.dense_mask`` read by the kernel, with a
-  BlockMask built from it (fully masked blocks skipped). A float (additive) mask is accepted
-  when it only holds 0 and large negatives; a bias in it raises ValueError. A head-dependent
-  mask raises. Nothing is silently dropped.
-* ``dropout`` > 0 raises NotImplementedError (the kernel has no dropout); fp32 inputs raise
-  TypeError (load the model in float16 or bfloat16).
-
-Rows that see no key (fully padded queries) give 0, where eager attention gives the mean of the
-values: compare models on the unpadded positions.
+What a model passes (transformers 5.x): ``scaling`` -> ``scale``; unrepeated key/value heads ->
+``enable_gqa``; ``sliding_window`` -> ``mods.sliding_window(sliding_window - 1)``; ``softcap``
+-> ``mods.softcap``; ``s_aux`` / ``sinks`` -> ``sinks``; ``attention_mask`` None -> causal, a
+causal or sliding-window boolean mask -> that structured mask, any other -> ``mods.dense_mask``
+with a BlockMask built from it (a float mask of 0 and large negatives too; a bias, a
+head-dependent mask, ``dropout`` > 0 or fp32 inputs raise). Rows that see no key give 0 where
+eager attention gives the mean of the values: compare on the unpadded positions.
 """
 from __future__ import annotations
 

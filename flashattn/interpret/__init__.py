@@ -39,7 +39,6 @@ program order). Tile dimensions must be powers of two, as on the GPU.
 
 Works where cuda-tile does not install (macOS, say): then ``flashattn.interpret.tile`` is
 registered as ``cuda.tile``, so the kernel modules import and run here all the same.
-Chapter 3 runs its first kernel this way, and shows how to step through one with a debugger.
 """
 from __future__ import annotations
 

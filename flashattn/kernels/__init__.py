@@ -1,12 +1,12 @@
 """The cuTile kernels and their contracts.
 
     fmha.py     the fused FlashAttention forward as it ships (the flags of ``best`` folded in)
-    naive.py    standard attention in three kernels (chapter 1)
+    naive.py    standard attention in three kernels
     spec.py     KernelSpec: a kernel's parameters by name, checked against its source
 
 Each kernel module has a contract module beside it: its ``KernelSpec``, its configuration per
 architecture and a pure plan (constants, grid) that needs no GPU: ``fmha_fwd_spec``,
-``varlen_spec``, ``decode_spec``, ``fmha_bwd_spec``, ``fp8_spec``; the naive kernels' are here.
+``varlen_spec``, ``decode_spec``, ``fmha_bwd_spec``, ``fp8_fwd_spec``; the naive kernels' are here.
 This package gathers them (``SPECS``); the launches and the compiler report (``flashattn.aot``)
 use them.
 Importing it does not import cuda.tile.
@@ -25,7 +25,7 @@ __all__ = ["NAIVE", "SPECS", "KernelSpec", "KernelContractError", "Array", "hint
            *_fmha_spec.__all__]
 
 
-# --- the naive kernels (chapter 1) ------------------------------------------------------------
+# --- the naive kernels ---------------------------------------------------------------------------
 NAIVE_ROW_TILE = 16      # rows of S per softmax program
 
 NAIVE = {
@@ -73,7 +73,7 @@ def constants_for(spec: KernelSpec, step, config: Config, *, head_dim: int,
     return naive_constants(spec.name, config, head_dim=head_dim, causal=causal)
 
 
-# The decode kernels' contract (chapter 12): kernels/decode_spec.py.
+# The decode kernels' contract: kernels/decode_spec.py.
 from .decode_spec import *  # noqa: E402,F401,F403
 from . import decode_spec as _decode_spec  # noqa: E402
 
@@ -81,7 +81,7 @@ SPECS.update(_decode_spec.DECODE)
 __all__ += _decode_spec.__all__
 
 
-# The backward kernels' contract (chapter 11): kernels/fmha_bwd_spec.py.
+# The backward kernels' contract: kernels/fmha_bwd_spec.py.
 from .fmha_bwd_spec import *  # noqa: E402,F401,F403
 from . import fmha_bwd_spec as _bwd_spec  # noqa: E402
 
@@ -90,7 +90,7 @@ SPECS.update(_bwd_spec.BWD_ATOMIC)
 __all__ += _bwd_spec.__all__
 
 
-# The packed variable-length forward's contract (chapter 12): kernels/varlen_spec.py.
+# The packed variable-length forward's contract: kernels/varlen_spec.py.
 from .varlen_spec import *  # noqa: E402,F401,F403
 from . import varlen_spec as _varlen_spec  # noqa: E402
 
@@ -98,10 +98,10 @@ SPECS.update(_varlen_spec.VARLEN)
 __all__ += _varlen_spec.__all__
 
 
-# The FP8 kernels' contract (chapter 14): kernels/fp8_spec.py.
-from .fp8_spec import FP8_SPECS  # noqa: E402
+# The FP8 forward's contract: kernels/fp8_fwd_spec.py (FP8 caches: decode_spec.py).
+from .fp8_fwd_spec import FMHA_FP8  # noqa: E402
 
-SPECS.update(FP8_SPECS)
+SPECS[FMHA_FP8.name] = FMHA_FP8
 
 
 # The MLA decode kernels' contract: kernels/mla_decode_spec.py.

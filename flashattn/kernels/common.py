@@ -17,7 +17,7 @@ INV_LOG_2 = 1.0 / math.log(2)  # exp(x) = exp2(x * log2(e)): the hardware has ex
 
 def mask_scores(qk, offs_m, offs_n, k_seqlen, CAUSAL: ConstBool, EVEN_K: ConstBool):
     """-inf where key ``offs_n`` is past ``k_seqlen`` (unless EVEN_K) or, if causal, after query
-    position ``offs_m``; chapter 4 draws this mask. ``offs_m`` and ``offs_n`` broadcast to
+    position ``offs_m``. ``offs_m`` and ``offs_n`` broadcast to
     ``qk``'s shape ([TILE_M, 1] and [1, TILE_N]; the backward's transposed tiles the other way).
 
     The safe form: ``where(mask, qk, -inf)`` selects, so a masked score that is NaN or inf (a
@@ -33,16 +33,16 @@ def mask_scores(qk, offs_m, offs_n, k_seqlen, CAUSAL: ConstBool, EVEN_K: ConstBo
 
 def online_softmax_update(qk, m_i, l_i, acc, qk_scale, GUARD: ConstBool, FLUSH: ConstBool,
                           P_SHIFT: ConstInt = 0):
-    """One block of the online softmax (chapter 2): returns p and the updated m_i, l_i, acc.
+    """One block of the online softmax: returns p and the updated m_i, l_i, acc.
 
     qk: [TILE_M, TILE_N] masked raw scores; m_i, l_i: [TILE_M, 1] running max (scaled by
     qk_scale, log2 units) and running sum; acc: [TILE_M, TILE_D] unnormalised output, returned
     rescaled (the caller adds P V).
     GUARD: a row whose scores are all -inf so far (it sees no key yet) keeps m_i = -inf and
         p = 0 instead of -inf - -inf = NaN.
-    FLUSH: denormals to zero, so exp2 is one MUFU.EX2 with no range fix-up (chapter 6).
+    FLUSH: denormals to zero, so exp2 is one MUFU.EX2 with no range fix-up.
     P_SHIFT: p = 2^(s - m + P_SHIFT), in [0, 2^P_SHIFT], so an FP8 P keeps its small
-        probabilities (chapter 14); l_i carries the same factor, the final division cancels it.
+        probabilities; l_i carries the same factor, the final division cancels it.
     """
     # The scale is applied after the row max: one multiply per row instead of per element.
     m_ij = max(m_i, ct.max(qk, axis=-1, keepdims=True) * qk_scale)  # [TILE_M, 1]
@@ -61,7 +61,7 @@ def online_softmax_update(qk, m_i, l_i, acc, qk_scale, GUARD: ConstBool, FLUSH: 
 
 def key_tile_range(all_see, last_sees, k_seqlen, TILE_N: ConstInt, CAUSAL: ConstBool):
     """(Tc, mask_start): a query tile visits key tiles ``0 .. Tc - 1`` and masks those from
-    ``mask_start`` on (chapter 7). Causal: ``last_sees`` keys are visible to its last row (the
+    ``mask_start`` on. Causal: ``last_sees`` keys are visible to its last row (the
     tiles after them are fully masked: skipped), ``all_see`` (or fewer) to every row. Not
     causal: every key tile, the mask only on the ragged end of K."""
     if CAUSAL:

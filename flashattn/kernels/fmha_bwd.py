@@ -1,49 +1,30 @@
 """The FlashAttention backward pass: three kernels, no atomics, deterministic.
 
-The forward (``fmha.py``) keeps only O and, per query row, the log-sum-exp of its scaled scores
-(``LSE``, natural log, fp32). The backward recomputes P from Q, K and the LSE instead of
-storing the (Nq, Nk) matrix, and computes the five matrix products::
+P is recomputed from Q, K and the forward's LSE (natural log, fp32) instead of stored::
 
-    S = Q K^T          P = exp(scale * S - LSE)          (recomputed)
+    S = Q K^T          P = exp(scale * S - LSE)
     dV = P^T dO        dP = dO V^T
     dS = P o (dP - delta),  delta = rowsum(dO o O)       (o: elementwise)
-    dQ = scale * dS K        dK = scale * dS^T Q         (the scale folds in once, at the end)
-
-Layout is the forward's::
+    dQ = scale * dS K        dK = scale * dS^T Q
 
     Q, Out, dO, dQ: (B, Hq, Nq, D)    K, V, dK, dV: (B, Hkv, Nk, D)    LSE, Delta: (B, Hq, Nq) fp32
 
-Kernels, in launch order (the deterministic default):
+    bwd_preprocess_kernel   Delta                    grid (cdiv(Nq, TILE_M), B * Hq, 1)
+    bwd_dkdv_kernel         dK, dV of one K/V tile   grid (cdiv(Nk, TILE_N), B * Hkv, 1), summed
+                            over its GQA group's query heads in registers
+    bwd_dq_kernel           dQ of one query tile     grid (cdiv(Nq, TILE_M), B * Hq, 1)
 
-    bwd_preprocess_kernel   Delta = rowsum(dO o O)             grid (cdiv(Nq, TILE_M), B * Hq, 1)
-    bwd_dkdv_kernel         dK, dV of one K/V tile             grid (cdiv(Nk, TILE_N), B * Hkv, 1)
-                            (loops over the query heads of its GQA group and the query tiles
-                            that can see it: dK, dV are summed in registers, in fp32)
-    bwd_dq_kernel           dQ of one query tile               grid (cdiv(Nq, TILE_M), B * Hq, 1)
-                            (loops over the key tiles it sees, as the forward)
-
-The opt-in variant ``bwd_dkdv_dq_atomic_kernel`` (``attention_backward(...,
-deterministic=False)``) replaces the last two: one dK/dV pass that also adds each pair's share
-of dQ to an fp32 buffer with atomic adds. Both are measured (``bench --backward``).
-
-A query row that sees no key has LSE = -inf (the forward's log 0; +inf, FlashAttention-2's
-convention for it, means the same here): its P and dS are 0, so its dQ is 0 and it adds nothing
-to dK and dV. flashattn's contract never makes such a row (every row sees key 0), but an LSE
-from elsewhere may hold one.
-
-Every (query tile, key tile) pair is visited by the dK/dV pass and by the dQ pass exactly when
-the forward visits it, and masked exactly when the forward (with ``SPLIT_LOOP``) masks it:
-tiles that straddle the causal diagonal and the ragged last key tile.
-``flashattn.reference.backward`` emulates these loops in NumPy.
+``bwd_dkdv_dq_atomic_kernel`` (``deterministic=False``) replaces the last two with one pass
+that adds dQ with fp32 atomics. A row whose LSE is infinite (it sees no key) gets dQ = 0 and
+adds nothing to dK, dV. Tiles are visited and masked exactly as the forward's;
+``flashattn.reference.backward`` emulates these loops.
 """
 import math
 
 import cuda.tile as ct
 
-from flashattn.kernels.common import INV_LOG_2, key_tile_range, mask_scores
-
-ConstInt = ct.Constant[int]
-ConstBool = ct.Constant[bool]
+from flashattn.kernels.common import (INV_LOG_2, ConstBool, ConstInt, key_tile_range,
+                                      mask_scores)
 
 
 @ct.kernel

@@ -1,4 +1,4 @@
-"""The backward kernels' contract (kernels/fmha_bwd.py, chapter 11): their specs, the
+"""The backward kernels' contract (kernels/fmha_bwd.py): their specs, the
 configuration table per architecture and head dim, and the pure rules for constants and grids.
 Does not import cuda.tile."""
 from __future__ import annotations

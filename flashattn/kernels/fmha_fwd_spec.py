@@ -1,22 +1,19 @@
-"""The fused forward's contract (chapters 3-10): its spec, the flags folded into it, its
-search spaces per architecture and a pure plan (kernel, constants, grid) that needs no GPU.
-
-The book's ladder kernel (every step's flag, ``flashbook/ladder/fmha.py``) is not part of the
-library: the book registers its spec (``register_ladder``), and a step whose flags differ from
-``SHIPPED_FLAGS`` runs it. Importing this module does not import cuda.tile.
+"""The fused forward's contract: its spec, its search spaces per architecture and a pure plan
+(kernel, constants, grid) that needs no GPU. A registered step may carry another build of the
+kernel (``FusedKernel``); the library's steps run ``FMHA``. Does not import cuda.tile.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 from ..config import Config
 from ..contract import tile_d_for
 from .spec import Array, KernelSpec
 
-__all__ = ["FMHA", "FMHA_ARRAYS", "FMHA_SCALARS", "SHIPPED_FLAGS", "FMHA_LATENCIES",
-           "SHIPPED_STEP_FLAGS", "SEARCH_SPACE", "WARP_GROUP_SPACE", "arch_space",
-           "warp_group_space", "register_ladder", "fmha_spec", "fmha_constants", "fmha_grid",
-           "FmhaPlan", "fmha_plan"]
+__all__ = ["FMHA", "FMHA_ARRAYS", "FMHA_SCALARS", "FMHA_LATENCIES", "SEARCH_SPACE",
+           "WARP_GROUP_SPACE", "arch_space", "warp_group_space", "FusedKernel", "fmha_spec",
+           "fmha_constants", "fmha_grid", "FmhaPlan", "fmha_plan"]
 
 # Lse: fp32 (B, Hq, Nq), the natural-log LSE of each query row, written only with WRITE_LSE (the
 # backward's forward); without it the launch passes a one-element stand-in.
@@ -27,20 +24,9 @@ FMHA_SCALARS = (("qk_scale", float), ("input_pos", int), ("num_heads", int),
 FMHA = KernelSpec(
     "fmha", "flashattn.kernels.fmha", "fmha_kernel", arrays=FMHA_ARRAYS, scalars=FMHA_SCALARS,
     constants=("TILE_M", "TILE_N", "TILE_D", "CAUSAL", "EVEN_K", "K_LAT", "V_LAT", "WRITE_LSE"))
-# The flags folded into fmha.py: what step="best" runs (fast math, the diagonal-only mask, the
-# longest causal tiles first); every other flag at its default.
-SHIPPED_FLAGS = dict(FAST_MATH=True, SPLIT_LOOP=True, REMAP=True, PAIR=False,
-                     LAZY_RESCALE=False, EXP_POLY=0, UNCHECKED_KV=False, PERSISTENT=False,
-                     PIPELINE=False)
 # The loads' DRAM-latency hints (1-10) the forward ships with; the varlen forward shares them.
 FMHA_LATENCIES = dict(K_LAT=2, V_LAT=4)
-# The shipped steps' flags in the kernel's signature order (what ``Step.flag_values`` returns).
-SHIPPED_STEP_FLAGS = {**{f: SHIPPED_FLAGS[f] for f in ("FAST_MATH", "SPLIT_LOOP", "REMAP", "PAIR",
-                                                        "LAZY_RESCALE", "EXP_POLY",
-                                                        "UNCHECKED_KV")},
-                      **FMHA_LATENCIES, "PERSISTENT": False, "PIPELINE": False}
-
-# Chapter 10: a space per architecture, from what the compiler report and the H200 showed.
+# A space per architecture, from what the compiler report and the H200 showed.
 SEARCH_SPACE: dict[str, list[Config]] = {
     # Hopper: registers hold the fp32 accumulators; small M tiles and 2 programs/SM.
     "sm_90": [Config(64, 128, occupancy=2), Config(64, 64, occupancy=2),
@@ -49,18 +35,14 @@ SEARCH_SPACE: dict[str, list[Config]] = {
     # Datacenter Blackwell: the seed's space (tensor-memory accumulators, large tiles pay).
     "sm_100": [Config(256, 128, occupancy=1), Config(128, 128, occupancy=2),
                Config(64, 64, occupancy=2), Config(256, 128, occupancy=2)],
-    # Consumer Blackwell and Ampere: less shared memory, small tiles only. Not measured here:
-    # ordered by the compiler's report (python -m flashattn compile --arch sm_120 / sm_80), the
-    # configuration with the fewest spill bytes first (sm_120: 0 B; sm_80: 592 B; all sm_80
-    # variants with fast math spill a little, as Ampere's mma.sync holds operands in registers).
+    # Consumer Blackwell and Ampere: less shared memory, small tiles only; not timed, ordered
+    # by the compiler's report (fewest spill bytes first).
     "sm_120": [Config(64, 64), Config(64, 64, occupancy=2), Config(64, 128, occupancy=1)],
     "sm_80": [Config(64, 128, occupancy=1), Config(128, 64, occupancy=1),
               Config(64, 64, occupancy=2)],
 }
-# Chapter 10: on Hopper, num_worker_warps=8 gives the compiler two consumer warp groups
-# of 64 rows each (plus a producer group for the loads) for 128-row tiles, which then run
-# without spilling. The space adds those configurations to arch_tuned's best; on other
-# architectures it is arch_tuned's space unchanged.
+# Hopper: num_worker_warps=8 gives 128-row tiles two consumer warp groups of 64 rows (and a
+# producer group), which run without spilling; elsewhere arch_tuned's space.
 WARP_GROUP_SPACE: dict[str, list[Config]] = {
     "sm_90": [Config(128, 128, occupancy=1, num_worker_warps=8),
               Config(64, 128, occupancy=2),
@@ -82,44 +64,38 @@ def warp_group_space(arch: str | None) -> list[Config]:
     return list(WARP_GROUP_SPACE[arch]) if arch in WARP_GROUP_SPACE else arch_space(arch)
 
 
-# The book's ladder kernel once flashbook registers it: (spec, constants rule, grid rule).
-_LADDER: list[tuple] = []
+@dataclass(frozen=True)
+class FusedKernel:
+    """A build of the fused forward other than the shipped ``FMHA`` that a registered step runs
+    (``Step.fused``): its spec (``FMHA``'s arrays and scalars), ``constants(flags, *, head_dim,
+    even_k) -> dict`` adjusting its constants, ``grid(flags, config, *, B, Hq, Nq, sm_count)``
+    replacing the shipped grid."""
+    spec: KernelSpec
+    constants: Callable | None = None
+    grid: Callable | None = None
 
 
-def register_ladder(spec: KernelSpec, *, constants=None, grid=None) -> None:
-    """The book's ladder kernel (all the steps' flags): steps off the shipped flags run it.
-    ``constants(flags, *, head_dim, even_k) -> dict`` adjusts its constants; ``grid(flags,
-    config, *, B, Hq, Nq, sm_count) -> grid`` replaces the shipped grid rule (its own grids)."""
-    _LADDER[:] = [(spec, constants, grid)]
-
-
-def _ladder_rule(spec: KernelSpec, which: int):
-    return _LADDER[0][which] if _LADDER and spec is _LADDER[0][0] else None
+def _rule(step, spec: KernelSpec, which: str):
+    fused = getattr(step, "fused", None)
+    return getattr(fused, which) if fused is not None and spec is fused.spec else None
 
 
 def fmha_spec(step) -> KernelSpec:
-    """The fused kernel a step runs: the shipped one when its flags are the shipped flags, else
-    the book's ladder (registered by ``import flashbook``)."""
-    flags = step.flag_values()
-    if all(flags.get(f) == v for f, v in SHIPPED_FLAGS.items()):
-        return FMHA
-    if not _LADDER:
-        raise ValueError(f"step {step.name!r} runs the book's ladder kernel, which the library "
-                         "does not ship: import flashbook first (flashbook.attention(..., "
-                         "step=NAME))")
-    return _LADDER[0][0]
+    """The fused kernel a step runs: its own build (``Step.fused``), else the shipped one."""
+    fused = getattr(step, "fused", None)
+    return FMHA if fused is None else fused.spec
 
 
 def fmha_constants(step, config: Config, *, head_dim: int, causal: bool,
                    even_k: bool, write_lse: bool = False, spec: KernelSpec | None = None) -> dict:
     """The ``ct.Constant`` values of the fused kernel ``step`` runs (``fmha_spec``; or of
-    ``spec``, the ladder say), by name. ``write_lse``: also write the LSE of each row (the
+    ``spec``), by name. ``write_lse``: also write the LSE of each row (the
     forward of a training step)."""
     flags = step.flag_values()
     spec = spec or fmha_spec(step)
     out = dict(flags, TILE_M=config.TILE_M, TILE_N=config.TILE_N, TILE_D=tile_d_for(head_dim),
                CAUSAL=bool(causal), EVEN_K=bool(even_k), WRITE_LSE=bool(write_lse))
-    rule = _ladder_rule(spec, 1)
+    rule = _rule(step, spec, "constants")
     if rule is not None:
         out.update(rule(flags, head_dim=head_dim, even_k=even_k))
     return {k: v for k, v in out.items() if k in spec.constants}
@@ -127,9 +103,9 @@ def fmha_constants(step, config: Config, *, head_dim: int, causal: bool,
 
 def fmha_grid(step, config: Config, *, B: int, Hq: int, Nq: int,
               sm_count=None) -> tuple[int, int, int]:
-    """The launch grid: one program per query tile per (batch, head). The ladder's own grids
-    (its rule) may need the GPU's SM count: ``sm_count``, an int or a function giving it."""
-    rule = _ladder_rule(fmha_spec(step), 2)
+    """The launch grid: one program per query tile per (batch, head). A step's own build may
+    have its own grid rule, which may need the GPU's SM count (an int, or a function)."""
+    rule = _rule(step, fmha_spec(step), "grid")
     if rule is not None:
         return rule(step.flag_values(), config, B=B, Hq=Hq, Nq=Nq, sm_count=sm_count)
     return (-(-Nq // config.TILE_M), B * Hq, 1)
@@ -150,8 +126,8 @@ def fmha_plan(step, config: Config, *, B: int, Hq: int, Hkv: int, Nq: int, Nk: i
               head_dim: int, causal: bool, scale: float, input_pos: int = 0,
               write_lse: bool = False, sm_count=None) -> FmhaPlan:
     """What the launch of ``step`` at ``config`` runs on these shapes: pure, no GPU, no tensor.
-    ``sm_count`` (an int, or a function giving it) only for a ladder grid that needs it."""
-    spec = fmha_spec(step)              # the shipped kernel, or the book's ladder for other flags
+    ``sm_count`` (an int, or a function giving it) only for a grid rule that needs it."""
+    spec = fmha_spec(step)
     constants = fmha_constants(step, config, head_dim=head_dim, causal=causal,
                                even_k=Nk % config.TILE_N == 0, write_lse=write_lse, spec=spec)
     scalars = dict(qk_scale=scale, input_pos=input_pos, num_heads=Hq, group_size=Hq // Hkv,

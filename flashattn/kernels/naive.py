@@ -1,6 +1,6 @@
 """Standard attention, written in cuTile so Nsight Compute can show its memory traffic.
 
-Three kernels, each a round trip through global memory (chapter 1)::
+Three kernels, each a round trip through global memory::
 
     S = scale * Q K^T (+ mask)     scores_kernel    writes  (BH, Nq, Nk) fp32
     P = softmax(S)                 softmax_kernel   reads S twice, writes P in the input dtype
@@ -13,8 +13,7 @@ import math
 
 import cuda.tile as ct
 
-ConstInt = ct.Constant[int]
-ConstBool = ct.Constant[bool]
+from flashattn.kernels.common import ConstBool, ConstInt
 
 
 @ct.kernel

@@ -1,54 +1,29 @@
 """Packed variable-length prefill (FlashAttention's varlen interface): one kernel.
 
-Sequences of different lengths are packed one after the other without padding, and described by
-cumulative offsets: sequence ``b``'s queries are rows ``cu_seqlens_q[b] .. cu_seqlens_q[b+1] - 1``
-of q, its keys rows ``cu_seqlens_k[b] .. cu_seqlens_k[b+1] - 1`` of k and v. The host passes the
-packed tensors head-major (a free view, ``q.permute(1, 0, 2)``)::
+Sequence ``b`` is rows ``cu_seqlens_q[b] .. cu_seqlens_q[b+1] - 1`` of q and rows
+``cu_seqlens_k[b] .. cu_seqlens_k[b+1] - 1`` of k and v, passed head-major (a free view)::
 
-    Q, Out:  (Hq, total_q, D)         q, out (total_q, Hq, D) viewed head-major
-    K, V:    (Hkv, total_k, D)        k, v (total_k, Hkv, D) viewed head-major
+    Q, Out:  (Hq, total_q, D)         K, V:  (Hkv, total_k, D)
     CuSeqlensQ, CuSeqlensK: (B + 1,) int32, non-decreasing, starting at 0
 
-Grid: ``(cdiv(cdiv(max_seqlen_q, TILE_M), Q_TILES), Hq, B)``: one program per ``Q_TILES``
-query tiles of one head of one sequence, taken one after the other, the heads of one sequence
-side by side in launch order, so the query heads of a GQA group run at the same time and share
-their K/V tiles through L2 (sequences side by side instead read the K/V from DRAM several
-times over: chapter 12). A program reads its sequence's offsets from the
-device tensors, views the sequence's rows with ``Array.slice`` (so a tile past the sequence's
-end reads zeros from the padding, never the next sequence's tokens, and a store past it is
-dropped), and exits at once when the sequence has no query tile at its first grid index:
-shorter sequences leave idle programs of a few instructions each. Those views are tensor maps
-built by the program at run time (four per program, against none for the square kernel,
-whose maps come with the launch); ``Q_TILES > 1`` builds them once for several tiles.
-Causal programs take their sequence's tiles in reverse (the longest, bottom tiles first, as
-the REMAP step of chapter 8).
+Grid ``(cdiv(cdiv(max_seqlen_q, TILE_M), Q_TILES), Hq, B)``: the heads of one sequence side by
+side, so a GQA group shares its K/V tiles through L2. A program views its sequence with
+``Array.slice`` (a tile past the end reads zeros and stores nothing), exits at once past its
+sequence's last tile, and with ``Q_TILES > 1`` builds those views once for several tiles.
+Causal programs take the longest, bottom tiles first.
 
-The body is the fused kernel's (``fmha.py``: the online softmax of chapter 2, the mask only on
-the tiles that need it, chapter 7) with two differences:
-
-* causal is aligned to the bottom right, as FlashAttention's varlen: with ``len_q`` queries and
-  ``len_k`` keys, query row ``i`` sits at position ``len_k - len_q + i`` and sees keys ``0 ..``
-  that position (``len_q == len_k``: the usual causal mask);
-* a row that sees no key (``len_k == 0``, or causal with ``len_q > len_k`` and
-  ``i < len_q - len_k``) gets output 0 (as FlashAttention), so the softmax guards
-  ``-inf - -inf``, as the decode kernel does.
-
-Invalid device data never causes an out-of-bounds access: offsets are clamped to the packed
-tensors for addressing, and a sequence whose offsets were out of range or decreasing, or longer
-than ``max_seqlen_q`` (the grid would miss its tail), gets NaN in the rows the grid covers,
-never a silent wrong answer (a sequence longer than ``max_seqlen_k`` too: that is how an offset
-array that decreases somewhere shows up in the sequences after the decrease). The host checks
-these values up front unless told not to.
+The body is ``fmha.py``'s, with causal aligned to the bottom right (row ``i`` sits at position
+``len_k - len_q + i``) and a row that sees no key written as 0, as FlashAttention's. Offsets are
+clamped for addressing; a sequence with bad offsets, or longer than ``max_seqlen_q`` /
+``max_seqlen_k``, gets NaN rows, never a silent wrong answer.
 """
 import math
 
 import cuda.tile as ct
 from cuda.tile import RoundingMode as RMd
 
-from flashattn.kernels.common import INV_LOG_2, key_tile_range, mask_scores, online_softmax_update
-
-ConstInt = ct.Constant[int]
-ConstBool = ct.Constant[bool]
+from flashattn.kernels.common import (INV_LOG_2, ConstBool, ConstInt, key_tile_range,
+                                      mask_scores, online_softmax_update)
 
 
 @ct.kernel
@@ -105,7 +80,7 @@ def varlen_fwd_kernel(Q, K, V, Out, CuSeqlensQ, CuSeqlensK,
         for t in range(Q_TILES):                     # the views above serve Q_TILES tiles
             if first + t < n_m:
                 if CAUSAL:
-                    bid_m = n_m - 1 - (first + t)    # chapter 8: the longest query tiles first
+                    bid_m = n_m - 1 - (first + t)    # the longest query tiles first
                 else:
                     bid_m = first + t
 
@@ -135,11 +110,11 @@ def varlen_fwd_kernel(Q, K, V, Out, CuSeqlensQ, CuSeqlensK,
                     qk = ct.mma(q, k, qk)                            # S = Q K^T
 
                     if j >= mask_start:
-                        # The ragged end of K and, if causal, the diagonal: -inf (chapter 7).
+                        # The ragged end of K and, if causal, the diagonal: -inf.
                         qk = mask_scores(qk, offs_m, j * TILE_N + offs_n_tile, len_k, CAUSAL,
                                          False)
 
-                    # --- Online softmax (chapter 2); a row with no visible key keeps -inf ---
+                    # --- Online softmax; a row with no visible key keeps -inf ---
                     p, m_i, l_i, acc = online_softmax_update(qk, m_i, l_i, acc, qk_scale, True,
                                                              True)
                     v = ct.load(v_seq, index=(kv_head, j, 0), shape=(1, TILE_N, TILE_D),

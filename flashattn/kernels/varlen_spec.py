@@ -1,4 +1,4 @@
-"""The packed variable-length forward's contract (chapter 12): its spec, its configuration per
+"""The packed variable-length forward's contract: its spec, its configuration per
 architecture and head dim, and a pure plan (configuration, constants, grid) that needs no GPU.
 
 kernels/varlen.py: ``varlen_fwd_kernel``, one program per (query tile, sequence, head) over
@@ -32,16 +32,16 @@ VARLEN_LATENCIES = dict(FMHA_LATENCIES)
 # Query tiles per varlen program (the kernel's Q_TILES) per architecture (absent: 1), used when
 # the sequences average fewer than VARLEN_Q_TILES_BELOW query tiles: each program builds its
 # sequence's tensor maps once and runs this many tiles with them: short sequences gain, long
-# ones lose (chapter 12; timed on sm_90 only).
+# ones lose (timed on sm_90 only).
 VARLEN_Q_TILES: dict[str, int] = {"sm_90": 4}
 VARLEN_Q_TILES_BELOW = 64
 
 # Tiles and hints per architecture and padded head dim (TILE_D up to the key): the forward
 # steps' configurations (warp_groups' first on Hopper, arch_tuned's elsewhere), smaller where
 # the compiler report showed spills (tests/test_varlen_aot.py prints it). Only sm_90 at D=128
-# was timed (chapter 12); the others are not measured yet.
+# was timed; the others are not measured yet.
 VARLEN_CONFIGS: dict[str, dict[int, Config]] = {
-    # sm_90, D=128: 64x128 occupancy=2 the fastest or tied of four tiles (chapter 12).
+    # sm_90, D=128: 64x128 occupancy=2 the fastest or tied of four tiles.
     "sm_90": {128: Config(64, 128, occupancy=2),
               256: Config(128, 64, occupancy=1, num_worker_warps=8)},
     "sm_100": {128: Config(128, 128, occupancy=2), 256: Config(128, 64, occupancy=1)},

@@ -1,12 +1,12 @@
-"""References: exact attention, the online softmax of chapter 2, and a CPU emulation of the kernel.
+"""References: exact attention, the online softmax, and a CPU emulation of the kernel.
 
 Everything here runs on a CPU with NumPy and PyTorch only, so the book can show each idea, and
 the tests can check each step's tiling rules, without a GPU.
 
     attention(q, k, v, causal=...)           fp32/fp64 reference with flashattn.attention's contract
     softmax, online_softmax_streaming, online_softmax_blockwise, online_softmax_attention
-                                             chapter 2, in base e, one element / one block at a time
-    schedule, work_per_program, tile_counts  which key tiles each program visits (chapters 7, 8, 10)
+                                             in base e, one element / one block at a time
+    schedule, work_per_program, tile_counts  which key tiles each program visits
     emulate(step, q, k, v, ...)              the fused kernel of one step, tile by tile, in NumPy
 """
 from ..contract import check_shapes

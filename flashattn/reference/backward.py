@@ -1,24 +1,13 @@
 """The backward pass of attention: exact gradients, and a CPU emulation of the tiled kernels.
 
     attention_backward(q, k, v, dout, causal=...)   exact dQ, dK, dV in fp32/fp64
-    attention_lse(q, k, causal=...)                 the log-sum-exp of each query row
+    attention_lse(q, k, causal=...)                 the natural-log LSE of each query row
     backward_delta(out, dout)                       delta = rowsum(dO o O)
     dkdv_schedule, dq_schedule                      which tiles each backward program visits
-    emulate_backward(q, k, v, out, dout, lse, ...)  the three kernels of kernels/fmha_bwd.py,
-                                                    tile by tile, in NumPy float32
+    emulate_backward(q, k, v, out, dout, lse, ...)  kernels/fmha_bwd.py tile by tile, float32
 
-The contract is the forward's (``flashattn.reference.attention``): q (B, Hq, Nq, D), k and v
-(B, Hkv, Nk, D), query head h reads key/value head h // (Hq // Hkv), so dK and dV sum the
-gradients of the Hq // Hkv query heads of a group; causal with ``input_pos``; any lengths.
-
-With P = softmax(scale * Q K^T) (masked) and O = P V, the five products of the backward are::
-
-    dV = P^T dO                 dP = dO V^T
-    dS = P o (dP - delta)       delta = rowsum(P o dP) = rowsum(dO o O)
-    dQ = scale * dS K           dK = scale * dS^T Q
-
-The LSE is in natural-log units, lse[i] = log sum_j exp(scale * S[i, j]) over the keys row i
-sees (as PyTorch's flash and memory-efficient kernels return it): P = exp(scale * S - lse).
+Shapes and GQA as ``flashattn.reference.attention`` (dK, dV sum a group's query heads); the
+products are those of ``kernels/fmha_bwd.py``, with P = exp(scale * S - lse).
 """
 from __future__ import annotations
 
@@ -34,7 +23,7 @@ from .emulate import INV_LOG_2, _as_f32, _exp2, _key_tiles
 from .exact import attention, causal_mask
 
 # The forward's masking rule the backward follows: with SPLIT_LOOP only the tiles that straddle
-# the causal diagonal, and the ragged last key tile, are masked (chapter 7).
+# the causal diagonal, and the ragged last key tile, are masked.
 _SPLIT = {"SPLIT_LOOP": True}
 
 

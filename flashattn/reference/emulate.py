@@ -1,6 +1,6 @@
 """A CPU emulation of the fused kernel: its launch schedule and its arithmetic, tile by tile.
 
-    schedule, work_per_program, tile_counts  which key tiles each program visits (chapters 7, 8, 10)
+    schedule, work_per_program, tile_counts  which key tiles each program visits
     emulate(step, q, k, v, ...)              the fused kernel of one step, in NumPy float32
 """
 from __future__ import annotations
@@ -39,6 +39,10 @@ class Program:
         return sum(len(t) for t in self.key_tiles)
 
 
+# What kernels/fmha.py does: a step whose flags do not name these runs it.
+FMHA_BEHAVIOUR = dict(FAST_MATH=True, SPLIT_LOOP=True, REMAP=True, PAIR=False, LAZY_RESCALE=False)
+
+
 def _step(step) -> Step:
     return get_step(step) if isinstance(step, str) else step
 
@@ -70,14 +74,14 @@ def schedule(step, Nq: int, Nk: int, *, causal: bool, input_pos: int = 0,
              config: Config | None = None) -> list[Program]:
     """The programs of the launch grid's first axis, in launch order (bid 0, 1, ...).
 
-    Mirrors fmha_kernel: REMAP reverses the order when causal (chapter 8); PAIR halves the grid
-    and program i does query tiles i and n-1-i (chapter 10); see ``Program``.
+    Mirrors fmha_kernel: REMAP reverses the order when causal; PAIR halves the grid
+    and program i does query tiles i and n-1-i; see ``Program``.
     """
     step = _step(step)
     if step.kernel != "fmha":
         raise ValueError(f"step {step.name!r} is not the fused kernel: it has no tile schedule")
     config = config or default_config(step)
-    flags = step.flag_values()
+    flags = {**FMHA_BEHAVIOUR, **step.flag_values()}
     TM, TN = config.TILE_M, config.TILE_N
     n = -(-Nq // TM)                                                  # num_m_blocks
     programs = []
@@ -160,7 +164,7 @@ def emulate(step, q, k, v, *, causal: bool = False, scale: float | None = None,
     B, Hq, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     scale = 1.0 / math.sqrt(D) if scale is None else scale
-    kv_head = np.arange(Hq) // max(1, Hq // max(Hkv, 1))             # GQA, chapter 4
+    kv_head = np.arange(Hq) // max(1, Hq // max(Hkv, 1))             # GQA
     k, v = k[:, kv_head], v[:, kv_head]                               # (B, Hq, Nk, D)
     if step.kernel == "naive":
         s = (q @ k.transpose(0, 1, 3, 2)) * np.float32(scale)         # (B, Hq, Nq, Nk)
@@ -172,7 +176,7 @@ def emulate(step, q, k, v, *, causal: bool = False, scale: float | None = None,
         return p @ v
 
     config = config or default_config(step)
-    flags = step.flag_values()
+    flags = {**FMHA_BEHAVIOUR, **step.flag_values()}
     TM, TN, TD = config.TILE_M, config.TILE_N, tile_d_for(D)
     ftz = flags["FAST_MATH"]
     n_m, n_n = -(-Nq // TM), -(-Nk // TN)

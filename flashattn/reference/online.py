@@ -1,4 +1,4 @@
-"""Chapter 2: the online softmax, in base e, one element or one block at a time (NumPy)."""
+"""The online softmax, in base e, one element or one block at a time (NumPy)."""
 from __future__ import annotations
 
 import math
@@ -68,7 +68,7 @@ def online_softmax_blockwise(x, block: int) -> np.ndarray:
 
 
 def online_softmax_attention(q, k, v, block: int, *, scale: float | None = None) -> np.ndarray:
-    """FlashAttention's loop for one head, in base e (chapter 2), without masking.
+    """FlashAttention's loop for one head, in base e, without masking.
 
     q: (Nq, D); k, v: (Nk, D). Keys are read ``block`` at a time; the running max m, sum l and
     unnormalised output acc are rescaled by alpha = exp(m_old - m_new) when m grows.

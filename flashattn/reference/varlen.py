@@ -1,23 +1,14 @@
 """Packed variable-length attention (FlashAttention's varlen interface), in NumPy.
 
-The references of ``flashattn.varlen.attention_varlen`` and of its kernel:
-
-    varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, ...)   exact, fp32/fp64, one
-                                                                 sequence at a time
+    varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, ...)   exact, one sequence at a time
     varlen_visible(len_q, len_k, causal)                         the (len_q, len_k) mask
     emulate_varlen_kernel(grid, Q, K, V, Out, ...)               the kernel, program by program
     emulate_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, ...)     the host's launch, emulated
     pack / unpack                                                padded (B, H, N, D) <-> packed
 
-Shapes (``Hq = G * Hkv``; query head ``h`` reads key/value head ``h // G``)::
-
-    q               (total_q, Hq, D)     sequence b: rows cu_seqlens_q[b] .. cu_seqlens_q[b+1]-1
-    k, v            (total_k, Hkv, D)    sequence b: rows cu_seqlens_k[b] .. cu_seqlens_k[b+1]-1
-    cu_seqlens_q/k  (B + 1,) int32       0, len_0, len_0 + len_1, ..., total
-
-Causal is aligned to the bottom right, as FlashAttention's varlen (2.1 and later): query row
-``i`` of a sequence with ``len_q`` queries and ``len_k`` keys sits at position
-``len_k - len_q + i`` and sees keys ``0 ..`` that position. A row that sees no key gets 0.
+q (total_q, Hq, D), k and v (total_k, Hkv, D), offsets (B + 1,) int32, as
+``flashattn.varlen.attention_varlen``; causal aligned to the bottom right; a row that sees no
+key gets 0.
 """
 from __future__ import annotations
 

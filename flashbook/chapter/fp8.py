@@ -13,7 +13,7 @@
     fp8.profile_card()            # Nsight Compute: the FP8 forward beside the fp16 kernel
     fp8.decode_speed_table(b)     # the FP8 cache against the fp16 cache per B and cache length
 
-The library's FP8 code is ``flashattn.fp8`` and ``flashattn.kernels.fp8``; nothing here is
+The library's FP8 code is ``flashattn.fp8*`` and ``flashattn.kernels.fp8*``; nothing here is
 needed to use it.
 """
 from __future__ import annotations
@@ -258,7 +258,7 @@ def time_fp8_vs_fp16(N: int = 8192, *, B: int = 4, H: int = 16, D: int = 128,
                for _ in range(3))
     q8, qd = lib.quantize_fp8(q)
     k8, kd = lib.quantize_fp8(k)
-    v8, vd = lib.quantize_fp8(v, transpose_v=True)
+    v8, vd = lib.quantize_fp8(v, v_transposed=True)
     runs = {
         "fp16": lambda: flashattn.attention(q, k, v, causal=causal),
         "fp8 (e4m3, V^T)": lambda: lib.attention_fp8(

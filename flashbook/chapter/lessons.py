@@ -317,9 +317,10 @@ def cutile_search(q, k, v, *, causal: bool, step: str = "best"):
     import torch
     from cuda.tile import tune
 
-    from flashattn.launch import arch_of, fmha_args
+    from flashattn.dispatch import device_arch
+    from flashattn.launch import fmha_args
     from flashbook.steps import resolve_name
-    arch = arch_of(q.device)
+    arch = device_arch(q.device)
     s = resolve_name(step, arch)
     out = torch.empty_like(q)
     scale = q.shape[-1] ** -0.5

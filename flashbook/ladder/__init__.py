@@ -2,17 +2,22 @@
 (the steps of chapters 3-10 and the experiments chapter 10 refuted).
 
 The library ships this kernel with its shipped flags folded away (``flashattn/kernels/fmha.py``;
-``tests/test_shipped_kernel.py`` checks the two agree). Importing this package registers the
-ladder's spec with the library's kernels (``flashattn.kernels.register_ladder``), so a step whose
-flags differ from the shipped ones runs the ladder. It does not import cuda.tile.
+``tests/test_shipped_kernel.py`` checks the two agree): ``SHIPPED_FLAGS``. A book step whose
+flags differ from those carries ``LADDER_KERNEL`` (``Step.fused``: the ladder's spec and its
+rules) and runs the ladder. It does not import cuda.tile.
 
 ``decode.py`` and ``fmha_bwd.py`` are the decode and backward kernels with the switches the
 library folds away (the fused merge, dependent launches; chapters 11-12); ``variants`` holds
 their specs, the switches and the calls that run them (``variants.decode``,
-``variants.attention_backward``). The ladder's own rules (its grids, the unchecked loads) are
-registered with its spec.
+``variants.attention_backward``).
 """
-from flashattn.kernels import FMHA_ARRAYS, FMHA_SCALARS, KernelSpec, register_ladder
+from flashattn.kernels import FMHA_ARRAYS, FMHA_SCALARS, FusedKernel, KernelSpec
+
+# The flags folded into the library's fmha.py: what step="best" runs (fast math, the
+# diagonal-only mask, the longest causal tiles first); every other flag at its default.
+SHIPPED_FLAGS = dict(FAST_MATH=True, SPLIT_LOOP=True, REMAP=True, PAIR=False,
+                     LAZY_RESCALE=False, EXP_POLY=0, UNCHECKED_KV=False, PERSISTENT=False,
+                     PIPELINE=False)
 
 # Every flag of the ladder, in signature order (flashbook.steps.FLAGS are their names).
 LADDER = KernelSpec(
@@ -42,6 +47,13 @@ def ladder_grid(flags: dict, config, *, B: int, Hq: int, Nq: int, sm_count=None)
     return (grid_x, B * Hq, 1)
 
 
-register_ladder(LADDER, constants=ladder_constants, grid=ladder_grid)
+LADDER_KERNEL = FusedKernel(LADDER, constants=ladder_constants, grid=ladder_grid)
 
-__all__ = ["LADDER"]
+
+def fused_for(flags: dict):
+    """What a step with ``flags`` runs: None (the library's kernel) for the shipped flags, else
+    the ladder."""
+    return None if all(flags.get(f) == v for f, v in SHIPPED_FLAGS.items()) else LADDER_KERNEL
+
+
+__all__ = ["LADDER", "LADDER_KERNEL", "SHIPPED_FLAGS", "fused_for"]

@@ -43,10 +43,8 @@ import math
 
 import cuda.tile as ct
 
-from flashattn.kernels.common import INV_LOG_2, key_tile_range, mask_scores
-
-ConstInt = ct.Constant[int]
-ConstBool = ct.Constant[bool]
+from flashattn.kernels.common import (INV_LOG_2, ConstBool, ConstInt, key_tile_range,
+                                      mask_scores)
 
 
 @ct.kernel

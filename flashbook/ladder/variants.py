@@ -175,7 +175,7 @@ def attention_backward(q, k, v, out, dout, lse, *, causal=False, scale=None, inp
     import torch
     from flashattn.contract import check_causal
     from flashattn.dispatch import launch_kernel, on_device
-    from flashattn.launch import arch_of
+    from flashattn.dispatch import device_arch
     from flashattn.launch_bwd import check_backward
     causal = check_causal(causal)
     check_backward(q, k, v, out, dout, lse, causal=causal, scale=scale, input_pos=input_pos)
@@ -189,7 +189,7 @@ def attention_backward(q, k, v, out, dout, lse, *, causal=False, scale=None, inp
                                                       device=dq.device)
         for l in backward_launches(q, k, v, out, dout, lse, delta, dq_buf, dk, dv,
                                    causal=causal, scale=scale, input_pos=input_pos,
-                                   arch=arch_of(q.device), configs=configs,
+                                   arch=device_arch(q.device), configs=configs,
                                    deterministic=deterministic):
             launch_kernel(q.device, l.grid, K.hinted(l.spec.kernel(), l.hints), l.args,
                           stream="current", pdl=l.pdl)

@@ -145,8 +145,8 @@ def step_of(name: str, arch: str | None):
 def resolve_impl(name: str, q, k, causal: bool):
     """(Step, Config) that ``name`` runs with on these inputs (``autotune.resolve`` for plain names)."""
     from flashattn.autotune import resolve
-    from flashattn.launch import arch_of
-    step, pinned = step_of(name, arch_of(q.device))
+    from flashattn.dispatch import device_arch
+    step, pinned = step_of(name, device_arch(q.device))
     if pinned is not None:
         return step, pinned
     return resolve(name.split("#", 1)[0], q, k, causal)
@@ -218,9 +218,9 @@ def prewarm(steps, *, causal, N, B, Hq, Hkv, D, dtype, procs: int) -> None:
     """
     import multiprocessing as mp
 
-    from flashattn.launch import arch_of
+    from flashattn.dispatch import device_arch
     import torch
-    arch = arch_of(torch.device("cuda"))
+    arch = device_arch(torch.device("cuda"))
     jobs = set()
     for s in steps:
         step, pinned = step_of(s, arch)
@@ -323,7 +323,7 @@ def run_bench(steps=None, seqlens=None, *, causal: bool = True, dtype: str = "fl
                     outs[0].fill_(float("nan"))   # rows a step forgets to write fail the check
                     call = fns[0]
                     if "@" not in s:   # the caller's view: the public API, validation included
-                        from flashattn.api import attention
+                        from flashbook import attention
                         call = (lambda name=s.split("#")[0]: attention(
                             q, k, v, causal=causal, scale=scale, step=name))
                     entries[s] = ("step", label, fns, contextlib.nullcontext,

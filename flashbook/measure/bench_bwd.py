@@ -136,7 +136,7 @@ def forward_thunks(impl: str, sets, *, causal: bool, scale: float, fwd_step: str
     ``flashattn.attention`` (the autograd operator, forward with the LSE); a library: its call
     from ``bench.library_fn`` (block mask and backend chosen once, outside the timing)."""
     if impl == OURS:
-        from flashattn.api import attention
+        from flashbook import attention
         return [(lambda s=s: attention(s[0], s[1], s[2], causal=causal, scale=scale,
                                        step=fwd_step)) for s in sets], contextlib.nullcontext
     from .libraries import library_fn
@@ -399,9 +399,9 @@ def _ours_config(s, *, causal, fwd_step, pass_, atomic=False) -> str:
     """"dkdv 64x128 nww=8, dq 128x64 nww=8" (and the forward's step and tiles for fwd_bwd;
     "dkdv+dq atomic 64x128 nww=8" for the atomics variant)."""
     from flashattn.kernels import bwd_configs
-    from flashattn.launch import arch_of
+    from flashattn.dispatch import device_arch
     q, k = s[0], s[1]
-    cfg = bwd_configs(arch_of(q.device), q.shape[-1])
+    cfg = bwd_configs(device_arch(q.device), q.shape[-1])
     if atomic:
         return f"dkdv+dq atomic {cfg['bwd_dkdv'].label()}"
     label = f"dkdv {cfg['bwd_dkdv'].label()}, dq {cfg['bwd_dq'].label()}"

@@ -175,7 +175,7 @@ def _flex_entry(q, k, v, *, scale):
 
 def decode_entries(impls, sets, *, scale, skip) -> dict:
     """{impl: Entry or error string} for one decode shape on its input sets."""
-    from flashattn.api import attention
+    from flashbook import attention
     from flashattn.decoding import decode
     from flashattn.launch import launch
     from .bench import resolve_impl

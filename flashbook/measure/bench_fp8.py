@@ -17,11 +17,11 @@ to 16K, causal and not, D=128 (``--d`` repeatable). Rows:
 * ``cudnn``      torch SDPA on fp16 inputs with the cuDNN backend only;
 * ``fa2``        torch SDPA on fp16 inputs with the FlashAttention-2 backend only;
 * ``fp8-vt@CFG`` at the longest N only: ``fp8-vt`` with the tile configuration CFG instead of
-                 the arch's default (``--configs``; default ``kernels.fp8_spec.FP8_ALT_CONFIGS``
+                 the arch's default (``--configs``; default ``FP8_ALT_CONFIGS``
                  for the GPU's arch, ``--configs none`` for none): which tiles the lead should
                  make the default;
 * ``quant-v`` / ``quant-vt`` at the longest N only: ``quantize_fp8(v)`` and
-                 ``quantize_fp8(v, transpose_v=True)`` (V quantised straight into the layout
+                 ``quantize_fp8(v, v_transposed=True)`` (V quantised straight into the layout
                  ``fp8-vt`` reads): what V^T costs a caller who quantises anyway.
 
 Decode: B in 8, 64, 1 (``--batch``); caches 4K to 128K (``--cache``; every sequence full),
@@ -85,6 +85,39 @@ def attention_flops(B, H, N, D, causal):
 
 
 # --- the forward -------------------------------------------------------------------------------
+# Alternatives to FP8_CONFIGS at D=128 that compile without spills (tileiras 13.4, sm_90,
+# causal and not, V^T), for --configs to time against the default.
+# Registers / shared memory (full, causal), from the compile report:
+#   128x256 occ=1 nww=8  168 regs, 181 / 116 KB   (the default, SPLIT: one CTA per SM)
+#   128x128 occ=1 nww=8  168 regs, 165 / 165 KB   (the default before SPLIT)
+#   128x64 occ=1 nww=8   168 regs, 116 / 182 KB
+#   64x128 occ=2         128 regs, 116 /  67 KB   (two CTAs per SM causal)
+#   64x128 occ=1         255 regs, 173 / 132 KB
+# Not listed: 128x128 without nww=8 (occ=1, or nww=4) spills 256-264 bytes; 256x128 nww=16
+# fails to compile (UnsupportedFeatureError).
+FP8_ALT_CONFIGS: dict[str, list[str]] = {
+    "sm_90": ["128x128 occ=1 nww=8", "128x64 occ=1 nww=8", "64x128 occ=2", "64x128 occ=1"],
+}
+
+
+def attention_fp8_vk(q8, k8, v8, *, q_descale, k_descale, v_descale, causal: bool = False,
+                     scale=None, input_pos: int = 0, out_dtype=None, config=None):
+    """The FP8 forward reading V as (N, D), each tile transposed on chip by the compiler (the
+    kernel's ``V_T`` off; ``flashattn.fp8.attention_fp8`` always hands it V^T): the ``fp8-vk``
+    row. Checked and launched by the library's own steps."""
+    import torch
+    from flashattn.fp8_attention import check_fp8_inputs, launch_fp8
+    qd, kd, vd, out_dtype, fast_acc, config = check_fp8_inputs(
+        q8, k8, v8, q_descale, k_descale, v_descale, causal=causal, scale=scale,
+        input_pos=input_pos, out_dtype=out_dtype, v_transposed=False, fast_acc=None,
+        config=config)
+    out = torch.empty(q8.shape, dtype=out_dtype, device=q8.device)
+    if out.numel() == 0:
+        return out
+    return launch_fp8(q8, k8, v8, out, qd, kd, vd, causal=causal, scale=scale,
+                      input_pos=input_pos, fast_acc=fast_acc, config=config, v_t=False)
+
+
 def forward_rows(B, H, N, D, causal, device, *, cudnn=True, configs=(), quant=False):
     import torch
     import flashattn
@@ -98,9 +131,9 @@ def forward_rows(B, H, N, D, causal, device, *, cudnn=True, configs=(), quant=Fa
     v8t = v8.transpose(-1, -2).contiguous()
     kw = dict(q_descale=qd, k_descale=kd, v_descale=vd, causal=causal)
     fns = {
-        "fp8": lambda: attention_fp8(q8, k8, v8, v_transpose="host", **kw),
+        "fp8": lambda: attention_fp8(q8, k8, v8, **kw),
         "fp8-vt": lambda: attention_fp8(q8, k8, v8t, v_transposed=True, **kw),
-        "fp8-vk": lambda: attention_fp8(q8, k8, v8, v_transpose="kernel", **kw),
+        "fp8-vk": lambda: attention_fp8_vk(q8, k8, v8, **kw),
         "fp16": lambda: flashattn.attention(q, k, v, causal=causal),
         "fp16#2": lambda: flashattn.attention(q, k, v, causal=causal),
     }
@@ -109,7 +142,7 @@ def forward_rows(B, H, N, D, causal, device, *, cudnn=True, configs=(), quant=Fa
                                                            config=c, **kw))
     if quant:
         fns["quant-v"] = lambda: quantize_fp8(v)
-        fns["quant-vt"] = lambda: quantize_fp8(v, transpose_v=True)
+        fns["quant-vt"] = lambda: quantize_fp8(v, v_transposed=True)
     if cudnn and device.type == "cuda":
         from torch.nn.attention import SDPBackend, sdpa_kernel
         import torch.nn.functional as F
@@ -212,7 +245,7 @@ def main(argv=None) -> int:
     ap.add_argument("--configs", action="append",
                     help="FP8 forward tile configurations timed at the longest N as "
                          "'fp8-vt@CFG' rows, e.g. '128x64 occ=1 nww=8' (repeatable; default "
-                         "kernels.fp8_spec.FP8_ALT_CONFIGS of the GPU's arch; 'none': none)")
+                         "FP8_ALT_CONFIGS of the GPU's arch; 'none': none)")
     ap.add_argument("--batch", type=int, action="append",
                     help="decode batch sizes (repeatable; default 8, 64, 1: the target's B=8 "
                          "first)")
@@ -253,7 +286,6 @@ def main(argv=None) -> int:
         tokens, head_total = 16384, 2048
         if a.configs is None:
             from flashattn.dispatch import device_arch
-            from flashattn.kernels.fp8_spec import FP8_ALT_CONFIGS
             configs = list(FP8_ALT_CONFIGS.get(device_arch(device), []))
         else:
             configs = a.configs

@@ -120,6 +120,24 @@ def rotating(fns, ctx=contextlib.nullcontext):
     return call
 
 
+def estimate_ms(fns: dict) -> dict:
+    """A rough wall time per call of each function (ms): one warm-up call (compilation), then
+    one call timed with ``perf_counter`` between two synchronisations. For sizing batches, not
+    for reporting."""
+    import time
+
+    import torch
+    est = {}
+    for name, fn in fns.items():
+        fn()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        est[name] = (time.perf_counter() - t0) * 1e3
+    return est
+
+
 def rounds_per_sample(est_ms: dict, inner: int, max_inner: int | None = None) -> dict:
     """Launches per sample of each implementation: about SAMPLE_MS of its estimated time, at
     least 1, at most ``inner`` (and ``max_inner``)."""

@@ -110,7 +110,7 @@ def _fp8_go(q, k, v, *, causal):
     from flashattn.fp8 import attention_fp8, quantize_fp8
     q8, qs = quantize_fp8(q, num_kv_heads=k.shape[1])
     k8, ks = quantize_fp8(k)
-    v8, vs = quantize_fp8(v, transpose_v=True)
+    v8, vs = quantize_fp8(v, v_transposed=True)
     return lambda: attention_fp8(q8, k8, v8, q_descale=qs, k_descale=ks, v_descale=vs,
                                  causal=causal, v_transposed=True)
 

@@ -1,42 +1,27 @@
-"""FP8 attention kernels (chapter 14): a forward built for FP8 tensor cores.
-
-The forward (``fmha_fp8_kernel``), FlashAttention-3's recipe in cuTile::
+"""The FP8 forward (``fmha_fp8_kernel``), FlashAttention-3's recipe in cuTile::
 
     Q: (B, Hq, Nq, D) fp8       K: (B, Hkv, Nk, D) fp8       Out: (B, Hq, Nq, D) bf16/fp16
-    V: (B, Hkv, Nk, D) fp8, or with V_T (V transposed in memory): (B, Hkv, D, Nk) fp8
-    QDescale, KDescale, VDescale: (B, Hkv) fp32: the descale factors of each (batch, kv head)
+    V: (B, Hkv, Nk, D) fp8, or with V_T: (B, Hkv, D, Nk) fp8
+    QDescale, KDescale, VDescale: (B, Hkv) fp32
 
-* S = Q K^T on FP8 tensor cores with fp32 accumulation; the descales of Q and K fold into the
-  softmax scale (one multiply per row, as in fmha.py).
-* The softmax in fp32, online (chapter 2), in base 2.
-* P is scaled into e4m3's range before its cast: ``p = 2^(s - m + P_SHIFT)`` lies in
-  ``[0, 2^P_SHIFT]`` (256 for P_SHIFT = 8, below e4m3's 448), so the small probabilities keep
-  their relative precision instead of falling into e4m3's subnormals (below 2^-6) or to zero
-  (below 2^-10). The same factor is in the row sum, so the final division cancels it.
-* O += P V with P cast to the operands' fp8 type (cuTile's ``mma`` takes two operands of one
-  dtype) and fp32 accumulation; the v descale multiplies the output once at the end.
-* Hopper's FP8 warpgroup MMA reads both operands K-major (the reduction axis contiguous). For
-  S = Q K^T that is K's natural (Nk, D) layout; for O = P V the reduction axis is the key axis,
-  so V must be (D, Nk) in memory: ``V_T``. Without it the kernel reads V as (Nk, D) and the
-  compiler transposes each tile on chip (the compile report compares both).
+* S = Q K^T on FP8 tensor cores, fp32 accumulation; the q and k descales fold into the scale.
+* P = 2^(s - m + P_SHIFT) lies in [0, 2^P_SHIFT], below e4m3's 448, so small probabilities
+  keep their precision instead of falling into e4m3's subnormals; the row sum carries the same
+  factor, so the final division cancels it.
+* O += P V with P cast to V's fp8 type; the v descale multiplies the output once at the end.
+  Hopper's FP8 MMA reads both operands K-major, so V is read as (D, Nk) (``V_T``); without it
+  the compiler transposes each tile on chip.
+* SPLIT (wide tiles): unmasked key tiles in one loop of TILE_N keys, the masked ones in a
+  second of TILE_N // 2 (with the mask in one loop these tiles spilled). The mask is added,
+  not selected: the select form spilled on sm_100 and sm_120.
 
-* SPLIT (Hopper's wide tiles: 128x256, at D=256 128x128): the key tiles that need no mask run
-  in one loop of TILE_N keys, the masked ones (the causal diagonal, the ragged end of K) in a
-  second loop of TILE_N // 2; with the mask inside their one loop these tiles spilled. The
-  mask is added (``-inf`` where hidden), not selected: the select form spilled on sm_100 and
-  sm_120.
-
-Grid: ``(cdiv(Nq, TILE_M), B * Hq, 1)``, one program per query tile per (batch, head), GQA
-query head h reading key/value head ``h // group_size``; causal, the longest query tiles (the
-last ones) first, as the fp16 forward (chapter 8).
-
-Decoding over an FP8 cache is ``decode.py``'s split kernel.
+Grid ``(cdiv(Nq, TILE_M), B * Hq, 1)``; causal, the longest query tiles first.
 """
 import math
 
 import cuda.tile as ct
 
-from .common import INV_LOG_2, ConstBool, ConstInt, key_tile_range, online_softmax_update
+from .common import (INV_LOG_2, ConstBool, ConstInt, key_tile_range, online_softmax_update)
 
 
 def _scores(q, K, batch_idx, kv_head, j, TILE_M: ConstInt, TILE_N: ConstInt,
@@ -91,11 +76,11 @@ def fmha_fp8_kernel(Q, K, V, Out, QDescale, KDescale, VDescale,
     P_SHIFT: P is computed as 2^(s - m + P_SHIFT), in [0, 2^P_SHIFT].
     SPLIT: the unmasked key tiles in one loop of TILE_N keys, the masked ones (causal diagonal,
     ragged end of K) in a second loop of TILE_N // 2 (with the mask inside one loop the wide
-    tiles spilled; chapter 14).
+    tiles spilled).
     """
     # --- Program id -> (query tile, batch, head, kv head) ---
     if CAUSAL:
-        # Chapter 8: launch the longest query tiles (bottom rows) first.
+        # Launch the longest query tiles (bottom rows) first.
         bid_x = ct.num_blocks(0) - 1 - ct.bid(0)
     else:
         bid_x = ct.bid(0)
@@ -120,7 +105,7 @@ def fmha_fp8_kernel(Q, K, V, Out, QDescale, KDescale, VDescale,
     q = ct.load(Q, index=(batch_idx, head_idx, bid_x, 0), shape=(1, 1, TILE_M, TILE_D),
                 padding_mode=ct.PaddingMode.ZERO).reshape((TILE_M, TILE_D))  # [TILE_M, TILE_D] fp8
 
-    # --- Which key tiles this query tile visits (chapter 7) ---
+    # --- Which key tiles this query tile visits ---
     k_seqlen = K.shape[2]
     Tc, mask_start = key_tile_range(input_pos + bid_x * TILE_M, input_pos + (bid_x + 1) * TILE_M,
                                     k_seqlen, TILE_N, CAUSAL)
