@@ -64,9 +64,9 @@ def forward_lse(q, k, v, *, causal: bool, scale: float | None, input_pos: int = 
     if config is None:
         s, config = resolve(step, q, k, causal)
     else:
-        from .launch import arch_of
+        from .dispatch import device_arch
         from .registry import resolve_name
-        arch = arch_of(q.device)
+        arch = device_arch(q.device)
         s = resolve_name(step, arch)
         if config == "first":
             config = s.configs(arch)[0] if s.tuned else s.config_for(arch)

@@ -304,7 +304,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
         if return_attn_probs:
             raise ValueError("the FP8 forward returns no LSE (return_attn_probs=True)")
         import torch
-        from .fp8 import attention_fp8
+        from .fp8_attention import attention_fp8
         if softmax_scale is None:
             softmax_scale = 1.0 / math.sqrt(D)
         skip = max(0, Nq - Nk) if causal else 0     # rows that see no key: 0, as flash-attn

@@ -759,7 +759,7 @@ def test_attention_fp8_v_transposed_front_door(monkeypatch):
     """attention(q8, k8, v8t, v_transposed=True) hands V^T to the FP8 forward as it is (no
     transpose pass), and agrees with the host-transposed call; flash_attn_func with a V whose
     seqlen dimension is contiguous takes the same path."""
-    from flashattn import fp8
+    from flashattn import fp8_attention
     torch.manual_seed(0)
     B, H, N, D = 1, 2, 40, 32
     q, k, v = (torch.randn(B, H, N, D) for _ in range(3))
@@ -769,12 +769,12 @@ def test_attention_fp8_v_transposed_front_door(monkeypatch):
     v8t, vdt = flashattn.quantize_fp8(v, v_transposed=True)
     assert v8t.shape == (B, H, D, N) and torch.equal(vd, vdt)
     seen = []
-    real = fp8.attention_fp8
+    real = fp8_attention.attention_fp8
 
     def spy(*a, **kw):
         seen.append((kw.get("v_transposed"), a[2].data_ptr()))
         return real(*a, **kw)
-    monkeypatch.setattr(fp8, "attention_fp8", spy)
+    monkeypatch.setattr(fp8_attention, "attention_fp8", spy)
     with flashattn.interpret.enabled():
         o_t = flashattn.attention(q8, k8, v8t, causal=True, q_descale=qd, k_descale=kd,
                                   v_descale=vd, v_transposed=True)
