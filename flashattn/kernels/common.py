@@ -93,3 +93,20 @@ def merge_lse(m, l, acc, lse, o, REDUCE: ConstBool):
         l = l * alpha + w
         acc = acc * alpha + w * o
     return m_new, l, acc
+
+
+def guard_lse(lse, delta):
+    """(lse, delta) of the backward with a row that sees no key (LSE -inf, the forward's log 0)
+    turned into LSE +inf and Delta 0, so its recomputed P and dS are 0 (no inf - inf)."""
+    lse = ct.where(lse == -math.inf, math.inf, lse)
+    return lse, ct.where(lse == math.inf, 0.0, delta)
+
+
+def recompute_p(logits2, lse2):
+    """The backward's P = exp2(logits2 - lse2) (both in log2 units), denormals flushed."""
+    return ct.exp2(logits2 - lse2, flush_to_zero=True)
+
+
+def dscores(p, dp, delta):
+    """dS = P (dP - Delta), Delta = rowsum(dO o O): the softmax's derivative."""
+    return p * (dp - delta)
