@@ -13,7 +13,8 @@ from .flex_blockmask import visited_steps
 from .flex_build import ModError, flex_bwd_kernels, flex_kernel
 from .kernels.flex_spec import FLEX_CONSTANTS, flex_bwd_plan, flex_plan
 
-__all__ = ["forward", "backward", "check_differentiable", "mod_tensors"]
+__all__ = ["forward", "backward", "check_differentiable", "mod_tensors", "block_lists",
+           "sink_grad"]
 
 _LAUNCHED: set = set()
 
@@ -99,6 +100,31 @@ def check_differentiable(score, block_mask, blasst):
                          "lists): build it with create_block_mask")
 
 
+def block_lists(block_mask, device):
+    """(row lists, column lists, has_full, mask_bmul, mask_hmul) of a BlockMask as the dQ and
+    dK/dV kernels take them: (num, idx, full_num, full_idx) each, stand-ins where absent."""
+    import torch
+    i32 = dict(dtype=torch.int32, device=device)
+    z3, z4 = torch.zeros(1, 1, 1, **i32), torch.zeros(1, 1, 1, 1, **i32)
+    if block_mask is None:
+        return [z3, z4, z3, z4], [z3, z4, z3, z4], False, 0, 0
+    bm = block_mask
+    has_full = bm.full_kv_num_blocks is not None and bm.full_q_num_blocks is not None
+    kvt = [bm.kv_num_blocks, bm.kv_indices,
+           bm.full_kv_num_blocks if has_full else z3, bm.full_kv_indices if has_full else z4]
+    qt = [bm.q_num_blocks, bm.q_indices,
+          bm.full_q_num_blocks if has_full else z3, bm.full_q_indices if has_full else z4]
+    kvt, qt = [t.contiguous() for t in kvt], [t.contiguous() for t in qt]
+    return kvt, qt, has_full, int(kvt[0].shape[0] > 1), int(kvt[0].shape[1] > 1)
+
+
+def sink_grad(sinks, lse, delta):
+    """dL/dsink: the sink is a key of logit sinks[h] and value 0, so -sum_i P_sink,i Delta_i."""
+    import torch
+    p_sink = torch.exp(sinks.view(1, -1, 1).float() - lse)
+    return -(p_sink * delta).sum((0, 2))
+
+
 def backward(q, k, v, out, dout, lse, sinks, *, score, mask, tensors, block_size, scale,
               blasst, ko, block_mask):
     """(dq, dk, dv, dsinks or None) of the flex forward."""
@@ -108,21 +134,8 @@ def backward(q, k, v, out, dout, lse, sinks, *, score, mask, tensors, block_size
     device = q.device
     q, k, v, out, dout = (t.contiguous() for t in (q, k, v, out, dout))
     lse = lse.contiguous()
-    i32 = dict(dtype=torch.int32, device=device)
-    z3, z4 = torch.zeros(1, 1, 1, **i32), torch.zeros(1, 1, 1, 1, **i32)
     st, mt = mod_tensors(score), mod_tensors(mask)
-    has_full = False
-    kvt, qt = [z3, z4, z3, z4], [z3, z4, z3, z4]
-    if block_mask is not None:
-        bm = block_mask
-        has_full = bm.full_kv_num_blocks is not None and bm.full_q_num_blocks is not None
-        kvt = [bm.kv_num_blocks, bm.kv_indices,
-               bm.full_kv_num_blocks if has_full else z3, bm.full_kv_indices if has_full else z4]
-        qt = [bm.q_num_blocks, bm.q_indices,
-              bm.full_q_num_blocks if has_full else z3, bm.full_q_indices if has_full else z4]
-        kvt, qt = [t.contiguous() for t in kvt], [t.contiguous() for t in qt]
-    bmul = int(kvt[0].shape[0] > 1)
-    hmul = int(kvt[0].shape[1] > 1)
+    kvt, qt, has_full, bmul, hmul = block_lists(block_mask, device)
     plan = flex_bwd_plan(B=B, Hq=Hq, Hkv=Hkv, Nq=Nq, Nk=Nk, D=D,
                          block_size=block_size if block_mask is not None else None,
                          has_full=has_full, score=score, mask=mask,
@@ -145,9 +158,5 @@ def backward(q, k, v, out, dout, lse, sinks, *, score, mask, tensors, block_size
         launch_kernel(device, pkv["grid"], hinted(dkdv_kernel, pkv["hints"]),
                       (q, k, v, dout, lse, delta, dk, dv, *qt, st, mt, float(scale), Hkv,
                        Hq // Hkv, bmul, hmul, *pkv["constants"].values()))
-    dsinks = None
-    if sinks is not None:
-        # The sink is a key of logit sinks[h] and value 0: dL/dsink = -sum_i P_sink,i Delta_i.
-        p_sink = torch.exp(sinks.view(1, Hq, 1).float() - lse)
-        dsinks = -(p_sink * delta).sum((0, 2))
+    dsinks = sink_grad(sinks, lse, delta) if sinks is not None else None
     return dq, dk, dv, dsinks
