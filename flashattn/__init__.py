@@ -27,11 +27,12 @@ from .api import attention, sdpa
 from .decode import decode  # the function; the module is sys.modules["flashattn.decode"]
 from .varlen import attention_varlen, attention_varlen_backward
 from .flex import flex_attention  # FlexAttention on the cuTile kernel (flashattn.mods)
+from .mods import and_masks, or_masks  # masks composed, as PyTorch's
 from .fp8 import quantize_fp8  # fp8 inputs and caches with their descales
 
 __version__ = "0.1.0"
 __all__ = ["attention", "sdpa", "decode", "attention_varlen", "attention_varlen_backward",
-           "flex_attention", "quantize_fp8", "__version__"]
+           "flex_attention", "and_masks", "or_masks", "quantize_fp8", "__version__"]
 
 # Submodules load on first use (flashattn.reference, flashattn.kernels, ...): importing
 # flashattn stays cheap, and `import flashattn; flashattn.reference.attention(...)` works.
