@@ -133,3 +133,20 @@ def test_importing_mods_registers_no_cuda_tile():
         "print('ok')\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_composed_and_four_tensor_masks_compile():
+    """tileiras compiles a composed mask and a mask of four tensors (tuples of arrays, spread
+    into the mod), forward and backward, without spills (sm_90, D = 128)."""
+    from flashattn.flex import compile_flex, compile_flex_bwd
+    ids = torch.arange(8192, dtype=torch.int32) // 1024
+    composed = mods.and_masks(mods.document(ids), mods.causal())
+    four = mods.MaskMod("four", _four_tile, _four_torch, (
+        ("lo", torch.zeros(32, dtype=torch.int32)), ("hi", torch.zeros(32, dtype=torch.int32)),
+        ("keep", torch.zeros(8192, dtype=torch.int32)),
+        ("shift", torch.tensor([0], dtype=torch.int32))))
+    reps = [compile_flex("sm_90", mask=composed), compile_flex("sm_90", mask=four),
+            *compile_flex_bwd("sm_90", mask=composed, score=mods.alibi(mods.alibi_slopes(32)))]
+    for r in reps:
+        assert not r.error and r.stack_bytes == 0, (r.kernel, r.error, r.stack_bytes)
