@@ -23,7 +23,7 @@ from flashattn.config import Config
 from flashattn.kernels.flex_spec import BWD_CONFIG, flex_bwd_configs, flex_bwd_plan
 
 __all__ = ["VARIANTS", "DEFAULT_VARIANT", "FLEX_BWD_CONFIGS_MN", "mn_configs", "bwd_plan",
-           "bwd_kernels", "backward", "flex_attention"]
+           "bwd_kernels", "backward", "flex_attention", "compile_bwd"]
 
 VARIANTS: dict[str, dict[str, str]] = {
     "mn": dict(dq="mn", dkdv="mn", delta="torch"),
@@ -61,9 +61,10 @@ def _variant(name: str) -> dict:
 
 
 def bwd_plan(variant: str = DEFAULT_VARIANT, *, B, Hq, Hkv, Nq, Nk, D, block_size=None,
-             has_full=False, score=None, mask=None, arch=None, kernel_options=None) -> dict:
+             has_full=False, score=None, mask=None, arch=None, kernel_options=None,
+             configs=None) -> dict:
     """The variant's plan: per kernel ("dq", "dkdv") the library plan's entry of its pair's
-    tables plus "kind", and "delta"."""
+    tables (or ``configs``: (dK/dV, dQ)) plus "kind", and "delta"."""
     v = _variant(variant)
     plans = {"delta": v["delta"]}
     kw = dict(B=B, Hq=Hq, Hkv=Hkv, Nq=Nq, Nk=Nk, D=D, block_size=block_size, has_full=has_full,
@@ -72,8 +73,8 @@ def bwd_plan(variant: str = DEFAULT_VARIANT, *, B, Hq, Hkv, Nq, Nk, D, block_siz
         kind = v[name]
         if name == "dkdv" and score is not None:
             kind = v.get("dkdv_score", kind)
-        configs = mn_configs(arch, D) if kind == "mn" else flex_bwd_configs(arch, D)
-        p = dict(flex_bwd_plan(**kw, configs=configs)[name], kind=kind)
+        cfgs = configs or (mn_configs(arch, D) if kind == "mn" else flex_bwd_configs(arch, D))
+        p = dict(flex_bwd_plan(**kw, configs=cfgs)[name], kind=kind)
         if kind == "mn":
             # This pair masks every ragged tile (no per-block branch): "even" is per tile.
             c = dict(p["constants"])
@@ -177,3 +178,50 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
                             block_mask=block_mask, scale=sc, kernel_options=kernel_options)
 
     return _Variant.apply(query, key, value, sinks)
+
+
+def compile_bwd(arch: str, variant: str = DEFAULT_VARIANT, *, score=None, mask=None,
+                block_size=(128, 128), head_dim=128, Nk=8192, dtype="float16", configs=None,
+                keep_sass=False):
+    """Compile the variant's dQ and dK/dV kernels for ``arch`` (tileiras): a KernelReport each,
+    as ``flashattn.flex.compile_flex_bwd``. ``configs``: (dK/dV, dQ) for every kernel."""
+    import dataclasses
+    import hashlib
+    import json
+
+    from flashattn import aot
+    from flashattn.aot import KernelReport
+    from flashattn.flex_aot import _as_opt, _mod_key
+    from flashattn.interpret import install_shim
+    from flashattn.kernels import hinted
+    from flashattn.kernels.flex_spec import FLEX_DKDV, FLEX_DQ, with_mod_arrays
+    install_shim()
+    score = _as_opt(score, "score")
+    mask = _as_opt(mask, "mask") if block_size is not None else None
+    plan = bwd_plan(variant, B=4, Hq=32, Hkv=32, Nq=Nk, Nk=Nk, D=head_dim,
+                    block_size=block_size, has_full=block_size is not None, score=score,
+                    mask=mask, arch=arch, configs=configs)
+    names = "+".join(m.name for m in (score, mask) if m) or "identity"
+    reps = []
+    for i, (name, spec) in enumerate((("dq", FLEX_DQ), ("dkdv", FLEX_DKDV))):
+        p = plan[name]
+        consts, hints = p["constants"], p["hints"]
+        if p["kind"] == "mn":
+            spec = dataclasses.replace(spec, module="flashbook.ladder.flex_bwd")
+        spec = with_mod_arrays(spec, score, mask)
+        rep = KernelReport(step=f"flex_bwd[{names}]", arch=arch,
+                           kernel=spec.name + ("_t" if p["kind"] == "t" else ""),
+                           config=p["config"].label() if hints else
+                           f"{consts['TILE_M']}x{consts['TILE_N']}")
+        key = hashlib.sha256(json.dumps(
+            [aot._source_hash(), aot._module_hash("flashbook.ladder.flex_bwd"), spec.name,
+             p["kind"], names, _mod_key(score), _mod_key(mask), sorted(consts.items()),
+             sorted(hints.items()), arch, dtype, repr(spec.arrays)],
+            default=str).encode()).hexdigest()[:20]
+        kernel = bwd_kernels(score, mask, p["kind"])[i]
+        reps.append(aot.compile_into(
+            rep, aot._cache_dir() / f"{spec.name}-{p['kind']}-{arch}-{key}.cubin",
+            lambda k=kernel, h=hints: hinted(k, h),
+            lambda s=spec, c=consts: s.signature(dtype=dtype, constants=c),
+            arch, keep_sass=keep_sass, full_error=True))
+    return reps
