@@ -191,7 +191,6 @@ def _flex(query, key, value, score_mod, block_mask, scale, enable_gqa, return_ls
         elif blasst_threshold is not None:
             raise NotImplementedError("blasst_threshold under torch.compile: call it eagerly")
         from . import flex_op
-        flex_op._IMPL.update(forward=forward, backward=backward)
         out, lse = flex_op.forward(query, key, value, sinks, score=score, mask=mask,
                                    block_mask=block_mask, ko=ko, scale=float(scale))
         if not want_lse:

@@ -213,7 +213,7 @@ def _chunk_tile(chunk: int, causal: bool):
 def chunked(chunk: int, *, causal: bool = True) -> MaskMod:
     """Chunked local attention (Llama 4's local layers): positions are cut into chunks of
     ``chunk`` tokens and a query sees only keys of its own chunk (causally by default): unlike
-    a sliding window, the first query of a chunk sees one key. Chapter 13."""
+    a sliding window, the first query of a chunk sees one key."""
     if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
         raise TypeError(f"chunked: chunk must be an int >= 1, got {chunk!r}")
     if not isinstance(causal, bool):
