@@ -11,7 +11,7 @@ from .dispatch import attention_steps, device_arch, expect, interpreting, launch
     on_device
 from .flex_blockmask import visited_steps
 from .flex_build import ModError, flex_bwd_kernels, flex_kernel
-from .kernels.flex_spec import FLEX_CONSTANTS, flex_bwd_plan, flex_plan
+from .kernels.flex_spec import FLEX, FLEX_DKDV, FLEX_DQ, flex_bwd_plan, flex_plan
 
 __all__ = ["forward", "backward", "check_differentiable", "mod_tensors", "block_lists",
            "sink_grad"]
@@ -61,9 +61,11 @@ def forward(query, key, value, sinks, *, score, mask, tensors, block_size, scale
                                                           device=device)
         sink_arg = sinks if sinks is not None else torch.zeros(1, dtype=torch.float32,
                                                                device=device)
-        args = (q, k, v, out, lse_arg, kv_num, kv_idx, f_num, f_idx, sink_arg, st, mt,
-                float(scale), Hq, Hq // Hkv, int(kv_num.shape[0] > 1), int(kv_num.shape[1] > 1),
-                *(c[n] for n in FLEX_CONSTANTS))
+        args = FLEX.args(
+            dict(Q=q, K=k, V=v, Out=out, Lse=lse_arg, KvNum=kv_num, KvIdx=kv_idx,
+                 FullNum=f_num, FullIdx=f_idx, Sink=sink_arg, ST=st, MT=mt),
+            dict(sm_scale=scale, num_heads=Hq, group_size=Hq // Hkv,
+                 mask_bmul=int(kv_num.shape[0] > 1), mask_hmul=int(kv_num.shape[1] > 1)), c)
         kernel = flex_kernel(score, mask)
         if plan["hints"] and not interp:
             from .kernels import hinted
@@ -152,11 +154,13 @@ def backward(q, k, v, out, dout, lse, sinks, *, score, mask, tensors, block_size
         delta = torch.empty((B, Hq, Nq), dtype=torch.float32, device=device)
         launch_kernel(device, (-(-Nq // 64), B * Hq, 1), bwd_preprocess_kernel,
                       (out, dout, delta, Hq, 64, tile_d_for(D)))
-        launch_kernel(device, pq["grid"], hinted(dq_kernel, pq["hints"]),
-                      (q, k, v, dout, lse, delta, dq, *kvt, st, mt, float(scale), Hq,
-                       Hq // Hkv, bmul, hmul, *pq["constants"].values()))
-        launch_kernel(device, pkv["grid"], hinted(dkdv_kernel, pkv["hints"]),
-                      (q, k, v, dout, lse, delta, dk, dv, *qt, st, mt, float(scale), Hkv,
-                       Hq // Hkv, bmul, hmul, *pkv["constants"].values()))
+        ins = dict(Q=q, K=k, V=v, dO=dout, Lse=lse, Delta=delta, ST=st, MT=mt)
+        scalars = dict(sm_scale=scale, group_size=Hq // Hkv, mask_bmul=bmul, mask_hmul=hmul)
+        launch_kernel(device, pq["grid"], hinted(dq_kernel, pq["hints"]), FLEX_DQ.args(
+            dict(ins, dQ=dq, **dict(zip(("KvNum", "KvIdx", "FullNum", "FullIdx"), kvt))),
+            dict(scalars, num_heads=Hq), pq["constants"]))
+        launch_kernel(device, pkv["grid"], hinted(dkdv_kernel, pkv["hints"]), FLEX_DKDV.args(
+            dict(ins, dK=dk, dV=dv, **dict(zip(("QNum", "QIdx", "FullQNum", "FullQIdx"), qt))),
+            dict(scalars, num_kv_heads=Hkv), pkv["constants"]))
     dsinks = sink_grad(sinks, lse, delta) if sinks is not None else None
     return dq, dk, dv, dsinks
