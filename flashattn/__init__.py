@@ -27,7 +27,6 @@ from .api import attention, sdpa
 from .decode import decode  # the function; the module is sys.modules["flashattn.decode"]
 from .varlen import attention_varlen, attention_varlen_backward
 from .flex import flex_attention  # FlexAttention on the cuTile kernel (flashattn.mods)
-from .mods import and_masks, or_masks  # masks composed, as PyTorch's
 from .fp8 import quantize_fp8  # fp8 inputs and caches with their descales
 
 __version__ = "0.1.0"
@@ -42,6 +41,9 @@ _SUBMODULES = ("aot", "api", "autograd", "autotune", "config", "contract", "disp
 
 
 def __getattr__(name):
+    if name in ("and_masks", "or_masks"):      # masks composed, as PyTorch's (flashattn.mods)
+        from . import mods
+        return getattr(mods, name)
     if name in _SUBMODULES:
         import importlib
         return importlib.import_module(f"{__name__}.{name}")
