@@ -95,11 +95,10 @@ def merge_lse(m, l, acc, lse, o, REDUCE: ConstBool):
     return m_new, l, acc
 
 
-def guard_lse(lse, delta):
-    """(lse, delta) of the backward with a row that sees no key (LSE -inf, the forward's log 0)
-    turned into LSE +inf and Delta 0, so its recomputed P and dS are 0 (no inf - inf)."""
-    lse = ct.where(lse == -math.inf, math.inf, lse)
-    return lse, ct.where(lse == math.inf, 0.0, delta)
+def guard_lse(lse):
+    """The backward's LSE with a row that sees no key (LSE -inf, the forward's log 0) turned
+    into +inf, so its recomputed P is 0 (no inf - inf)."""
+    return ct.where(lse == -math.inf, math.inf, lse)
 
 
 def recompute_p(logits2, lse2):

@@ -125,7 +125,7 @@ def make_flex_bwd_kernels(score_fn=None, grad_fn=None, mask_fn=None):
                       padding_mode=zero).reshape((TILE_M, 1))
         delta = ct.load(Delta, index=(batch_idx, head_idx, bid_x), shape=(1, 1, TILE_M),
                         padding_mode=zero).reshape((TILE_M, 1))
-        lse, delta = guard_lse(lse, delta)
+        lse = guard_lse(lse)
         lse2 = lse * INV_LOG_2                                       # once per query tile
         dq = ct.full((TILE_M, TILE_D), 0.0, dtype=ct.float32)
         k_seqlen = K.shape[2]
@@ -172,7 +172,7 @@ def make_flex_bwd_kernels(score_fn=None, grad_fn=None, mask_fn=None):
                       padding_mode=zero).reshape((1, TILE_M))
         delta = ct.load(Delta, index=(batch_idx, head_idx, it), shape=(1, 1, TILE_M),
                         padding_mode=zero).reshape((1, TILE_M))
-        lse, delta = guard_lse(lse, delta)
+        lse = guard_lse(lse)
         lse2 = lse * INV_LOG_2                                       # [1, TILE_M]
         offs_m = it * TILE_M + offs_m_tile                           # [1, TILE_M]
         st = ct.mma(k, ct.transpose(q), ct.full((TILE_N, TILE_M), 0.0, dtype=ct.float32))

@@ -36,6 +36,7 @@ the forward visits it, and masked exactly when the forward (with ``SPLIT_LOOP``)
 tiles that straddle the causal diagonal and the ragged last key tile.
 ``flashattn.reference.backward`` emulates these loops in NumPy.
 """
+import math
 
 import cuda.tile as ct
 
@@ -152,7 +153,8 @@ def dkdv_program(Q, K, V, dO, LSE, Delta, dK, dV, dQacc,
         delta = ct.load(Delta, index=(batch_idx, head_idx, i), shape=(1, 1, TILE_M),
                         padding_mode=ct.PaddingMode.ZERO).reshape((1, TILE_M))   # [1, TILE_M]
         # A row that sees no key (LSE -inf): P = 0 and dS = 0, as for the padding.
-        lse, delta = guard_lse(lse, delta)
+        lse = guard_lse(lse)
+        delta = ct.where(lse == math.inf, 0.0, delta)
 
         st = ct.full((TILE_N, TILE_M), 0.0, dtype=ct.float32)
         st = ct.mma(k, ct.transpose(q), st)                          # S^T = K Q^T
@@ -209,7 +211,8 @@ def bwd_dq_kernel(Q, K, V, dO, LSE, Delta, dQ,
     delta = ct.load(Delta, index=(batch_idx, head_idx, bid_x), shape=(1, 1, TILE_M),
                     padding_mode=ct.PaddingMode.ZERO).reshape((TILE_M, 1))   # [TILE_M, 1]
     # A row that sees no key (LSE -inf): P = 0 and dS = 0, so its dQ is 0.
-    lse, delta = guard_lse(lse, delta)
+    lse = guard_lse(lse)
+    delta = ct.where(lse == math.inf, 0.0, delta)
     lse2 = lse * INV_LOG_2                                           # log2 units, once per row
     dq = ct.full((TILE_M, TILE_D), 0.0, dtype=ct.float32)           # [TILE_M, TILE_D]
     offs_m = input_pos + bid_x * TILE_M + ct.arange(TILE_M, dtype=ct.int32)[:, None]
