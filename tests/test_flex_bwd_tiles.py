@@ -41,7 +41,8 @@ def test_the_table_serves_blocks_of_128():
     assert ps["dkdv"]["config"] == FLEX_BWD_SCORE_CONFIGS["sm_90"][128]
     assert ps["dq"]["config"] == FLEX_BWD_CONFIGS["sm_90"][128][1]
     assert _plan("sm_120", (128, 128), score=mods.softcap(20.0))["dkdv"]["config"] == \
-        FLEX_BWD_CONFIGS["sm_120"][128][0]
+        FLEX_BWD_SCORE_CONFIGS["sm_120"][128]
+    assert _plan("sm_120", (128, 128))["dkdv"]["config"] == FLEX_BWD_CONFIGS["sm_120"][128][0]
 
 
 def test_tiles_that_do_not_divide_the_blocks_fall_back_to_64x64():

@@ -110,10 +110,12 @@ def test_sm90_tiles_with_blocks_of_128(variant, name, monkeypatch):
 @pytest.mark.slow
 @pytest.mark.parametrize("arch", ["sm_90", "sm_100", "sm_120"])
 def test_library_backward_compiles_without_spills(arch):
-    """The library's one pair at its tables, causal and softcap + causal (BlockMask 128, D=128):
-    no local memory, except sm_120's dK/dV with a score function (no tile found without)."""
+    """The library's one pair at its tables, causal, softcap + causal and ALiBi + causal
+    (BlockMask 128, D=128): no local memory, except sm_120's dK/dV with a score function (no
+    tile found without)."""
     from flashattn.flex import compile_flex_bwd
-    for kw in (dict(mask=mods.causal()), dict(score=mods.softcap(50.0), mask=mods.causal())):
+    for kw in (dict(mask=mods.causal()), dict(score=mods.softcap(50.0), mask=mods.causal()),
+               dict(score=mods.alibi(mods.alibi_slopes(32)), mask=mods.causal())):
         for r in compile_flex_bwd(arch, **kw):
             assert not r.error, (r.kernel, r.error)
             if arch == "sm_120" and "score" in kw and r.kernel == "flex_dkdv":

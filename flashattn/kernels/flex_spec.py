@@ -40,11 +40,13 @@ FLEX_BWD_CONFIGS: dict[str, dict[int, tuple[Config, Config]]] = {
     # Consumer Blackwell: the largest dK/dV found without spills at D = 128.
     "sm_120": {128: (Config(32, 16), Config(32, 32))},
 }
-# dK/dV with a score function, where it differs: its derivative's registers make the 64 x 128
-# dK/dV spill; 128 queries x 64 keys does not.
+# dK/dV with a score function, where it differs: the score's derivative makes the tiles above
+# spill (softcap and ALiBi, D = 128). sm_120: the least spilling found (64x64: 144 bytes of
+# stack with softcap, 96 with ALiBi; 32x16: 1224 and 0).
 FLEX_BWD_SCORE_CONFIGS: dict[str, dict[int, Config]] = {
     "sm_90": {128: Config(128, 64, num_worker_warps=8)},
-    "sm_100": {128: Config(128, 64)},
+    "sm_100": {128: Config(64, 64)},
+    "sm_120": {128: Config(64, 64)},
 }
 BWD_CONFIG = Config(64, 64)     # elsewhere, and where an entry's tiles do not divide the blocks
 
