@@ -39,7 +39,7 @@ from .dispatch import device_arch, interpreting
 from .flex_aot import compile_flex, compile_flex_bwd
 from .flex_blockmask import cached_block_mask, check_block_mask
 from .flex_build import ModError, flex_bwd_kernels, flex_kernel, probe
-from .flex_launch import backward, check_differentiable, forward
+from .flex_launch import check_differentiable, forward
 from .kernels.flex_spec import (BWD_CONFIG, DEFAULT_CONFIG, FLEX_BWD_CONFIGS,
                                 FLEX_BWD_SCORE_CONFIGS, FLEX_CONFIGS, Config, block_mask_tiles,
                                 flex_bwd_configs, flex_bwd_plan, flex_plan)
