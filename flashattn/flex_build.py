@@ -21,33 +21,31 @@ class ModError(ValueError):
     """A score function or mask the kernel cannot run or compile; the message names it."""
 
 
+def _built(cache: dict, key: tuple, factory: str):
+    """``kernels.<module>.<function>(*key)`` (``factory`` = "module.function"), built once."""
+    with _LOCK:
+        k = cache.get(key)
+        if k is None:
+            import importlib
+            from .interpret import install_shim
+            install_shim()          # the kernels' cuda.tile: the interpreter's where it is missing
+            module, function = factory.rsplit(".", 1)
+            make = getattr(importlib.import_module(f"{__package__}.kernels.{module}"), function)
+            k = cache[key] = make(*key)
+    return k
+
 
 def flex_kernel(score=None, mask=None):
     """The forward ``@ct.kernel`` for a ScoreMod/MaskMod pair (None: none), built once per pair
     of tile functions."""
-    key = (score.tile if score else None, mask.tile if mask else None)
-    with _LOCK:
-        k = _KERNELS.get(key)
-        if k is None:
-            from .interpret import install_shim
-            install_shim()
-            from .kernels.flex import make_flex_kernel
-            k = _KERNELS[key] = make_flex_kernel(*key)
-    return k
+    return _built(_KERNELS, (score.tile if score else None, mask.tile if mask else None),
+                  "flex.make_flex_kernel")
 
 
 def flex_bwd_kernels(score=None, mask=None):
     """(dq kernel, dkdv kernel) for a ScoreMod/MaskMod pair, built once."""
-    key = (score.tile if score else None, score.grad if score else None,
-           mask.tile if mask else None)
-    with _LOCK:
-        ks = _BWD_KERNELS.get(key)
-        if ks is None:
-            from .interpret import install_shim
-            install_shim()
-            from .kernels.flex_bwd import make_flex_bwd_kernels
-            ks = _BWD_KERNELS[key] = make_flex_bwd_kernels(*key)
-    return ks
+    return _built(_BWD_KERNELS, (score.tile if score else None, score.grad if score else None,
+                                 mask.tile if mask else None), "flex_bwd.make_flex_bwd_kernels")
 
 
 def probe(mod, kind: str):
