@@ -121,3 +121,15 @@ def test_library_backward_compiles_without_spills(arch):
             if arch == "sm_120" and "score" in kw and r.kernel == "flex_dkdv":
                 continue
             assert r.stack_bytes == 0, (arch, r.kernel, r.config, r.stack_bytes)
+
+
+def test_t_all_is_the_library():
+    from flashattn.flex import flex_bwd_plan
+    kw = dict(B=1, Hq=4, Hkv=2, Nq=1000, Nk=1000, D=128, block_size=(128, 128), has_full=True,
+              mask=mods.causal())
+    for arch in ("sm_90", "sm_100", "sm_120", None):
+        for score in (None, mods.softcap(20.0)):
+            ours, lib = bwd_plan("t-all", **kw, arch=arch, score=score), \
+                flex_bwd_plan(**kw, arch=arch, score=score)
+            for name in ("dq", "dkdv"):
+                assert {k: v for k, v in ours[name].items() if k != "kind"} == lib[name]

@@ -13,7 +13,7 @@ backward's preprocess, one read of each):
 
 ``flex_attention(q, k, v, ..., variant=NAME)`` is ``flashattn.flex_attention`` whose backward
 runs the variant (``backward``); ``bwd_plan`` is its pure plan (tables: ``FLEX_BWD_CONFIGS_MN``
-for "mn", the library's ``FLEX_BWD_CONFIGS`` without its score-function entries for "t").
+for "mn", the library's for "t", so "t-all" plans what the library launches).
 """
 from __future__ import annotations
 
@@ -73,7 +73,8 @@ def bwd_plan(variant: str = DEFAULT_VARIANT, *, B, Hq, Hkv, Nq, Nk, D, block_siz
         kind = v[name]
         if name == "dkdv" and score is not None:
             kind = v.get("dkdv_score", kind)
-        cfgs = configs or (mn_configs(arch, D) if kind == "mn" else flex_bwd_configs(arch, D))
+        cfgs = configs or (mn_configs(arch, D) if kind == "mn" else
+                           flex_bwd_configs(arch, D, score is not None))
         p = dict(flex_bwd_plan(**kw, configs=cfgs)[name], kind=kind)
         if kind == "mn":
             # This pair masks every ragged tile (no per-block branch): "even" is per tile.
