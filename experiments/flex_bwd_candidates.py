@@ -1,14 +1,14 @@
 """The flex backward's candidate variants against the current one, on the H200, in one process.
 
 Times ``torch.autograd.grad`` of one flex forward (computed outside the timing, as
-``flashbook.measure.bench_flex``'s backward pass) for each ``flashattn.flex.FLEX_BWD_VARIANTS``
-entry (``kernel_options["BWD_VARIANT"]``), the current backward twice (``mn`` and its control
+``flashbook.measure.bench_flex``'s backward pass) for each ``flashbook.ladder.flex_variants``
+entry (``flex_variants.flex_attention(..., variant=)``), the current backward twice (``mn`` and its control
 ``mn#2``) and, on the causal rows, our dense causal backward (``flashattn.attention(causal=
 True)``): the same rounds of the shared harness (``time_in_rounds``, random order per round, L2
 flushed, the GPU idle before each sample). Every candidate's dQ, dK, dV are checked against the
 current backward's (max |diff| / max |current|).
 
-Variants (flashattn/flex.py):
+Variants (flashbook/ladder/flex_variants.py; the library ships "t-all"):
     mn          the current backward: dQ and dK/dV on [queries, keys] tiles, Delta by torch
     mn+delta    the same kernels, Delta by the dense backward's preprocess kernel
     t-dq        dQ in the dense backward's shape, dK/dV as now, Delta by the kernel
@@ -106,7 +106,7 @@ def main(argv=None) -> int:
 
     import flashattn
     from flashattn import interpret
-    from flashattn.flex import FLEX_BWD_VARIANTS, flex_attention
+    from flashbook.ladder.flex_variants import VARIANTS as FLEX_BWD_VARIANTS, flex_attention
     from flashbook.measure.bench_flex import workloads
 
     dry = a.dry_run
@@ -167,9 +167,8 @@ def main(argv=None) -> int:
                    impls={}, errors={})
 
         def flex_fwd(variant):
-            ko = {"BWD_VARIANT": variant}
             return lambda q_, k_, v_: flex_attention(q_, k_, v_, block_mask=bm,
-                                                     kernel_options=ko)
+                                                     variant=variant)
         fwds = {"mn": flex_fwd("mn"), "mn#2": flex_fwd("mn")}
         fwds.update({v: flex_fwd(v) for v in variants})
         if name == "causal" and not a.no_dense:

@@ -17,7 +17,8 @@ from pathlib import Path
 
 from flashattn import kernels as K, mods
 from flashattn.aot import compile_spec
-from flashattn.flex import BWD_CONFIG, compile_flex_bwd, flex_bwd_configs
+from flashattn.flex import BWD_CONFIG
+from flashbook.ladder.flex_variants import compile_bwd, mn_configs
 
 OUT = Path(__file__).resolve().parent / "data" / "47-flex-bwd-sass"
 LINE = re.compile(r"\s*/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Za-z0-9_.]*)([^;]*);")
@@ -81,8 +82,8 @@ def dense(arch):
 
 
 def flex(arch, label, configs, variant="mn", **kw):
-    return [row(label, r) for r in compile_flex_bwd(arch, configs=configs, keep_sass=True,
-                                                    variant=variant, **kw)]
+    return [row(label, r) for r in compile_bwd(arch, variant, configs=configs, keep_sass=True,
+                                               **kw)]
 
 
 def main(argv=None):
@@ -92,7 +93,7 @@ def main(argv=None):
     p.add_argument("--extra", action="append", default=[],
                    help="more flex configs to try: 'M1xN1[:nww]/M2xN2[:nww]' (dkdv/dq)")
     p.add_argument("--variant", action="append", default=[],
-                   help="flex.FLEX_BWD_VARIANTS to compile at their own tables (e.g. t)")
+                   help="flashbook.ladder.flex_variants.VARIANTS to compile at their own tables")
     p.add_argument("--only-variants", action="store_true",
                    help="skip the dense rows and the before/table trials")
     a = p.parse_args(argv)
@@ -102,7 +103,7 @@ def main(argv=None):
         if not a.only_variants:
             rows += [dict(arch=arch, **r) for r in dense(arch)]
         trials = [] if a.only_variants else [("before 64x64", (BWD_CONFIG, BWD_CONFIG)),
-                                            ("FLEX_BWD_CONFIGS", flex_bwd_configs(arch, 128))]
+                                            ("FLEX_BWD_CONFIGS_MN", mn_configs(arch, 128))]
         for e in a.extra:
             cs = []
             for part in e.split("/"):

@@ -34,9 +34,9 @@ from .precompiler import precompile  # compile configurations ahead of the first
 
 __version__ = "0.1.0"
 __all__ = ["attention", "sdpa", "decode", "attention_varlen", "attention_varlen_backward",
-           "flex_attention", "quantize_fp8", "flash_attn_func", "flash_attn_varlen_func",
-           "flash_attn_with_kvcache", "get_mla_metadata", "flash_mla_with_kvcache",
-           "precompile", "__version__"]
+           "flex_attention", "and_masks", "or_masks", "quantize_fp8", "flash_attn_func",
+           "flash_attn_varlen_func", "flash_attn_with_kvcache", "get_mla_metadata",
+           "flash_mla_with_kvcache", "precompile", "__version__"]
 
 # Submodules load on first use (flashattn.reference, flashattn.kernels, ...): importing
 # flashattn stays cheap, and `import flashattn; flashattn.reference.attention(...)` works.
@@ -48,6 +48,9 @@ _SUBMODULES = ("aot", "api", "autograd", "autotune", "config", "contract", "deco
 
 
 def __getattr__(name):
+    if name in ("and_masks", "or_masks"):      # masks composed, as PyTorch's (flashattn.mods)
+        from . import mods
+        return getattr(mods, name)
     if name in _SUBMODULES:
         import importlib
         return importlib.import_module(f"{__name__}.{name}")

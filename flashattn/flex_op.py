@@ -1,4 +1,4 @@
-"""flex_attention as torch.library operators (chapter 13): ``flashattn::flex_fwd`` and
+"""flex_attention as torch.library operators: ``flashattn::flex_fwd`` and
 ``flashattn::flex_bwd``, so autograd and ``torch.compile`` see one opaque operator each.
 
 A mod is a Python object and cannot be an operator argument (its tensors can): the operator
@@ -14,9 +14,10 @@ from types import SimpleNamespace
 
 import torch
 
+from . import flex_launch
+
 __all__ = ["flex_fwd", "flex_bwd", "register_plan", "forward"]
 
-_IMPL: dict = {}        # "forward", "backward": set by flashattn.flex (no import cycle)
 _PLANS: list = []
 _PLAN_IDS: dict = {}
 _BLOCK_NAMES = ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices",
@@ -76,8 +77,8 @@ def flex_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sinks: torch.Ten
              ) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse) of flex attention under plan ``plan_id``; ``sinks``: (Hq,) or empty."""
     plan = _rebuild(plan_id, blocks, score_tensors, mask_tensors)
-    return _IMPL["forward"](q, k, v, sinks if sinks.numel() else None, want_lse=True, scale=scale,
-                    **plan)
+    return flex_launch.forward(q, k, v, sinks if sinks.numel() else None, want_lse=True,
+                               scale=scale, **plan)
 
 
 @flex_fwd.register_fake
@@ -94,8 +95,8 @@ def flex_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv, dsinks) of ``flex_fwd``; dsinks empty without sinks."""
     plan = _rebuild(plan_id, blocks, score_tensors, mask_tensors)
-    dq, dk, dv, ds = _IMPL["backward"](q, k, v, out, dout, lse, sinks if sinks.numel() else None,
-                               scale=scale, **plan)
+    dq, dk, dv, ds = flex_launch.backward(q, k, v, out, dout, lse,
+                                          sinks if sinks.numel() else None, scale=scale, **plan)
     return dq, dk, dv, (ds.to(sinks.dtype) if ds is not None else sinks.new_empty(0))
 
 

@@ -17,10 +17,11 @@ they read:
     out = flashattn.flex_attention(q, k, v, score_mod=mods.softcap(30.0), block_mask=bm)
 
 Shipped: ``causal``, ``sliding_window`` (causal or two-sided), ``chunked`` (local attention in
-fixed chunks), ``prefix_lm``, ``document``
-(per-token document ids, optionally causal), ``softcap``, ``alibi`` (with ``alibi_slopes``),
-``relative_bias`` (a per-head table of biases by key - query distance), ``dense_mask`` (any mask
-given as a (B, Nq, Nk) tensor, e.g. padding). The learnable attention
+fixed chunks), ``prefix_lm``, ``document`` (per-token document ids, optionally causal),
+``softcap``, ``alibi`` (with ``alibi_slopes``), ``relative_bias`` (a per-head table of biases
+by key - query distance), ``dense_mask`` (any mask given as a (B, Nq, Nk) tensor, e.g.
+padding); ``and_masks``/``or_masks`` compose masks (PyTorch's names). A mod reads any number of
+tensors (the kernels take them as a tuple). The learnable attention
 sink (gpt-oss) is not a score function (it joins the softmax's denominator): it is
 ``flex_attention(..., sinks=logits)``, and ``sink_reference`` its PyTorch reference.
 
@@ -33,13 +34,15 @@ from __future__ import annotations
 import functools
 import math
 
-from .interpret import install_shim
+try:
+    import cuda.tile as ct         # the tile functions below are cuTile code
+except ImportError:                # the interpreter's module, not registered as cuda.tile
+    from .interpret.shim import module as _interpreter_ct
+    ct = _interpreter_ct()
 
-install_shim()                     # where cuda-tile is not installed, the interpreter's stand-in
-import cuda.tile as ct             # noqa: E402  (the tile functions below are cuTile code)
-
-__all__ = ["ScoreMod", "MaskMod", "causal", "sliding_window", "chunked", "prefix_lm", "document", "dense_mask",
-           "softcap", "alibi", "alibi_slopes", "relative_bias", "sink_reference", "as_mod"]
+__all__ = ["ScoreMod", "MaskMod", "causal", "sliding_window", "chunked", "prefix_lm", "document",
+           "dense_mask", "and_masks", "or_masks", "softcap", "alibi", "alibi_slopes",
+           "relative_bias", "sink_reference", "as_mod"]
 
 
 class _Mod:
@@ -49,15 +52,11 @@ class _Mod:
 
     def __init__(self, name, tile, torch_fn=None, tensors=(), *, params=None, grad=None,
                  additive=False):
-        from .kernels.flex import MAX_MOD_TENSORS
         if not callable(tile) or getattr(tile, "__name__", "") == "<lambda>":
             raise TypeError(f"{self.kind}_mod {name!r}: the tile function must be a def (cuTile "
                             "reads its source; a lambda has none), got "
                             f"{getattr(tile, '__name__', type(tile).__name__)}")
         tensors = tuple(tensors)
-        if len(tensors) > MAX_MOD_TENSORS:
-            raise ValueError(f"{self.kind}_mod {name!r} reads {len(tensors)} tensors; at most "
-                             f"{MAX_MOD_TENSORS}")
         for tn, t in tensors:
             _check_tensor(name, tn, t)
         self.name = name
@@ -130,7 +129,8 @@ def _check_tensor(mod, name, t):
 
 def as_mod(fn, kind: str):
     """A ScoreMod/MaskMod as it is, or a plain ``def`` wrapped as one (its own tile and torch
-    function; the kernel cache keys on the function)."""
+    function; the kernel cache keys on the function): the one place where a user's function
+    becomes the tile code the flex kernels compile."""
     cls = {"score": ScoreMod, "mask": MaskMod}[kind]
     if isinstance(fn, cls):
         return fn
@@ -213,7 +213,7 @@ def _chunk_tile(chunk: int, causal: bool):
 def chunked(chunk: int, *, causal: bool = True) -> MaskMod:
     """Chunked local attention (Llama 4's local layers): positions are cut into chunks of
     ``chunk`` tokens and a query sees only keys of its own chunk (causally by default): unlike
-    a sliding window, the first query of a chunk sees one key. Chapter 13."""
+    a sliding window, the first query of a chunk sees one key."""
     if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
         raise TypeError(f"chunked: chunk must be an int >= 1, got {chunk!r}")
     if not isinstance(causal, bool):
@@ -331,6 +331,47 @@ def dense_mask(allowed) -> MaskMod:
                          f"{tuple(allowed.shape)}")
     return MaskMod("dense_mask", _dense_tile, _dense_torch,
                    (("allowed", (allowed != 0).to(torch.int32).contiguous()),))
+
+
+def _compose_tile(fa, fb, na: int, op: str):
+    """The tile function of ``fa op fb``, ``fa`` reading the first ``na`` tensors."""
+    if op == "and":
+        def and_mask(b, h, q_idx, kv_idx, *ts):
+            return fa(b, h, q_idx, kv_idx, *ts[:na]) & fb(b, h, q_idx, kv_idx, *ts[na:])
+        return and_mask
+
+    def or_mask(b, h, q_idx, kv_idx, *ts):
+        return fa(b, h, q_idx, kv_idx, *ts[:na]) | fb(b, h, q_idx, kv_idx, *ts[na:])
+    return or_mask
+
+
+_compose_tile = functools.lru_cache(maxsize=None)(_compose_tile)   # one kernel per composition
+
+
+def _compose(masks, op: str) -> MaskMod:
+    ms = [as_mod(m, "mask") for m in masks]
+    if not ms:
+        raise ValueError(f"{op}_masks needs at least one mask")
+    out = ms[-1]
+    for m in reversed(ms[:-1]):
+        out = MaskMod(f"{m.name} {op} {out.name}",
+                      _compose_tile(m.tile, out.tile, len(m.tensors), op),
+                      _compose_tile(m.torch_fn, out.torch_fn, len(m.tensors), op),
+                      m.tensors + out.tensors,
+                      params={"masks": repr((m.name, sorted(m.params.items()), out.name,
+                                            sorted(out.params.items())))})
+    return out
+
+
+def and_masks(*masks) -> MaskMod:
+    """The mask that attends where every one of ``masks`` does (MaskMods or plain defs), as
+    ``torch.nn.attention.flex_attention.and_masks``; their tensors concatenated."""
+    return _compose(masks, "and")
+
+
+def or_masks(*masks) -> MaskMod:
+    """The mask that attends where any of ``masks`` does, as PyTorch's ``or_masks``."""
+    return _compose(masks, "or")
 
 
 # === score functions ==========================================================================

@@ -306,7 +306,7 @@ def test_a_mod_the_gpu_compiler_rejects_is_a_mod_error():
     rejects (a try statement; tileiras AOT fails it in its front end in < 1 s): the launch's
     compiler failure comes back as ModError naming the mod."""
     from flashattn import flex_attention, mods
-    from flashattn.flex import ModError, _probe
+    from flashattn.flex_build import ModError, probe as _probe
     m = mods.ScoreMod("with_try", _with_try)
     _probe(m, "score")
     q, k, v = _qkv("gpu-moderror", "float16", nq=64, nk=64, hq=2, hkv=2, d=64, b=1)

@@ -482,6 +482,14 @@ def _kernel_name(kernel) -> str:
     return getattr(f, "__name__", repr(kernel))
 
 
+def _array_arg(v, name, roots):
+    """The Array of tensor ``v``, sharing a root with any argument of the same memory."""
+    key = (v.data_ptr(), tuple(v.shape), tuple(v.stride()), v.dtype) if v.numel() else id(v)
+    if key not in roots:
+        roots[key] = _Root(v, name)
+    return Array(roots[key], (slice(None),) * v.dim(), name)
+
+
 def run(grid, kernel, args, *, bind, shuffle=False, seed=None):
     """Run every program of ``grid``; ``bind(f)`` rebinds the kernel function (``rebind``)."""
     import torch
@@ -510,17 +518,17 @@ def run(grid, kernel, args, *, bind, shuffle=False, seed=None):
                                        f"or float, got {type(v).__name__}")
             prepared.append(v)
         elif isinstance(v, torch.Tensor):
-            key = (v.data_ptr(), tuple(v.shape), tuple(v.stride()), v.dtype) if v.numel() \
-                else id(v)
-            if key not in roots:
-                roots[key] = _Root(v, p.name)
-            r = roots[key]
-            prepared.append(Array(r, (slice(None),) * v.dim(), p.name))
+            prepared.append(_array_arg(v, p.name, roots))
+        elif isinstance(v, tuple) and all(isinstance(x, torch.Tensor) for x in v):
+            # A tuple of arrays (cuTile takes tuples since 1.5): a mod's tensors.
+            prepared.append(tuple(_array_arg(x, f"{p.name}[{i}]", roots)
+                                  for i, x in enumerate(v)))
         elif isinstance(v, (bool, int, float)):
             prepared.append(T.Tile(v, _scalar_dtype(p.annotation, v)))
         else:
             raise InterpreterError(f"kernel {name}: argument {p.name} is a {type(v).__name__}; "
-                                   "the interpreter takes CPU tensors, bools, ints and floats")
+                                   "the interpreter takes CPU tensors (or tuples of them), bools, ints "
+                                   "and floats")
     f = bind(pyfunc)
     order = [(x, y, z) for z in range(grid[2]) for y in range(grid[1]) for x in range(grid[0])]
     if shuffle:

@@ -93,3 +93,19 @@ def merge_lse(m, l, acc, lse, o, REDUCE: ConstBool):
         l = l * alpha + w
         acc = acc * alpha + w * o
     return m_new, l, acc
+
+
+def guard_lse(lse):
+    """The backward's LSE with a row that sees no key (LSE -inf, the forward's log 0) turned
+    into +inf, so its recomputed P is 0 (no inf - inf)."""
+    return ct.where(lse == -math.inf, math.inf, lse)
+
+
+def recompute_p(logits2, lse2):
+    """The backward's P = exp2(logits2 - lse2) (both in log2 units), denormals flushed."""
+    return ct.exp2(logits2 - lse2, flush_to_zero=True)
+
+
+def dscores(p, dp, delta):
+    """dS = P (dP - Delta), Delta = rowsum(dO o O): the softmax's derivative."""
+    return p * (dp - delta)

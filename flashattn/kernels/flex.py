@@ -1,11 +1,12 @@
-"""FlexAttention in cuTile: a score function and a mask compiled into the fused kernel (chapter 13).
+"""FlexAttention in cuTile: a score function and a mask compiled into the fused forward kernel.
 
-``make_flex_kernel(score_fn, mask_fn, n_score, n_mask)`` builds one ``@ct.kernel`` per pair of
-mods: the mods are plain ``def``s captured in the factory's closure (cuTile reads their source
-through ``inspect``; a ``lambda`` has none), inlined into the kernel body by the compiler. The
-tensors a mod reads (document ids, ALiBi slopes, a bias table) are kernel arguments: three array
-slots per mod (``S0..S2`` for the score function, ``M0..M2`` for the mask), unused slots a
-one-element stand-in. ``flashattn.flex`` builds each kernel once and caches it.
+``make_flex_kernel(score_fn, mask_fn)`` builds one ``@ct.kernel`` per pair of mods: the mods
+are plain ``def``s captured in the factory's closure (cuTile reads their source through
+``inspect``; a ``lambda`` has none), inlined by the compiler. The tensors a mod reads (document
+ids, ALiBi slopes, a bias table) come as one tuple of arrays per mod (``ST`` for the score
+function, ``MT`` for the mask; FlashAttention-4's ``aux_tensors``), spread after the mod's
+FlexAttention arguments. ``mod_callers`` is where a mod's tile function enters any flex kernel;
+``block_count``/``listed_block``/``listed_tile`` walk a BlockMask's lists (the backward's too).
 
 Layout (``scaled_dot_product_attention``'s)::
 
@@ -14,13 +15,11 @@ Layout (``scaled_dot_product_attention``'s)::
     KvIdx, FullIdx:  int32 (Bm, Hm, Q_BLOCKS, KV_BLOCKS) Hm in {1, Hq}
     Sink: fp32 (Hq,) per-head sink logits (or a stand-in)
 
-Grid: ``(cdiv(Nq, TILE_M), B * Hq, 1)``, one program per query tile per (batch, head), as
-``fmha.py``. With a block mask, a program visits only the key blocks its query block lists:
-first the partial ones (``KvIdx``: the mask function is evaluated), then the full ones
-(``FullIdx``: no mask function; only the ragged end of K is masked). A block absent from both
-lists costs nothing: no load, no MMA. ``Q_BLOCK = TILE_M * QPB`` and ``KV_BLOCK = TILE_N * TPB``:
-the tiles divide the BlockMask's block size. Chapter 7's loop split is the causal special case:
-the diagonal blocks are partial, the ones below it full.
+Grid: ``(cdiv(Nq, TILE_M), B * Hq, 1)``, one program per query tile per (batch, head). With a
+block mask, a program visits only the key blocks its query block lists: first the partial ones
+(``KvIdx``: the mask function is evaluated), then the full ones (``FullIdx``: only the ragged
+end of K is masked). A block absent from both lists costs nothing. ``Q_BLOCK = TILE_M * QPB``
+and ``KV_BLOCK = TILE_N * TPB``: the tiles divide the BlockMask's block size.
 
 Mod conventions (FlexAttention's arguments, as tiles):
 
@@ -56,53 +55,56 @@ def no_mask(b, h, q_idx, kv_idx):
     return kv_idx >= 0
 
 
-def _score_caller(fn, n):
-    """A ``def`` calling ``fn`` with its first ``n`` tensor slots (a closure, as cuTile needs)."""
-    if n == 0:
-        def call_score(score, b, h, q_idx, kv_idx, S0, S1, S2):
-            return fn(score, b, h, q_idx, kv_idx)
-    elif n == 1:
-        def call_score(score, b, h, q_idx, kv_idx, S0, S1, S2):
-            return fn(score, b, h, q_idx, kv_idx, S0)
-    elif n == 2:
-        def call_score(score, b, h, q_idx, kv_idx, S0, S1, S2):
-            return fn(score, b, h, q_idx, kv_idx, S0, S1)
-    else:
-        def call_score(score, b, h, q_idx, kv_idx, S0, S1, S2):
-            return fn(score, b, h, q_idx, kv_idx, S0, S1, S2)
+def score_caller(fn):
+    """``call_score(score, b, h, q_idx, kv_idx, ST)``: ``fn`` with the tuple of arrays ``ST``
+    spread after FlexAttention's arguments (a closure: cuTile inlines ``fn`` from its source)."""
+    def call_score(score, b, h, q_idx, kv_idx, ST):
+        return fn(score, b, h, q_idx, kv_idx, *ST)
     return call_score
 
 
-def _mask_caller(fn, n):
-    """A ``def`` calling the mask ``fn`` with its first ``n`` tensor slots."""
-    if n == 0:
-        def call_mask(b, h, q_idx, kv_idx, M0, M1, M2):
-            return fn(b, h, q_idx, kv_idx)
-    elif n == 1:
-        def call_mask(b, h, q_idx, kv_idx, M0, M1, M2):
-            return fn(b, h, q_idx, kv_idx, M0)
-    elif n == 2:
-        def call_mask(b, h, q_idx, kv_idx, M0, M1, M2):
-            return fn(b, h, q_idx, kv_idx, M0, M1)
-    else:
-        def call_mask(b, h, q_idx, kv_idx, M0, M1, M2):
-            return fn(b, h, q_idx, kv_idx, M0, M1, M2)
+def mask_caller(fn):
+    """``call_mask(b, h, q_idx, kv_idx, MT)``, as ``score_caller``."""
+    def call_mask(b, h, q_idx, kv_idx, MT):
+        return fn(b, h, q_idx, kv_idx, *MT)
     return call_mask
 
 
-MAX_MOD_TENSORS = 3
+def mod_callers(score_fn=None, mask_fn=None, grad_fn=None):
+    """(call_score, call_grad, call_mask) of a mod pair, the identity, one and no mask standing
+    in for a missing one: the one place a mod's tile function enters a kernel."""
+    return (score_caller(score_fn if score_fn is not None else identity_score),
+            score_caller(grad_fn if grad_fn is not None else one_grad),
+            mask_caller(mask_fn if mask_fn is not None else no_mask))
 
 
-def make_flex_kernel(score_fn=None, mask_fn=None, n_score: int = 0, n_mask: int = 0):
-    """The flex forward kernel for one (score function, mask function) pair; ``None``: none.
-    ``n_score``/``n_mask``: how many tensor slots each mod reads (0 to 3)."""
-    call_score = _score_caller(score_fn if score_fn is not None else identity_score,
-                               n_score if score_fn is not None else 0)
-    call_mask = _mask_caller(mask_fn if mask_fn is not None else no_mask,
-                             n_mask if mask_fn is not None else 0)
+def one_grad(score, b, h, q_idx, kv_idx):
+    """d score / d score of an additive score function (never called: HAS_GRAD=False)."""
+    return score
+
+
+def block_count(Num, mb, mh, row):
+    """How many blocks row ``row`` of a BlockMask list (``kv_num_blocks`` or ``q_num_blocks``,
+    or their ``full_`` twins), for batch ``mb`` and head ``mh`` of the mask."""
+    return ct.gather(Num, (mb, mh, row)).item()
+
+
+def listed_block(Idx, mb, mh, row, i):
+    """The ``i``-th block that row ``row`` of a BlockMask's index table lists."""
+    return ct.gather(Idx, (mb, mh, row, i)).item()
+
+
+def listed_tile(Idx, mb, mh, row, u, PER: ConstInt):
+    """The ``u``-th kernel tile of row ``row``'s listed blocks, ``PER`` tiles to a block."""
+    return listed_block(Idx, mb, mh, row, u // PER) * PER + u % PER
+
+
+def make_flex_kernel(score_fn=None, mask_fn=None):
+    """The flex forward kernel for one (score function, mask function) pair; ``None``: none."""
+    call_score, _, call_mask = mod_callers(score_fn, mask_fn)
 
     def flex_tile(Q, K, V, q, j, m_i, l_i, acc, offs_m, offs_n_tile, batch_idx, head_idx,
-                  kv_head, k_seqlen, qk_scale, sm_scale, partial, S0, S1, S2, M0, M1, M2,
+                  kv_head, k_seqlen, qk_scale, sm_scale, partial, ST, MT,
                   TILE_M: ConstInt, TILE_N: ConstInt, TILE_D: ConstInt, EVEN_K: ConstBool,
                   HAS_SCORE: ConstBool, HAS_MASK: ConstBool, GUARD: ConstBool,
                   BLASST: ConstBool, BLASST_T: ConstFloat):
@@ -116,12 +118,11 @@ def make_flex_kernel(score_fn=None, mask_fn=None, n_score: int = 0, n_mask: int 
         offs_n = j * TILE_N + offs_n_tile                            # [1, TILE_N] kv_idx
         if HAS_SCORE:
             # FlexAttention's score is q . k * scale; the softmax then runs on it in base 2.
-            qk = call_score(qk * sm_scale, batch_idx, head_idx, offs_m, offs_n,
-                            S0, S1, S2)                              # [TILE_M, TILE_N]
+            qk = call_score(qk * sm_scale, batch_idx, head_idx, offs_m, offs_n, ST)                              # [TILE_M, TILE_N]
         if HAS_MASK:
             if partial:
                 # Only partial blocks evaluate the mask (full blocks were proven all-True).
-                keep = call_mask(batch_idx, head_idx, offs_m, offs_n, M0, M1, M2)
+                keep = call_mask(batch_idx, head_idx, offs_m, offs_n, MT)
                 qk = ct.where(keep, qk, -math.inf)                   # the safe form
         if not EVEN_K:
             if j >= k_seqlen // TILE_N:
@@ -140,8 +141,7 @@ def make_flex_kernel(score_fn=None, mask_fn=None, n_score: int = 0, n_mask: int 
         return m_i, l_i, acc
 
     @ct.kernel
-    def flex_kernel(Q, K, V, Out, Lse, KvNum, KvIdx, FullNum, FullIdx, Sink,
-                    S0, S1, S2, M0, M1, M2,
+    def flex_kernel(Q, K, V, Out, Lse, KvNum, KvIdx, FullNum, FullIdx, Sink, ST, MT,
                     sm_scale: float, num_heads: int, group_size: int, mask_bmul: int,
                     mask_hmul: int,
                     TILE_M: ConstInt, TILE_N: ConstInt, TILE_D: ConstInt, EVEN_K: ConstBool,
@@ -185,20 +185,20 @@ def make_flex_kernel(score_fn=None, mask_fn=None, n_score: int = 0, n_mask: int 
             qb = bid_x // QPB
             mb = batch_idx * mask_bmul
             mh = head_idx * mask_hmul
-            n_part = ct.gather(KvNum, (mb, mh, qb)).item()
+            n_part = block_count(KvNum, mb, mh, qb)
             if HAS_FULL:
-                n_full = ct.gather(FullNum, (mb, mh, qb)).item()
+                n_full = block_count(FullNum, mb, mh, qb)
             else:
                 n_full = 0 * n_part
             for i in range(0, n_part + n_full):
                 partial = i < n_part
                 if HAS_FULL:
                     if partial:
-                        blk = ct.gather(KvIdx, (mb, mh, qb, i)).item()
+                        blk = listed_block(KvIdx, mb, mh, qb, i)
                     else:
-                        blk = ct.gather(FullIdx, (mb, mh, qb, i - n_part)).item()
+                        blk = listed_block(FullIdx, mb, mh, qb, i - n_part)
                 else:
-                    blk = ct.gather(KvIdx, (mb, mh, qb, i)).item()
+                    blk = listed_block(KvIdx, mb, mh, qb, i)
                 for t in range(0, TPB):
                     j = blk * TPB + t
                     if TAIL:
@@ -207,20 +207,20 @@ def make_flex_kernel(score_fn=None, mask_fn=None, n_score: int = 0, n_mask: int 
                             m_i, l_i, acc = flex_tile(
                                 Q, K, V, q, j, m_i, l_i, acc, offs_m, offs_n_tile, batch_idx,
                                 head_idx, kv_head, k_seqlen, qk_scale, sm_scale, partial,
-                                S0, S1, S2, M0, M1, M2, TILE_M, TILE_N, TILE_D, EVEN_K,
+                                ST, MT, TILE_M, TILE_N, TILE_D, EVEN_K,
                                 HAS_SCORE, HAS_MASK, GUARD, BLASST, BLASST_T)
                     else:
                         m_i, l_i, acc = flex_tile(
                             Q, K, V, q, j, m_i, l_i, acc, offs_m, offs_n_tile, batch_idx,
                             head_idx, kv_head, k_seqlen, qk_scale, sm_scale, partial,
-                            S0, S1, S2, M0, M1, M2, TILE_M, TILE_N, TILE_D, EVEN_K,
+                            ST, MT, TILE_M, TILE_N, TILE_D, EVEN_K,
                             HAS_SCORE, HAS_MASK, GUARD, BLASST, BLASST_T)
         else:
             # --- Dense: every key tile (no mask function) ---
             for j in range(0, ct.cdiv(k_seqlen, TILE_N)):
                 m_i, l_i, acc = flex_tile(
                     Q, K, V, q, j, m_i, l_i, acc, offs_m, offs_n_tile, batch_idx, head_idx,
-                    kv_head, k_seqlen, qk_scale, sm_scale, j < 0, S0, S1, S2, M0, M1, M2,
+                    kv_head, k_seqlen, qk_scale, sm_scale, j < 0, ST, MT,
                     TILE_M, TILE_N, TILE_D, EVEN_K, HAS_SCORE, False, GUARD, BLASST, BLASST_T)
 
         # --- Normalise (0 for a row with no key) and store ---
@@ -241,7 +241,7 @@ def make_flex_kernel(score_fn=None, mask_fn=None, n_score: int = 0, n_mask: int 
 
 def flex_softmax_pv(V, qk, m_i, l_i, acc, j, batch_idx, kv_head, qk_scale,
                     TILE_N: ConstInt, TILE_D: ConstInt, GUARD: ConstBool):
-    """The online softmax of one tile (``common.online_softmax_update``, chapter 2) and
+    """The online softmax of one tile (``common.online_softmax_update``) and
     O += P V. With ``GUARD`` a row whose scores are all -inf so far keeps m = -inf without NaN."""
     p, m_i, l_i, acc = online_softmax_update(qk, m_i, l_i, acc, qk_scale, GUARD=GUARD,
                                              FLUSH=True)

@@ -32,6 +32,14 @@ class Array:
 
 
 @dataclass(frozen=True)
+class ArrayTuple:
+    """A tuple of arrays as one parameter (a mod's tensors: any number, each its own rank and
+    dtype); ``items`` fills it in for a compile, empty in the spec itself."""
+    name: str
+    items: tuple = ()
+
+
+@dataclass(frozen=True)
 class KernelSpec:
     name: str                               # "fmha", "naive_scores", ...
     module: str                             # "flashattn.kernels.fmha"
@@ -61,6 +69,9 @@ class KernelSpec:
             raise KernelContractError(f"kernel module {self.module} not found")
         tree = ast.parse(Path(spec.origin).read_text())
         for node in tree.body:
+            if isinstance(node, ast.FunctionDef) and node.name == self.function:
+                return tuple(a.arg for a in node.args.args)
+        for node in ast.walk(tree):         # a kernel built by a factory (the flex kernels)
             if isinstance(node, ast.FunctionDef) and node.name == self.function:
                 return tuple(a.arg for a in node.args.args)
         raise KernelContractError(f"{self.module} has no function {self.function}")
@@ -127,7 +138,13 @@ class KernelSpec:
                                    stride_divisible_by=(align,) * (a.ndim - 1) + (1,),
                                    base_addr_divisible_by=16)
         scalar = {float: ScalarConstraint(ct.float32), int: ScalarConstraint(ct.int32)}
-        params = ([arr(a) for a in self.arrays] + [scalar[t] for _, t in self.scalars] +
+
+        def param(a):
+            if isinstance(a, ArrayTuple):
+                from cuda.tile.compilation import TupleConstraint
+                return TupleConstraint([arr(x) for x in a.items])
+            return arr(a)
+        params = ([param(a) for a in self.arrays] + [scalar[t] for _, t in self.scalars] +
                   [ConstantConstraint(constants[n]) for n in self.constants])
         return KernelSignature(params, calling_convention=CallingConvention.cutile_python_v2())
 
