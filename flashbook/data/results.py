@@ -423,6 +423,78 @@ def load_experiment_log_table(run: str, name: str, root=None):
 
 
 # ---------------------------------------------------------------------------------------------
+# NVIDIA TileGym's cuTile attention timed beside ours (results/<gpu>/tilegym/)
+# ---------------------------------------------------------------------------------------------
+TILEGYM_DIR = "tilegym"
+# The recorded parts: forward causal and non-causal, the causal backward, and decode.
+TILEGYM_PARTS = ("fwd_causal", "fwd_full", "bwd_causal", "decode")
+# Our row in each part: the forward's ``best``, the backward's kernel, the decode kernel.
+TILEGYM_OURS = {"fwd_causal": "best", "fwd_full": "best", "bwd_causal": "fmha_bwd",
+                "decode": "decode"}
+TILEGYM_LABELS = {"best": "ours (best)", "best#2": "ours (best, control)", "fmha_bwd": "ours",
+                  "fmha_bwd_atomic": "ours, atomics", "decode": "ours (flashattn.decode)",
+                  "square_best": "ours, square forward", "tilegym": "TileGym (cuTile)",
+                  "sdpa_cudnn": "cuDNN", "sdpa_flash": "FlashAttention-2"}
+
+
+def tilegym_doc(part: str, gpu: str = "h200", root=None) -> dict:
+    """The recorded document of one TileGym comparison ``part`` (``TILEGYM_PARTS``)."""
+    if part not in TILEGYM_PARTS:
+        raise ValueError(f"unknown TileGym part {part!r}; expected one of {TILEGYM_PARTS}")
+    path = results_root(root) / gpu / TILEGYM_DIR / f"{part}.json"
+    doc = _read(path)
+    if not doc or "rows" not in doc:
+        raise FileNotFoundError(f"no TileGym recording at {path}(.xz)")
+    return doc
+
+
+def tilegym_frame(part: str, gpu: str = "h200", root=None):
+    """The timed rows of one TileGym ``part`` (error rows and rows without a time dropped);
+    ``.attrs["meta"]`` holds the document's meta (its date and ``build``)."""
+    doc = tilegym_doc(part, gpu, root)
+    df = to_frame(doc)
+    ok = df["error"].isna() | (df["error"].fillna("") == "") if "error" in df else True
+    df = df[ok & df["median_ms"].notna()].reset_index(drop=True)
+    df.attrs["meta"] = doc.get("meta", {})
+    return df
+
+
+def tilegym_range(part: str, impl: str | None = None, value: str = "ratio_cudnn",
+                  gpu: str = "h200", root=None) -> tuple[float, float]:
+    """(min, max) of ``value`` over the lengths of ``part`` for ``impl`` (default: TileGym).
+    For decode, whose rows carry times, ``value="speed_cudnn"`` is cuDNN's time over the row's."""
+    df = tilegym_frame(part, gpu, root)
+    d = df[df["impl"] == (impl or "tilegym")]
+    if d.empty:
+        raise KeyError(f"no {impl or 'tilegym'!r} rows in TileGym part {part!r}")
+    if value == "speed_cudnn":
+        ref = df[df["impl"] == "sdpa_cudnn"].set_index("Nk")["median_ms"]
+        v = ref.reindex(d["Nk"]).to_numpy() / d["median_ms"].to_numpy()
+    else:
+        v = d[value].to_numpy()
+    return float(v.min()), float(v.max())
+
+
+def tilegym_table(part: str, gpu: str = "h200", root=None, labels: bool = True):
+    """Rows: implementation (ours, its control, TileGym, the libraries); columns: N (keys for
+    decode); values: the speed over cuDNN's (cuDNN's time over the row's, paired by round for
+    the forward and backward, medians for decode)."""
+    df = tilegym_frame(part, gpu, root)
+    n = "Nk" if part == "decode" else "Nq"
+    if part == "decode":
+        ref = df[df["impl"] == "sdpa_cudnn"].set_index(n)["median_ms"]
+        df = df.assign(ratio_cudnn=ref.reindex(df[n]).to_numpy() / df["median_ms"].to_numpy())
+    t = df.pivot_table(index="impl", columns=n, values="ratio_cudnn", sort=False)
+    order = [TILEGYM_OURS[part], "best#2", "tilegym", "sdpa_cudnn", "sdpa_flash"]
+    t = t.reindex([i for i in order if i in t.index] + [i for i in t.index if i not in order])
+    t.columns = [f"{c // 1024}K" for c in t.columns]
+    if labels:
+        t.index = [TILEGYM_LABELS.get(i, i) for i in t.index]
+    t.index.name, t.columns.name = "impl", ("keys" if part == "decode" else "N")
+    return t
+
+
+# ---------------------------------------------------------------------------------------------
 # Numbers quoted from others (not measured by us)
 # ---------------------------------------------------------------------------------------------
 def seed_b200(root=None):
