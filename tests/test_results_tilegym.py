@@ -47,3 +47,17 @@ def test_a_written_document_gives_its_numbers(tmp_path):
     assert results.tilegym_range("fwd_full", "best", root=tmp_path) == (0.8, 0.9)
     t = results.tilegym_table("fwd_full", root=tmp_path)
     assert list(t.columns) == ["1K", "2K"] and t.loc["TileGym (cuTile)", "2K"] == 0.5
+
+
+def test_tiles_come_from_the_log(tmp_path):
+    tiles = results.tilegym_tiles()
+    assert set(tiles) >= {"fwd_causal", "fwd_full", "bwd_causal"}
+    d = tmp_path / "h200" / "tilegym"
+    d.mkdir(parents=True)
+    (d / "tilegym_bench.log").write_text(
+        "==> /x/fwd_full.txt <==\n"
+        "* namespace(TILE_M=128, TILE_N=64, num_ctas=1, occupancy=2): 1.0 us\n"
+        "  namespace(TILE_M=256, TILE_N=128, num_ctas=1, occupancy=1): 2.0 us\n"
+        "==> /x/bwd_causal.txt <==\n* namespace(TILE_M=64, TILE_N=32): 3.0 us\n")
+    assert results.tilegym_tiles(root=tmp_path) == {"fwd_full": ["128x64 occ=2"],
+                                                      "bwd_causal": ["64x32"]}

@@ -475,6 +475,32 @@ def tilegym_range(part: str, impl: str | None = None, value: str = "ratio_cudnn"
     return float(v.min()), float(v.max())
 
 
+def tilegym_tiles(gpu: str = "h200", root=None) -> dict[str, list[str]]:
+    """The tiles TileGym's own autotuner chose, per part, from the recorded log
+    (``tilegym_bench.log``: its chosen configuration is the line starting with ``*``):
+    ``{"fwd_causal": ["128x128 occ=2"], "bwd_causal": ["64x64"], ...}``."""
+    import re
+    path = results_root(root) / gpu / TILEGYM_DIR / "tilegym_bench.log"
+    if not path.exists():
+        raise FileNotFoundError(f"no TileGym log at {path}")
+    out: dict[str, list[str]] = {}
+    part = None
+    for line in path.read_text().splitlines():
+        head = re.match(r"==> .*/(\w+)\.txt <==", line)
+        if head:
+            part = head.group(1)
+            continue
+        chosen = re.match(r"\* namespace\((.*)\):", line)
+        if chosen and part:
+            kv = dict(re.findall(r"(\w+)=(\d+)", chosen.group(1)))
+            tile = f"{kv['TILE_M']}x{kv['TILE_N']}"
+            if "occupancy" in kv:
+                tile += f" occ={kv['occupancy']}"
+            if tile not in out.setdefault(part, []):
+                out[part].append(tile)
+    return out
+
+
 def tilegym_table(part: str, gpu: str = "h200", root=None, labels: bool = True):
     """Rows: implementation (ours, its control, TileGym, the libraries); columns: N (keys for
     decode); values: the speed over cuDNN's (cuDNN's time over the row's, paired by round for
