@@ -11,6 +11,8 @@
     results.load_experiment_table("13-timing-crosscheck", "timing-crosscheck.json")
     results.load_experiment_log_table("12-profiles", "prof-d256.log")    # a printed profile table
     results.seed_b200()                    # the seed's B200 TFLOPS (quoted, not measured)
+    results.tilegym_table("fwd_causal")    # NVIDIA TileGym beside ours: impl x N, over cuDNN
+    results.tilegym_range("bwd_causal")    # (min, max) of TileGym's ratio to cuDNN
     results.source_line(r.meta)            # "H200 (132 SMs), driver 580.159, CUDA 13.0, ..."
 
 Files (formats in results/README.md)::
@@ -22,6 +24,7 @@ Files (formats in results/README.md)::
     experiments/data/<run>/<workload>.json  python experiments/sweep.py <run> (bench documents)
     experiments/data/<run>/<other>.json     other records of a run: profile summaries, tables
     results/quoted/seed-b200.json           numbers quoted from the seed walkthrough
+    results/<gpu>/tilegym/<part>.json       TileGym timed beside ours (experiments/tilegym_bench.sh)
 
 The root is the repository's ``results/`` folder, or ``$FLASHATTN_RESULTS``; experiment runs are
 under the repository's ``experiments/data/``, or ``$FLASHATTN_EXPERIMENTS``. Parts that were not
