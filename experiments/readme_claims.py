@@ -167,7 +167,12 @@ def tilegym_claims() -> dict[str, str]:
                             f"with {', '.join(tiles['bwd_causal'])} tiles, ours "
                             f"{_r(*ours_b, places=3)}",
         "tilegym decode": f"{_r(*dec)} cuDNN's speed against our {_r(*ours_d)}",
+        "tilegym rounds": "| {} forward, {} backward and decode |".format(
+            *(R.tilegym_frame(p).attrs["meta"]["method"]["rounds"]
+              for p in ("fwd_causal", "bwd_causal"))),
     }
+    assert len({R.tilegym_frame(p).attrs["meta"]["method"]["rounds"]
+                for p in ("bwd_causal", "decode")}) == 1
 
 
 def claims() -> dict[str, str]:
