@@ -125,6 +125,43 @@ def build_claims() -> dict[str, str]:
     return out
 
 
+# The sources a forward or backward timing compiles: while none changed since the recorded
+# commit, that recording is of "the current build".
+FWD_BWD_SOURCES = ["flashattn/kernels/" + f for f in
+                   ("common.py", "fmha.py", "fmha_fwd_spec.py", "fmha_bwd.py", "fmha_bwd_spec.py",
+                    "spec.py")]
+
+
+def _current(commit: str) -> bool:
+    """Whether the forward and backward kernels' sources are today what ``commit`` had."""
+    res = subprocess.run(["git", "diff", "--quiet", commit, "--", *FWD_BWD_SOURCES], cwd=ROOT,
+                         capture_output=True)
+    if res.returncode not in (0, 1):
+        raise RuntimeError(f"git diff against {commit} failed: {res.stderr.decode().strip()}")
+    return res.returncode == 0
+
+
+def current_build_claims() -> dict[str, str]:
+    """The README calls the fp16 backward and the TileGym forward "the current build": true while
+    the kernels they timed have the sources of their recorded commits."""
+    from flashbook.data import results as R
+    from flashbook.chapter import backward as bw
+    out = {}
+    for name, commit, text in (
+            ("backward on the current build", bw.bench_doc("fp16", True)["meta"]["build"]["commit"],
+             "re-timed on {date} on the current build"),
+            ("forward on the current build",
+             R.tilegym_frame("fwd_causal").attrs["meta"]["build"]["commit"],
+             "Timed again on the current build on {date}")):
+        if _current(commit):
+            date = (bw.bench_doc("fp16", True)["meta"] if name.startswith("backward")
+                    else R.tilegym_frame("fwd_causal").attrs["meta"])["date"][:10]
+            out[name] = text.format(date=date)
+        else:
+            out[name] = f"the kernels changed since build {commit[:7]}"
+    return out
+
+
 def backward_claims() -> dict[str, str]:
     """The backward's standing (chapter 11's ``ratio_range``): fp16 as re-timed, bf16 as recorded."""
     from flashbook.chapter import backward as bw
@@ -178,7 +215,7 @@ def tilegym_claims() -> dict[str, str]:
 def claims() -> dict[str, str]:
     out = {}
     for part in (fp8_claims, backward_method, interpreter_claims, build_claims,
-                 backward_claims, tilegym_claims):
+                 backward_claims, tilegym_claims, current_build_claims):
         out.update(part())
     return out
 

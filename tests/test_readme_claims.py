@@ -60,3 +60,17 @@ def test_a_wrong_number_fails():
     readme = _flat((ROOT / "README.md").read_text(encoding="utf-8"))
     wrong = CLAIMS["backward fp16"].replace(CLAIMS["backward fp16"][:4], "9.99", 1)
     assert wrong != CLAIMS["backward fp16"] and wrong not in readme
+
+
+def test_current_build_is_false_before_the_kernels_moved():
+    """"the current build" is claimed only while the timed kernels' sources match the recorded
+    commit: the commit before kernels/common.py existed does not."""
+    import subprocess
+    mod = _claims_module()
+    added = subprocess.run(["git", "log", "--diff-filter=A", "--format=%H", "--",
+                            "flashattn/kernels/common.py"], cwd=ROOT, capture_output=True,
+                           text=True).stdout.split()
+    if not added:
+        pytest.skip("no git history here")
+    assert not mod._current(added[-1] + "^")
+    assert "current build" in CLAIMS["backward on the current build"]
