@@ -1,4 +1,4 @@
-"""Recompute the README's FP8, backward-method, interpreter and build claims from the data:
+"""Recompute the README's FP8, backward, TileGym, interpreter and build claims from the data:
 python experiments/readme_claims.py
 
 Each claim is the text README.md holds, computed here from ``results/h200`` and
@@ -19,7 +19,8 @@ COMMON = "flashattn/kernels/common.py"
 
 
 def _r(lo: float, hi: float, places: int = 2) -> str:
-    return f"{lo:.{places}f}–{hi:.{places}f}×"
+    a, b = f"{lo:.{places}f}", f"{hi:.{places}f}"
+    return f"{a}×" if a == b else f"{a}–{b}×"
 
 
 def _lengths(ns) -> str:
@@ -91,27 +92,130 @@ def interpreter_claims() -> dict[str, str]:
             "interpreter vs GPU, cases": f"in the {len(rows)} cases compared"}
 
 
-def build_claims() -> dict[str, str]:
-    """When the forward, backward, decode and varlen data were recorded, and when their kernels'
-    shared math moved (the first commit of kernels/common.py)."""
+def _meta(sub: str, name: str) -> dict:
     from flashbook.data.schema import read_json
-    dates = set()
+    return read_json(str(ROOT / "results" / "h200" / sub / name))["meta"]
+
+
+def build_claims() -> dict[str, str]:
+    """When the forward, backward, decode and varlen data were recorded, on which build the
+    re-timed ones ran, and when the kernels' shared math moved (the first commit of
+    kernels/common.py). A dataset whose meta names a build counts as re-timed."""
+    from flashbook.data.schema import read_json
+    old, new = set(), {}
     h200 = ROOT / "results" / "h200"
     for sub in ("bench", "bench-backward", "decode"):
-        for p in (h200 / sub).glob("*.json*"):
-            dates.add(str(read_json(str(p).removesuffix(".xz"))["meta"]["date"])[:10])
-    dates.add(str(json.loads(VARLEN_BWD.read_text())["meta"]["date"])[:10])
+        for p in sorted((h200 / sub).glob("*.json*")):
+            meta = read_json(str(p).removesuffix(".xz"))["meta"]
+            date = str(meta["date"])[:10]
+            if meta.get("build"):
+                new[p.name.split(".")[0]] = (date, meta["build"]["commit"][:7])
+            else:
+                old.add(date)
+    old.add(str(json.loads(VARLEN_BWD.read_text())["meta"]["date"])[:10])
+    out = {"recorded on": f"were recorded on {' and '.join(sorted(old))}."}
+    bwd = {v for k, v in new.items() if k.startswith("fp16-") and k.endswith("-bwd")}
+    assert len(bwd) == 1, bwd
+    date, commit = bwd.pop()
+    out["fp16 backward re-timed"] = f"was re-timed on {date} on build {commit}"
     moved = subprocess.run(["git", "log", "--diff-filter=A", "--format=%ad", "--date=short", "--",
                             COMMON], cwd=ROOT, capture_output=True, text=True).stdout.split()
-    out = {"recorded on": f"were recorded on {' and '.join(sorted(dates))}."}
     if moved:
         out["common.py moved on"] = f"On {moved[-1]} those kernels"
     return out
 
 
+# The sources a forward or backward timing compiles: while none changed since the recorded
+# commit, that recording is of "the current build".
+FWD_BWD_SOURCES = ["flashattn/kernels/" + f for f in
+                   ("common.py", "fmha.py", "fmha_fwd_spec.py", "fmha_bwd.py", "fmha_bwd_spec.py",
+                    "spec.py")]
+
+
+def _current(commit: str) -> bool:
+    """Whether the forward and backward kernels' sources are today what ``commit`` had."""
+    res = subprocess.run(["git", "diff", "--quiet", commit, "--", *FWD_BWD_SOURCES], cwd=ROOT,
+                         capture_output=True)
+    if res.returncode not in (0, 1):
+        raise RuntimeError(f"git diff against {commit} failed: {res.stderr.decode().strip()}")
+    return res.returncode == 0
+
+
+def current_build_claims() -> dict[str, str]:
+    """The README calls the fp16 backward and the TileGym forward "the current build": true while
+    the kernels they timed have the sources of their recorded commits."""
+    from flashbook.data import results as R
+    from flashbook.chapter import backward as bw
+    out = {}
+    for name, commit, text in (
+            ("backward on the current build", bw.bench_doc("fp16", True)["meta"]["build"]["commit"],
+             "re-timed on {date} on the current build"),
+            ("forward on the current build",
+             R.tilegym_frame("fwd_causal").attrs["meta"]["build"]["commit"],
+             "Timed again on the current build on {date}")):
+        if _current(commit):
+            date = (bw.bench_doc("fp16", True)["meta"] if name.startswith("backward")
+                    else R.tilegym_frame("fwd_causal").attrs["meta"])["date"][:10]
+            out[name] = text.format(date=date)
+        else:
+            out[name] = f"the kernels changed since build {commit[:7]}"
+    return out
+
+
+def backward_claims() -> dict[str, str]:
+    """The backward's standing (chapter 11's ``ratio_range``): fp16 as re-timed, bf16 as recorded."""
+    from flashbook.chapter import backward as bw
+    df = bw.bench_frame()
+    out = {}
+    for dtype in ("fp16", "bf16"):
+        fa = bw.ratio_range(df, "bwd", "fa2", dtype=dtype)
+        cu = bw.ratio_range(df, "bwd", "cudnn", dtype=dtype)
+        out[f"backward {dtype}"] = f"{_r(*fa)} FlashAttention-2's backward and {_r(*cu)} cuDNN's"
+    date = str(bw.bench_doc("bf16", True)["meta"]["date"])[:10]
+    out["backward bf16 date"] = f"the bf16 recording of {date}"
+    return out
+
+
+def tilegym_claims() -> dict[str, str]:
+    """The forward re-timed beside TileGym (``best`` rows of results/h200/tilegym/, the current
+    build), and TileGym's own standing."""
+    from flashbook.data import results as R
+    r = R.load("h200")
+    fc, ff = R.tilegym_range("fwd_causal", "best"), R.tilegym_range("fwd_full", "best")
+    drift = 0.0
+    for part, w in (("fwd_causal", "fp16-causal-d128"), ("fwd_full", "fp16-full-d128")):
+        now = R.tilegym_table(part, labels=False).loc["best"]
+        before = r.ratio_table(w).loc["best"]
+        before.index = [f"{n // 1024}K" for n in before.index]
+        drift = max(drift, float((now - before.reindex(now.index)).abs().max()))
+    build = R.tilegym_frame("fwd_causal").attrs["meta"]["build"]["commit"][:7]
+    tg = [R.tilegym_range(p) for p in ("fwd_causal", "fwd_full")]
+    tiles = R.tilegym_tiles()
+    ours_b = R.tilegym_range("bwd_causal", "fmha_bwd")
+    dec = R.tilegym_range("decode", value="speed_cudnn")
+    ours_d = R.tilegym_range("decode", "decode", value="speed_cudnn")
+    return {
+        "forward re-timed": f"{_r(*fc)} cuDNN causal and {_r(*ff)} non-causal",
+        "forward re-timed, drift": f"at most {100 * drift:.1f} points",
+        "tilegym build": f"build {build}",
+        "tilegym forward": f"reads {_r(min(t[0] for t in tg), max(t[1] for t in tg))} cuDNN",
+        "tilegym forward tiles": f"({', '.join(tiles['fwd_causal'])})",
+        "tilegym backward": f"reads {_r(*R.tilegym_range('bwd_causal'), places=3)} cuDNN "
+                            f"with {', '.join(tiles['bwd_causal'])} tiles, ours "
+                            f"{_r(*ours_b, places=3)}",
+        "tilegym decode": f"{_r(*dec)} cuDNN's speed against our {_r(*ours_d)}",
+        "tilegym rounds": "| {} forward, {} backward and decode |".format(
+            *(R.tilegym_frame(p).attrs["meta"]["method"]["rounds"]
+              for p in ("fwd_causal", "bwd_causal"))),
+    }
+    assert len({R.tilegym_frame(p).attrs["meta"]["method"]["rounds"]
+                for p in ("bwd_causal", "decode")}) == 1
+
+
 def claims() -> dict[str, str]:
     out = {}
-    for part in (fp8_claims, backward_method, interpreter_claims, build_claims):
+    for part in (fp8_claims, backward_method, interpreter_claims, build_claims,
+                 backward_claims, tilegym_claims, current_build_claims):
         out.update(part())
     return out
 

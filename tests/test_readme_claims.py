@@ -42,3 +42,34 @@ def test_readme_fp8_example_is_the_fast_path():
     assert "quantize_fp8(v, v_transposed=True)" in readme
     assert re.search(r"flashattn\.attention\(q8, k8, v8t,[^)]*v_transposed=True\)", readme, re.S)
     assert "flashattn.attention(q8, k8, v8," not in readme
+
+
+def test_backward_and_tilegym_claims_are_checked():
+    """The backward's standing (fp16 re-timed, bf16 as recorded), the forward re-timed on the
+    current build and TileGym's standing are among the checked claims, and the re-timed backward
+    names its build: a README that drops or changes one of them fails above."""
+    names = set(CLAIMS)
+    assert {"backward fp16", "backward bf16", "fp16 backward re-timed", "forward re-timed",
+            "tilegym forward", "tilegym backward", "tilegym decode"} <= names
+    assert re.fullmatch(r"was re-timed on \d{4}-\d\d-\d\d on build [0-9a-f]{7}",
+                        CLAIMS["fp16 backward re-timed"])
+
+
+def test_a_wrong_number_fails():
+    """The check is a substring test on the flattened README: an altered range is not found."""
+    readme = _flat((ROOT / "README.md").read_text(encoding="utf-8"))
+    wrong = CLAIMS["backward fp16"].replace(CLAIMS["backward fp16"][:4], "9.99", 1)
+    assert wrong != CLAIMS["backward fp16"] and wrong not in readme
+
+
+def test_current_build_is_false_before_the_kernels_moved():
+    """"the current build" is claimed only while the timed kernels' sources match the recorded
+    commit: the commit before kernels/common.py existed does not."""
+    import subprocess
+    mod = _claims_module()
+    added = subprocess.run(["git", "log", "--diff-filter=A", "--format=%H", "--",
+                            "flashattn/kernels/common.py"], cwd=ROOT, capture_output=True,
+                           text=True).stdout.split()
+    if not added:
+        pytest.skip("no git history here")
+    assert not mod._current(added[-1] + "^")

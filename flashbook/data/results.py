@@ -11,6 +11,8 @@
     results.load_experiment_table("13-timing-crosscheck", "timing-crosscheck.json")
     results.load_experiment_log_table("12-profiles", "prof-d256.log")    # a printed profile table
     results.seed_b200()                    # the seed's B200 TFLOPS (quoted, not measured)
+    results.tilegym_table("fwd_causal")    # NVIDIA TileGym beside ours: impl x N, over cuDNN
+    results.tilegym_range("bwd_causal")    # (min, max) of TileGym's ratio to cuDNN
     results.source_line(r.meta)            # "H200 (132 SMs), driver 580.159, CUDA 13.0, ..."
 
 Files (formats in results/README.md)::
@@ -22,6 +24,7 @@ Files (formats in results/README.md)::
     experiments/data/<run>/<workload>.json  python experiments/sweep.py <run> (bench documents)
     experiments/data/<run>/<other>.json     other records of a run: profile summaries, tables
     results/quoted/seed-b200.json           numbers quoted from the seed walkthrough
+    results/<gpu>/tilegym/<part>.json       TileGym timed beside ours (experiments/tilegym_bench.sh)
 
 The root is the repository's ``results/`` folder, or ``$FLASHATTN_RESULTS``; experiment runs are
 under the repository's ``experiments/data/``, or ``$FLASHATTN_EXPERIMENTS``. Parts that were not
@@ -420,6 +423,104 @@ def load_experiment_log_table(run: str, name: str, root=None):
                              f"columns: {ln!r}")
         rows.append([_num(c) for c in cells])
     return pd.DataFrame(rows, columns=head)
+
+
+# ---------------------------------------------------------------------------------------------
+# NVIDIA TileGym's cuTile attention timed beside ours (results/<gpu>/tilegym/)
+# ---------------------------------------------------------------------------------------------
+TILEGYM_DIR = "tilegym"
+# The recorded parts: forward causal and non-causal, the causal backward, and decode.
+TILEGYM_PARTS = ("fwd_causal", "fwd_full", "bwd_causal", "decode")
+# Our row in each part: the forward's ``best``, the backward's kernel, the decode kernel.
+TILEGYM_OURS = {"fwd_causal": "best", "fwd_full": "best", "bwd_causal": "fmha_bwd",
+                "decode": "decode"}
+TILEGYM_LABELS = {"best": "ours (best)", "best#2": "ours (best, control)", "fmha_bwd": "ours",
+                  "fmha_bwd_atomic": "ours, atomics", "decode": "ours (flashattn.decode)",
+                  "square_best": "ours, square forward", "tilegym": "TileGym (cuTile)",
+                  "sdpa_cudnn": "cuDNN", "sdpa_flash": "FlashAttention-2"}
+
+
+def tilegym_doc(part: str, gpu: str = "h200", root=None) -> dict:
+    """The recorded document of one TileGym comparison ``part`` (``TILEGYM_PARTS``)."""
+    if part not in TILEGYM_PARTS:
+        raise ValueError(f"unknown TileGym part {part!r}; expected one of {TILEGYM_PARTS}")
+    path = results_root(root) / gpu / TILEGYM_DIR / f"{part}.json"
+    doc = _read(path)
+    if not doc or "rows" not in doc:
+        raise FileNotFoundError(f"no TileGym recording at {path}(.xz)")
+    return doc
+
+
+def tilegym_frame(part: str, gpu: str = "h200", root=None):
+    """The timed rows of one TileGym ``part`` (error rows and rows without a time dropped);
+    ``.attrs["meta"]`` holds the document's meta (its date and ``build``)."""
+    doc = tilegym_doc(part, gpu, root)
+    df = to_frame(doc)
+    ok = df["error"].isna() | (df["error"].fillna("") == "") if "error" in df else True
+    df = df[ok & df["median_ms"].notna()].reset_index(drop=True)
+    df.attrs["meta"] = doc.get("meta", {})
+    return df
+
+
+def tilegym_range(part: str, impl: str | None = None, value: str = "ratio_cudnn",
+                  gpu: str = "h200", root=None) -> tuple[float, float]:
+    """(min, max) of ``value`` over the lengths of ``part`` for ``impl`` (default: TileGym).
+    For decode, whose rows carry times, ``value="speed_cudnn"`` is cuDNN's time over the row's."""
+    df = tilegym_frame(part, gpu, root)
+    d = df[df["impl"] == (impl or "tilegym")]
+    if d.empty:
+        raise KeyError(f"no {impl or 'tilegym'!r} rows in TileGym part {part!r}")
+    if value == "speed_cudnn":
+        ref = df[df["impl"] == "sdpa_cudnn"].set_index("Nk")["median_ms"]
+        v = ref.reindex(d["Nk"]).to_numpy() / d["median_ms"].to_numpy()
+    else:
+        v = d[value].to_numpy()
+    return float(v.min()), float(v.max())
+
+
+def tilegym_tiles(gpu: str = "h200", root=None) -> dict[str, list[str]]:
+    """The tiles TileGym's own autotuner chose, per part, from the recorded log
+    (``tilegym_bench.log``: its chosen configuration is the line starting with ``*``):
+    ``{"fwd_causal": ["128x128 occ=2"], "bwd_causal": ["64x64"], ...}``."""
+    import re
+    path = results_root(root) / gpu / TILEGYM_DIR / "tilegym_bench.log"
+    if not path.exists():
+        raise FileNotFoundError(f"no TileGym log at {path}")
+    out: dict[str, list[str]] = {}
+    part = None
+    for line in path.read_text().splitlines():
+        head = re.match(r"==> .*/(\w+)\.txt <==", line)
+        if head:
+            part = head.group(1)
+            continue
+        chosen = re.match(r"\* namespace\((.*)\):", line)
+        if chosen and part:
+            kv = dict(re.findall(r"(\w+)=(\d+)", chosen.group(1)))
+            tile = f"{kv['TILE_M']}x{kv['TILE_N']}"
+            if "occupancy" in kv:
+                tile += f" occ={kv['occupancy']}"
+            if tile not in out.setdefault(part, []):
+                out[part].append(tile)
+    return out
+
+
+def tilegym_table(part: str, gpu: str = "h200", root=None, labels: bool = True):
+    """Rows: implementation (ours, its control, TileGym, the libraries); columns: N (keys for
+    decode); values: the speed over cuDNN's (cuDNN's time over the row's, paired by round for
+    the forward and backward, medians for decode)."""
+    df = tilegym_frame(part, gpu, root)
+    n = "Nk" if part == "decode" else "Nq"
+    if part == "decode":
+        ref = df[df["impl"] == "sdpa_cudnn"].set_index(n)["median_ms"]
+        df = df.assign(ratio_cudnn=ref.reindex(df[n]).to_numpy() / df["median_ms"].to_numpy())
+    t = df.pivot_table(index="impl", columns=n, values="ratio_cudnn", sort=False)
+    order = [TILEGYM_OURS[part], "best#2", "tilegym", "sdpa_cudnn", "sdpa_flash"]
+    t = t.reindex([i for i in order if i in t.index] + [i for i in t.index if i not in order])
+    t.columns = [f"{c // 1024}K" for c in t.columns]
+    if labels:
+        t.index = [TILEGYM_LABELS.get(i, i) for i in t.index]
+    t.index.name, t.columns.name = "impl", ("keys" if part == "decode" else "N")
+    return t
 
 
 # ---------------------------------------------------------------------------------------------
