@@ -131,7 +131,7 @@ def compile_spec(spec, arch: str, constants: dict, *, hints: dict | None = None,
     rep = KernelReport(step=step or spec.name, arch=arch, kernel=spec.name,
                        config=label or " ".join(f"{k}={v}" for k, v in hints.items()))
     key = hashlib.sha256(json.dumps([_source_hash(), _module_hash(spec.module), spec.name,
-                                     spec.module, sorted(constants.items()),
+                                     spec.module, spec.function, sorted(constants.items()),
                                      sorted(hints.items()), arch, dtype, align],
                                     default=str).encode())
     cubin = _cache_dir() / f"{spec.name}-{arch}-{key.hexdigest()[:20]}.cubin"
