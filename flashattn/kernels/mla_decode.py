@@ -34,6 +34,7 @@ import cuda.tile as ct
 
 from flashattn.kernels.common import (INV_LOG_2, ConstBool, ConstInt, mask_scores, merge_lse,
                                       online_softmax_update)
+from flashattn.kernels.splitkv import finalize, page_of, sequence_length, split_tiles, store_split
 
 LN_2 = math.log(2.0)
 
@@ -57,27 +58,18 @@ def mla_decode_split_kernel(Q, KV, BlockTable, SeqLens, Descale, Opart, Lse, Out
     batch_idx = bh // num_kv_heads
     kv_head = bh % num_kv_heads
     group = Q.shape[2] // num_q                                     # query heads per cache head
-
     page_size = KV.shape[1]
-    num_pages = KV.shape[0]
-    capacity = BlockTable.shape[1] * page_size
-    seqlen_raw = ct.gather(SeqLens, (batch_idx,), padding_value=0).item()
-    seqlen = min(max(seqlen_raw, 0), capacity)
-    bad = ct.where(seqlen == seqlen_raw, 0, 1)
+
+    seqlen, bad = sequence_length(SeqLens, BlockTable, batch_idx, page_size, True)
+    t_start, t_end, mask_from = split_tiles(seqlen, split, num_splits, num_q, TILE_N)
+    if not CAUSAL:
+        mask_from = seqlen                                          # only the ragged end
     scale = qk_scale * INV_LOG_2
+    descale = ct.gather(Descale, (batch_idx,), padding_value=1.0).item()
     if FP8:
-        descale = ct.gather(Descale, (batch_idx,), padding_value=1.0).item()
         scale = scale * descale
 
-    n_tiles = ct.cdiv(seqlen, TILE_N)
-    per_split = ct.cdiv(n_tiles, num_splits)
-    t_start = min(split * per_split, n_tiles)
-    t_end = min(t_start + per_split, n_tiles)
-    if CAUSAL:
-        mask_from = seqlen - num_q + 1                              # keys every row sees end here
-    else:
-        mask_from = seqlen
-
+    # Row r is new token r // group (q viewed as (B, Sq * Hq): no copy for one cache head).
     rows = bid_m * TILE_M + ct.arange(TILE_M, dtype=ct.int32)      # [TILE_M]
     q_pos = (seqlen - num_q + rows // group)[:, None]               # [TILE_M, 1]
     offs_n_tile = ct.arange(TILE_N, dtype=ct.int32)                 # [TILE_N]
@@ -93,11 +85,8 @@ def mla_decode_split_kernel(Q, KV, BlockTable, SeqLens, Descale, Opart, Lse, Out
 
     for t in range(t_start, t_end):
         n0 = t * TILE_N
-        slot = n0 // page_size
-        page_raw = ct.gather(BlockTable, (batch_idx, slot), padding_value=-1).item()
-        page = min(max(page_raw, 0), num_pages - 1)
-        bad = max(bad, ct.where(page == page_raw, 0, 1))
-        in_page = (n0 - slot * page_size) // TILE_N
+        page, in_page, bad = page_of(BlockTable, batch_idx, t, bad, page_size, KV.shape[0],
+                                     TILE_N, True)
         # One read of the latent tile: K for the scores, V for the output.
         kv = ct.load(KV, index=(page, in_page, kv_head, 0), shape=(1, TILE_N, 1, D_LAT),
                      padding_mode=ct.PaddingMode.ZERO).reshape((TILE_N, D_LAT))
@@ -119,22 +108,13 @@ def mla_decode_split_kernel(Q, KV, BlockTable, SeqLens, Descale, Opart, Lse, Out
         p, m_i, l_i, acc = online_softmax_update(qk, m_i, l_i, acc, scale, True, False)
         acc = ct.mma(p.astype(Q.dtype), kv, acc)
 
-    has_keys = l_i > 0.0
-    o = ct.truediv(acc, ct.where(has_keys, l_i, 1.0))
-    if FP8:
-        o = o * descale
-    lse = ct.where(has_keys, m_i + ct.log2(ct.where(has_keys, l_i, 1.0)), -math.inf)
-    if bad > 0:
-        o = ct.full((TILE_M, D_LAT), math.nan, dtype=ct.float32)
-        lse = ct.full((TILE_M, 1), math.nan, dtype=ct.float32)
+    o, lse = finalize(acc, m_i, l_i, bad, descale, TILE_M, D_LAT, FP8, 0)
+    store_split(Out, Opart, Lse, o, lse, batch_idx, kv_head, split, bh, bid_m, TILE_M, D_LAT,
+                FINAL)
     if FINAL:
-        ct.store(Out, index=(batch_idx, kv_head, bid_m, 0),
-                 tile=o.reshape((1, 1, TILE_M, D_LAT)).astype(Out.dtype))
+        # FlashMLA's LSE: natural log, +inf for a row with no visible key.
         lse_nat = ct.where(lse == -math.inf, math.inf, lse * LN_2)
         ct.store(LseOut, index=(batch_idx, kv_head, bid_m), tile=lse_nat.reshape((1, 1, TILE_M)))
-    else:
-        ct.store(Opart, index=(split, bh, bid_m, 0), tile=o.reshape((1, 1, TILE_M, D_LAT)))
-        ct.store(Lse, index=(split, bh, bid_m), tile=lse.reshape((1, 1, TILE_M)))
 
 
 @ct.kernel
