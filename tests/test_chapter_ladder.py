@@ -143,7 +143,7 @@ def test_figure_draws_a_panel_per_workload(h200):
     assert drawn & set(ladder.RUNGS) == set(ladder.RUNGS[:3])
 
 
-@pytest.mark.parametrize("name", ["07_loop_split", "08_remap"])
+@pytest.mark.parametrize("name", ["06_fast_math", "07_loop_split", "08_remap"])
 def test_chapters_draw_no_later_rung(name):
     """Chapters 7 and 8 draw the ladder only up to their own step (a later rung is a margin
     note's business, not a line of the figure)."""
