@@ -57,7 +57,7 @@ def variant_backward(q, k, v, out, do, lse, *, scale, configs, kernels, grads, c
     import torch
     from flashattn.dispatch import launch_kernel
     from flashattn.kernels import hinted
-    from flashattn.launch import arch_of
+    from flashattn.dispatch import device_arch
     from flashattn.launch_bwd import attention_backward, backward_launches
     if not kernels:
         return attention_backward(q, k, v, out, do, lse, causal=causal, scale=scale,
@@ -65,7 +65,7 @@ def variant_backward(q, k, v, out, do, lse, *, scale, configs, kernels, grads, c
     dq, dk, dv = grads
     delta = torch.empty(lse.shape, dtype=torch.float32, device=q.device)
     launches = backward_launches(q, k, v, out, do, lse, delta, dq, dk, dv, causal=causal,
-                                 scale=scale, input_pos=0, arch=arch_of(q.device),
+                                 scale=scale, input_pos=0, arch=device_arch(q.device),
                                  configs=configs)
     for x in launches:
         spec = x.spec

@@ -43,8 +43,8 @@ import math
 
 import cuda.tile as ct
 
-from flashattn.kernels.common import (INV_LOG_2, ConstBool, ConstInt, key_tile_range,
-                                      mask_scores)
+from flashattn.kernels.common import (INV_LOG_2, ConstBool, ConstInt, dscores, guard_lse,
+                                      key_tile_range, mask_scores, recompute_p)
 
 
 @ct.kernel
@@ -162,7 +162,7 @@ def dkdv_program(Q, K, V, dO, LSE, Delta, dK, dV, dQacc,
         delta = ct.load(Delta, index=(batch_idx, head_idx, i), shape=(1, 1, TILE_M),
                         padding_mode=ct.PaddingMode.ZERO).reshape((1, TILE_M))   # [1, TILE_M]
         # A row that sees no key (LSE -inf): P = 0 and dS = 0, as for the padding.
-        lse = ct.where(lse == -math.inf, math.inf, lse)
+        lse = guard_lse(lse)
         delta = ct.where(lse == math.inf, 0.0, delta)
 
         st = ct.full((TILE_N, TILE_M), 0.0, dtype=ct.float32)
@@ -173,11 +173,11 @@ def dkdv_program(Q, K, V, dO, LSE, Delta, dK, dV, dQacc,
             offs_m = input_pos + i * TILE_M + offs_m_tile            # [1, TILE_M]
             st = mask_scores(st, offs_m, offs_n, k_seqlen, CAUSAL, EVEN_K)  # [TILE_N, TILE_M]
         # P^T, recomputed: exp(scale * S - LSE) = exp2(scale * log2(e) * S - LSE * log2(e)).
-        pt = ct.exp2(st * qk_scale_log2 - lse * INV_LOG_2, flush_to_zero=True)  # [TILE_N, TILE_M]
+        pt = recompute_p(st * qk_scale_log2, lse * INV_LOG_2)         # [TILE_N, TILE_M]
         dv = ct.mma(pt.astype(Q.dtype), do, dv)                      # dV += P^T dO
         dpt = ct.full((TILE_N, TILE_M), 0.0, dtype=ct.float32)
         dpt = ct.mma(v, ct.transpose(do), dpt)                       # dP^T = V dO^T
-        dst = (pt * (dpt - delta)).astype(Q.dtype)                   # dS^T, [TILE_N, TILE_M]
+        dst = dscores(pt, dpt, delta).astype(Q.dtype)               # dS^T, [TILE_N, TILE_M]
         dk = ct.mma(dst, q, dk)                                      # dK += dS^T Q (unscaled)
         if DQ_ATOMIC:
             # This pair's share of dQ for query tile i: scale * dS K, added element by element
@@ -225,7 +225,7 @@ def bwd_dq_kernel(Q, K, V, dO, LSE, Delta, dQ,
     delta = ct.load(Delta, index=(batch_idx, head_idx, bid_x), shape=(1, 1, TILE_M),
                     padding_mode=ct.PaddingMode.ZERO).reshape((TILE_M, 1))   # [TILE_M, 1]
     # A row that sees no key (LSE -inf): P = 0 and dS = 0, so its dQ is 0.
-    lse = ct.where(lse == -math.inf, math.inf, lse)
+    lse = guard_lse(lse)
     delta = ct.where(lse == math.inf, 0.0, delta)
     lse2 = lse * INV_LOG_2                                           # log2 units, once per row
     dq = ct.full((TILE_M, TILE_D), 0.0, dtype=ct.float32)           # [TILE_M, TILE_D]
@@ -247,10 +247,10 @@ def bwd_dq_kernel(Q, K, V, dO, LSE, Delta, dQ,
         s = ct.mma(q, ct.transpose(k), s)                            # S = Q K^T
         if (CAUSAL or not EVEN_K) and j >= mask_start:
             s = mask_scores(s, offs_m, j * TILE_N + offs_n_tile, k_seqlen, CAUSAL, EVEN_K)
-        p = ct.exp2(s * qk_scale_log2 - lse2, flush_to_zero=True)   # [TILE_M, TILE_N]
+        p = recompute_p(s * qk_scale_log2, lse2)                    # [TILE_M, TILE_N]
         dp = ct.full((TILE_M, TILE_N), 0.0, dtype=ct.float32)
         dp = ct.mma(do, vt, dp)                                      # dP = dO V^T
-        ds = p * (dp - delta)                                        # dS, [TILE_M, TILE_N]
+        ds = dscores(p, dp, delta)                                   # dS, [TILE_M, TILE_N]
         dq = ct.mma(ds.astype(Q.dtype), k, dq)                       # dQ += dS K (unscaled)
 
     dq = (dq * qk_scale).reshape((1, 1, TILE_M, TILE_D)).astype(dQ.dtype)
