@@ -438,6 +438,29 @@ def _qkv(case, Nq, Nk, D=16, dtype=torch.float16):
     return [torch.randn(B, H, n, D, generator=g).to(dtype) for n in (Nq, Nk, Nk, Nq)]
 
 
+def _vmapped(fn, kind="score"):
+    """``fn`` applied as FlexAttention applies it (torch.vmap over b, h, q_idx, kv_idx: each call
+    sees 0-d values), for the dense reference: chained indexing (``bias[b][q_idx]``) needs it."""
+    n = 5 if kind == "score" else 4
+
+    def apply(*args):
+        f = fn
+        for d in range(n - 1, n - 5, -1):
+            dims = [None] * n
+            dims[d] = 0
+            if kind == "score":
+                dims[0] = 0
+            f = torch.vmap(f, in_dims=tuple(dims))
+        return f(*args[:n - 4], *(a.flatten() for a in args[n - 4:]))
+    return apply
+
+
+def _floor(ref):
+    # dS is rounded to the inputs' dtype for its matrix products: its error scales with the
+    # gradient (a score function with a large derivative, score ** 2, makes dS large).
+    return max(2e-3, 1e-3 * ref.abs().max().item())
+
+
 @pytest.mark.parametrize("name", SCORES)
 def test_score_mod_forward_and_backward(name):
     """Forward against PyTorch's flex_attention (fp64), backward against the fp64 reference with
@@ -456,11 +479,11 @@ def test_score_mod_forward_and_backward(name):
     grads = []
     for dt in (torch.float64, torch.float32):
         ls = [t.detach().to(dt).requires_grad_() for t in (q, k, v)]
-        o, _ = flex_reference(*ls, score=fn)
+        o, _ = flex_reference(*ls, score=_vmapped(fn))
         o.backward(do.to(dt))
         grads.append([t.grad for t in ls])
     for what, a, r, p in zip(("dq", "dk", "dv"), (t.grad for t in leaves), *grads):
-        assert_flash_criterion(a, r.float(), p.half(), 2e-3, seed=f"{name}-{what}")
+        assert_flash_criterion(a, r.float(), p.half(), _floor(r), seed=f"{name}-{what}")
 
 
 @pytest.mark.parametrize("name", MASKS)
@@ -474,21 +497,22 @@ def test_mask_mod_forward_and_backward(name):
     with interpret.enabled():
         out, aux = flex_attention(*leaves, block_mask=ours, return_aux=AuxRequest(lse=True))
         out.backward(do)
-    ref, rlse = torch_flex(q.double(), k.double(), v.double(), block_mask=bm, return_lse=True)
+    ref, raux = torch_flex(q.double(), k.double(), v.double(), block_mask=bm,
+                           return_aux=AuxRequest(lse=True))
+    rlse = raux.lse
     pt = torch_flex(q, k, v, block_mask=bm)
     assert_flash_criterion(out.detach(), ref.float(), pt, 1e-3, seed=name)
     assert torch.equal(torch.isneginf(aux.lse), torch.isneginf(rlse))
 
-    def mask(b, h, qi, ki):
-        return fn(b, h, qi, ki)
+    mask = _vmapped(fn, "mask")
     grads = []
     for dt in (torch.float64, torch.float32):
         ls = [t.detach().to(dt).requires_grad_() for t in (q, k, v)]
         o, _ = flex_reference(*ls, mask=mask)
         o.backward(do.to(dt))
-        grads.append([torch.nan_to_num(t.grad) for t in ls])
+        grads.append([t.grad for t in ls])
     for what, a, r, p in zip(("dq", "dk", "dv"), (t.grad for t in leaves), *grads):
-        assert_flash_criterion(a, r.float(), p.half(), 2e-3, seed=f"{name}-{what}")
+        assert_flash_criterion(a, r.float(), p.half(), _floor(r), seed=f"{name}-{what}")
 
 
 # --- what the tracer refuses, by name -------------------------------------------------------------
