@@ -173,6 +173,10 @@ def build(g, op, *args):
         return g.node(op, (a, b), d, nonneg=nonneg)
     if op in _CMP:
         a, b = args
+        if _is_const(a) and _is_const(b):
+            return g.const(bool({"lt": a.value < b.value, "le": a.value <= b.value,
+                                 "gt": a.value > b.value, "ge": a.value >= b.value,
+                                 "eq": a.value == b.value, "ne": a.value != b.value}[op]))
         return g.node(op, (a, b), "b")
     if op in ("and", "or", "xor"):
         a, b = args
@@ -214,10 +218,10 @@ def build(g, op, *args):
     if op == "abs":
         (a,) = args
         return g.node("abs", (a,), _num(a.dtype), nonneg=True)
-    if op in ("minimum", "maximum"):
+    if op in ("minimum", "maximum", "clamp_lo", "clamp_hi"):
         a, b = args
         return g.node(op, (a, b), _promote(_num(a.dtype), _num(b.dtype)),
-                      nonneg=(a.nonneg or b.nonneg) if op == "maximum" else
+                      nonneg=(a.nonneg or b.nonneg) if op in ("maximum", "clamp_lo") else
                       (a.nonneg and b.nonneg))
     if op == "where":
         c, a, b = args
@@ -627,10 +631,11 @@ def _clamp(g, args, kwargs):
     hi = args[2] if len(args) > 2 else kwargs.get("max")
     if lo is None and hi is None:
         raise _error("torch.clamp without min or max")
+    # max/min with torch's clamp derivative (1 on the closed interval, not split on ties)
     if lo is not None:
-        x = build(g, "maximum", x, _operand(g, lo))
+        x = build(g, "clamp_lo", x, _operand(g, lo))
     if hi is not None:
-        x = build(g, "minimum", x, _operand(g, hi))
+        x = build(g, "clamp_hi", x, _operand(g, hi))
     return Proxy(g, x)
 
 
@@ -660,8 +665,10 @@ def _silu(g, args, kwargs):
 
 
 def _relu(g, args, kwargs):
+    # where(x > 0, x, 0): torch's relu, derivative 0 at 0 as torch's
     x = _operand(g, args[0])
-    return Proxy(g, build(g, "maximum", x, g.const(0.0 if x.dtype == "f" else 0)))
+    zero = g.const(0.0 if x.dtype == "f" else 0)
+    return Proxy(g, build(g, "where", build(g, "gt", x, zero), x, zero))
 
 
 def _square(g, args, kwargs):
@@ -770,12 +777,20 @@ def trace(fn, kind: str) -> Traced:
         raise ModError(f"{what}: {e}") from None
     except Exception as e:
         raise ModError(f"{what} cannot be traced: {type(e).__name__}: {e}") from e
+    import torch
+    if not isinstance(res, (Proxy, _View, torch.Tensor)):
+        raise TypeError(f"{what} returned a {type(res).__name__}, not a tile or a tensor: a "
+                        f"{kind}_mod returns " + ("the score" if kind == "score" else
+                                                  "a bool per score (True: attend)"))
+    if kind == "score" and isinstance(res, Proxy) and res.node.dtype == "b":
+        raise TypeError(f"{what} returned a bool value; a score_mod returns the float score "
+                        "(a mask is a mask_mod, or torch.where(cond, score, -inf))")
     try:
         out = _operand(g, res)
     except ModError as e:
         raise ModError(f"{what} returned {type(res).__name__}: {e}") from None
     if kind == "mask" and out.dtype != "b":
-        raise ModError(f"{what} returned a {'float' if out.dtype == 'f' else 'integer'} value; "
+        raise ModError(f"{what} returned {'a float' if out.dtype == 'f' else 'an integer'} value; "
                        "a mask_mod returns a bool (True: attend), e.g. q_idx >= kv_idx")
     if kind == "score" and out.dtype != "f":
         out = build(g, "to_f", out)
@@ -887,6 +902,13 @@ def derivative(g, out):
             second = build(g, "gt" if op == "minimum" else "lt", x, y)
             tie = build(g, "mul", build(g, "add", dx_, dy_), g.const(0.5))
             return build(g, "where", first, dx_, build(g, "where", second, dy_, tie))
+        if op in ("clamp_lo", "clamp_hi"):
+            x, bound = a
+            dx, db = d(x), d(bound)
+            if dx is None and db is None:
+                return None
+            inside = build(g, "ge" if op == "clamp_lo" else "le", x, bound)
+            return build(g, "where", inside, dx or g.const(0.0), db or g.const(0.0))
         if op == "where":
             c, x, y = a
             dx, dy = d(x), d(y)
@@ -984,8 +1006,9 @@ class _Emitter:
             return f"{_CT_UNARY[op]}({self.val(a[0], 'f' if op != 'abs' else None)})"
         if op == "sigmoid":
             return f"(1.0 / (1.0 + ct.exp(-{self.val(a[0], 'f')})))"
-        if op in ("minimum", "maximum"):
-            return f"ct.{op}({self.val(a[0], n.dtype)}, {self.val(a[1], n.dtype)})"
+        if op in ("minimum", "maximum", "clamp_lo", "clamp_hi"):
+            f = {"clamp_lo": "maximum", "clamp_hi": "minimum"}.get(op, op)
+            return f"ct.{f}({self.val(a[0], n.dtype)}, {self.val(a[1], n.dtype)})"
         if op == "where":
             return (f"ct.where({self.val(a[0], 'b')}, {self.val(a[1], n.dtype)}, "
                     f"{self.val(a[2], n.dtype)})")
@@ -1111,7 +1134,7 @@ def compile_mod(fn, kind: str):
     try:
         mod = cls(tr.name, tile, _torch_caller(fn, kind), tr.tensors, **kw)
     except (TypeError, ValueError) as e:
-        raise _error(f"{kind}_mod {tr.name!r}: {e}") from e
+        raise _error(str(e)) from e
     mod.source_path = path
     return mod
 

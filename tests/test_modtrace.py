@@ -530,7 +530,7 @@ def test_refusals_name_the_operation():
     t2 = torch.randn(S, S)
     _refuses(lambda s, b, h, q, kv: s + t2[:, q], "score", "slice")
     _refuses(lambda s, b, h, q, kv: s + t[q / 2], "score", "float expression")
-    _refuses(lambda b, h, q, kv: q - kv, "mask", "returned a integer|returns a bool")
+    _refuses(lambda b, h, q, kv: q - kv, "mask", "returned an integer value")
     _refuses(lambda s, b, h, q, kv: s.softmax(-1), "score", "Tensor.softmax is not supported")
 
 
@@ -556,3 +556,26 @@ def test_cutile_defs_are_not_traced():
         return mods.ct.tanh(score)
     m = modtrace.to_mod(tile_def, "score")
     assert m.tile is tile_def
+
+
+def test_score_must_be_a_float_value():
+    with pytest.raises(TypeError, match="returned a bool value"):
+        modtrace.compile_mod(lambda s, b, h, q, kv: s > 0, "score")
+    with pytest.raises(TypeError, match="returned a float, not a tile"):
+        modtrace.compile_mod(lambda s, b, h, q, kv: 1.0, "score")
+
+
+def test_derivatives_at_ties_follow_torch():
+    """clamp (1 on the closed interval), relu (0 at 0), maximum/minimum (half on a tie), abs
+    (0 at 0), where: torch.autograd's choices at the points where the rules differ."""
+    def mod(score, b, h, q, kv):
+        return (torch.clamp(score, -1.0, 1.0) + torch.relu(score) + score.abs()
+                + torch.maximum(score, (kv - q) * 1.0) + torch.minimum(score, kv * 0.0))
+    m = modtrace.compile_mod(mod, "score")
+    qs, ks = torch.arange(0, 32), torch.arange(0, 32)
+    s = torch.tensor([-1.0, 0.0, 1.0, 2.0, -3.0, 0.5, 5.0, 4.0]).repeat(32, 4)
+    s[:, :8] = (ks[:8] - qs[:, None]).double().clamp(-1, 1)        # ties with kv - q
+    s = s.double().requires_grad_()
+    mod(s, torch.tensor(0), torch.tensor(0), qs[:, None], ks[None, :]).sum().backward()
+    dg = _tile_run(m.grad, "score", m, s.detach().float(), 0, 0, qs, ks)
+    torch.testing.assert_close(dg.double(), s.grad, rtol=0, atol=1e-6)
