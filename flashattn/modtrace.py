@@ -63,6 +63,7 @@ class Graph:
         self.nodes: dict = {}
         self.tensors: list = []          # (name, tensor, bool?) in kernel-argument order
         self._tensor_ids: dict = {}
+        self._keep: list = []
 
     def node(self, op, args=(), dtype="f", value=None, nonneg=False):
         key = (op, tuple(a.key for a in args), dtype,
@@ -100,20 +101,41 @@ class Graph:
         if t.is_complex():
             raise _error(f"a captured complex tensor {tuple(t.shape)} cannot be read by a mod")
         is_bool = t.dtype == torch.bool
-        if t.dtype.is_floating_point:
-            v = t.detach().to(torch.float32)
-        else:
-            if not is_bool and t.numel() and (int(t.min()) < -2**31 or int(t.max()) >= 2**31):
-                raise _error(f"a captured {t.dtype} tensor holds values outside int32")
-            v = t.detach().to(torch.int32)
-        if v.dim() == 0:
-            v = v.reshape(1)             # a scalar: read with one (zero) index
-        v = v.contiguous()
+        v = _converted(t, torch.float32 if t.dtype.is_floating_point else torch.int32)
         i = len(self.tensors)
         self.tensors.append((f"t{i}", v, is_bool))
         self._tensor_ids[tid] = i
-        self._keep = getattr(self, "_keep", []) + [t]     # ids stay unique while tracing
+        self._keep.append(t)             # ids stay unique while tracing
         return i
+
+
+_CONVERTED: dict = {}
+_CONVERTED_MAX = 64
+
+
+def _converted(t, dtype):
+    """``t`` as the kernel reads it: ``dtype``, contiguous, at least 1-d. A copy is made once per
+    (tensor, version) and reused: a mod is traced on every call, its tensors are not copied on
+    every call; an in-place update of the tensor (a new version) makes a new copy."""
+    import torch
+    import weakref
+    if t.dtype == dtype and t.dim() > 0 and t.is_contiguous():
+        return t.detach()                  # read in place: updates are seen as they are
+    base = t._base if t._base is not None else t
+    key = (id(base), t.storage_offset(), tuple(t.shape), t.stride(), t.dtype, dtype,
+           t._version, t.device)
+    hit = _CONVERTED.get(key)
+    if hit is not None and hit[0]() is base:
+        return hit[1]
+    if dtype == torch.int32 and t.dtype != torch.bool and t.numel() and (
+            int(t.min()) < -2**31 or int(t.max()) >= 2**31):
+        raise _error(f"a captured {t.dtype} tensor holds values outside int32 (the kernel's "
+                     "index type)")
+    v = t.detach().to(dtype).reshape(-1 if t.dim() == 0 else t.shape).contiguous()
+    if len(_CONVERTED) >= _CONVERTED_MAX:
+        _CONVERTED.pop(next(iter(_CONVERTED)))
+    _CONVERTED[key] = (weakref.ref(base), v)
+    return v
 
 
 # --- building nodes (torch's type rules on the kinds f/i/b) -------------------------------------

@@ -579,3 +579,20 @@ def test_derivatives_at_ties_follow_torch():
     mod(s, torch.tensor(0), torch.tensor(0), qs[:, None], ks[None, :]).sum().backward()
     dg = _tile_run(m.grad, "score", m, s.detach().float(), 0, 0, qs, ks)
     torch.testing.assert_close(dg.double(), s.grad, rtol=0, atol=1e-6)
+
+
+def test_tensors_converted_once_and_updates_seen():
+    half = torch.randn(S, dtype=torch.float16)
+    f32 = torch.randn(S)
+
+    def mod(score, b, h, q, kv):
+        return score + half[q] + f32[kv]
+    a, b = modtrace.compile_mod(mod, "score"), modtrace.compile_mod(mod, "score")
+    assert a.tensors[0][1] is b.tensors[0][1]                  # fp16 -> fp32 copied once
+    assert a.tensors[1][1].data_ptr() == f32.data_ptr()       # fp32 read in place
+    half.add_(1.0)                                             # a new version: a new copy
+    c = modtrace.compile_mod(mod, "score")
+    assert torch.equal(c.tensors[0][1], half.float())
+    big = torch.tensor([2**40])
+    with pytest.raises(ModError, match="outside int32"):
+        modtrace.compile_mod(lambda s, b, h, q, kv: s + big[b * 0], "score")
