@@ -1097,6 +1097,7 @@ def generate_source(traced: Traced):
 # === import and the mod object ==================================================================
 _LOCK = threading.Lock()
 _FUNCS: dict = {}
+_GENERATED: dict = {}
 
 
 def _cache_dir():
@@ -1148,8 +1149,13 @@ def compile_mod(fn, kind: str):
     its torch function ``fn`` itself)."""
     from .mods import MaskMod, ScoreMod
     tr = trace(fn, kind)
-    src, fname, grad_name, additive = generate_source(tr)
-    tile, grad, path = _load(src, fname, grad_name)
+    # The graph's key names the generated code (tensors by position and kind): generated once.
+    key = (kind, tr.name, tr.out.key, tuple((v.dim(), b) for _, v, b in tr.graph.tensors))
+    hit = _GENERATED.get(key)
+    if hit is None:
+        src, fname, grad_name, additive = generate_source(tr)
+        hit = _GENERATED[key] = (fname, additive) + _load(src, fname, grad_name)
+    fname, additive, tile, grad, path = hit
     cls = ScoreMod if kind == "score" else MaskMod
     kw = dict(params=dict(traced=fname), grad=grad, additive=additive) if kind == "score" \
         else dict(params=dict(traced=fname))
