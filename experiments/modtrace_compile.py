@@ -7,7 +7,7 @@ import sys
 
 import torch
 
-from flashattn import flex, modtrace
+from flashattn import flex, mods, modtrace
 
 B, H, S = 2, 4, 256
 bias = torch.randn(B, H, 4, S)
@@ -39,9 +39,9 @@ def mask(b, h, q, kv):
 
 
 def main(arch="sm_90"):
-    ga = modtrace.compile_mod(gathers, "score")
-    sm = modtrace.compile_mod(kitchen_sink, "score")
-    mm = modtrace.compile_mod(mask, "mask")
+    ga = modtrace.compile_mod(gathers, mods.ScoreMod)
+    sm = modtrace.compile_mod(kitchen_sink, mods.ScoreMod)
+    mm = modtrace.compile_mod(mask, mods.MaskMod)
     for m in (ga, sm, mm):
         print(open(m.source_path).read())
     ok = True

@@ -16,7 +16,7 @@ tensors indexed by ``b``, ``h``, ``q_idx``, ``kv_idx`` and integer expressions o
 becomes a tensor argument of the kernel, read with ``ct.gather``). Anything else raises
 ``ModError`` naming the operation; so does Python control flow on a traced value.
 
-``compile_mod(fn, kind)`` generates the tile function's source (and, for a score, the source
+``compile_mod(fn, cls)`` generates the tile function's source (and, for a score, the source
 of d score_mod / d score by the chain rule over the graph), writes it to
 ``$FLASHATTN_CACHE/mods/`` (cuTile reads kernel source with ``inspect``: a function needs a
 file), imports it and returns a ``flashattn.mods.ScoreMod``/``MaskMod`` whose tensors are the
@@ -33,7 +33,7 @@ import sys
 import threading
 import types
 
-__all__ = ["Proxy", "Graph", "Node", "trace", "generate_source", "compile_mod", "to_mod",
+__all__ = ["ModError", "Proxy", "Graph", "Node", "trace", "generate_source", "compile_mod", "to_mod",
            "SCORE_ARGS", "MASK_ARGS"]
 
 SCORE_ARGS = ("score", "b", "h", "q_idx", "kv_idx")
@@ -41,8 +41,12 @@ MASK_ARGS = ("b", "h", "q_idx", "kv_idx")
 _INDEX_INPUTS = ("b", "h", "q_idx", "kv_idx")
 
 
+class ModError(ValueError):
+    """A score function or mask the kernel cannot run or compile; the message names it (what
+    the tracer cannot express, or what the compiler refused). ``flashattn.flex.ModError``."""
+
+
 def _error(msg):
-    from .flex import ModError
     return ModError(msg)
 
 
@@ -786,7 +790,6 @@ def _name(fn):
 def trace(fn, kind: str) -> Traced:
     """Call ``fn`` (a FlexAttention ``score_mod`` or ``mask_mod``) on proxies; ``ModError`` for
     what cannot be traced, naming the operation."""
-    from .flex import ModError
     if kind not in ("score", "mask"):
         raise ValueError(f"kind must be 'score' or 'mask', got {kind!r}")
     g = Graph()
@@ -1143,11 +1146,11 @@ def _torch_caller(fn, kind):
     return traced_mask
 
 
-def compile_mod(fn, kind: str):
-    """``fn`` traced and generated: a ``ScoreMod``/``MaskMod`` for the flex kernels (its tile
-    function and derivative imported from the generated file, its tensors the captured ones,
-    its torch function ``fn`` itself)."""
-    from .mods import MaskMod, ScoreMod
+def compile_mod(fn, cls):
+    """``fn`` traced and generated, as a ``cls`` (``flashattn.mods.ScoreMod`` or ``MaskMod``)
+    for the flex kernels: its tile function and derivative imported from the generated file, its
+    tensors the captured ones, its torch function ``fn`` itself."""
+    kind = cls.kind
     tr = trace(fn, kind)
     # The graph's key names the generated code (tensors by position and kind): generated once.
     key = (kind, tr.name, tr.out.key, tuple((v.dim(), b) for _, v, b in tr.graph.tensors))
@@ -1156,7 +1159,6 @@ def compile_mod(fn, kind: str):
         src, fname, grad_name, additive = generate_source(tr)
         hit = _GENERATED[key] = (fname, additive) + _load(src, fname, grad_name)
     fname, additive, tile, grad, path = hit
-    cls = ScoreMod if kind == "score" else MaskMod
     kw = dict(params=dict(traced=fname), grad=grad, additive=additive) if kind == "score" \
         else dict(params=dict(traced=fname))
     try:
@@ -1201,18 +1203,16 @@ def _all_names(code):
     return names
 
 
-def to_mod(fn, kind: str):
-    """A plain ``def`` as a flex mod: traced (torch operations) unless it is written in
-    cuda.tile, which is then its own tile function as before."""
-    from .mods import MaskMod, ScoreMod
-    cls = ScoreMod if kind == "score" else MaskMod
+def to_mod(fn, cls):
+    """A plain function as a ``cls`` (ScoreMod/MaskMod): traced (torch operations) unless it is
+    a def written in cuda.tile, which is then its own tile function."""
     if _uses_cutile(fn):
         return cls(_name(fn), fn)
     try:
-        return compile_mod(fn, kind)
+        return compile_mod(fn, cls)
     except Exception as e:
-        if _raised_by_cutile(e.__cause__):        # ct.* called on a proxy: a tile def
-            return cls(_name(fn), fn)
+        if isinstance(fn, types.FunctionType) and _raised_by_cutile(e.__cause__):
+            return cls(_name(fn), fn)      # ct.* called on a proxy: a tile def
         raise
 
 

@@ -19,8 +19,9 @@ from torch.nn.attention.flex_attention import (AuxRequest, _identity, and_masks,
                                                create_block_mask, noop_mask, or_masks)
 from torch.nn.attention.flex_attention import flex_attention as torch_flex
 
-from flashattn import interpret, modtrace
-from flashattn.flex import ModError, flex_attention
+from flashattn import interpret, mods, modtrace
+from flashattn.flex import flex_attention
+from flashattn.modtrace import ModError
 
 from criteria import assert_flash_criterion, seed_of
 from flex_reference import flex_reference
@@ -367,6 +368,10 @@ SCORES = [n for n in OK if MODS[n][0] == "score"]
 MASKS = [n for n in OK if MODS[n][0] == "mask"]
 
 
+def _compile(fn, kind):
+    return modtrace.compile_mod(fn, {"score": mods.ScoreMod, "mask": mods.MaskMod}[kind])
+
+
 @pytest.fixture(autouse=True)
 def _cache(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("FLASHATTN_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
@@ -377,13 +382,13 @@ def test_traces_or_names_why(name):
     kind, make, err = MODS[name]
     fn = make()
     if err is None:
-        m = modtrace.compile_mod(fn, kind)
+        m = _compile(fn, kind)
         assert m.kind == kind and m.tile.__module__.startswith("flashattn_mods_")
         if kind == "score":
             assert m.differentiable
     else:
         with pytest.raises(ModError, match=err):
-            modtrace.compile_mod(fn, kind)
+            _compile(fn, kind)
 
 
 # --- the generated functions against torch, on tiles ---------------------------------------
@@ -407,7 +412,7 @@ def test_tile_values(name):
     32 x 32 tiles, for several (b, h) and positions."""
     kind, make, _ = MODS[name]
     fn = make()
-    m = modtrace.compile_mod(fn, kind)
+    m = _compile(fn, kind)
     qs, ks = torch.arange(0, 32), torch.arange(8, 40)
     for b, h in ((0, 0), (1, 3)):
         bt, ht = torch.tensor(b), torch.tensor(h)
@@ -466,7 +471,7 @@ def test_score_mod_forward_and_backward(name):
     """Forward against PyTorch's flex_attention (fp64), backward against the fp64 reference with
     autograd; PyTorch's own error (the inputs' dtype) sets the tolerance."""
     fn = MODS[name][1]()
-    m = modtrace.compile_mod(fn, "score")
+    m = _compile(fn, "score")
     q, k, v, do = _qkv(name, S, S)
     leaves = [t.clone().requires_grad_() for t in (q, k, v)]
     with interpret.enabled():
@@ -492,7 +497,7 @@ def test_mask_mod_forward_and_backward(name):
     q, k, v, do = _qkv(name, S, S)
     bm = create_block_mask(fn, None, None, S, S, device="cpu", BLOCK_SIZE=16)
     ours = create_block_mask(fn, None, None, S, S, device="cpu", BLOCK_SIZE=16)
-    ours.mask_mod = modtrace.compile_mod(fn, "mask")
+    ours.mask_mod = _compile(fn, "mask")
     leaves = [t.clone().requires_grad_() for t in (q, k, v)]
     with interpret.enabled():
         out, aux = flex_attention(*leaves, block_mask=ours, return_aux=AuxRequest(lse=True))
@@ -518,7 +523,7 @@ def test_mask_mod_forward_and_backward(name):
 # --- what the tracer refuses, by name -------------------------------------------------------------
 def _refuses(fn, kind, match):
     with pytest.raises(ModError, match=match):
-        modtrace.compile_mod(fn, kind)
+        _compile(fn, kind)
 
 
 def test_refusals_name_the_operation():
@@ -542,27 +547,25 @@ def test_same_graph_shares_one_function_and_changes_are_seen():
         if flag["add"]:
             return score + scale
         return score * scale
-    a, b = modtrace.compile_mod(mod, "score"), modtrace.compile_mod(mod, "score")
+    a, b = _compile(mod, "score"), _compile(mod, "score")
     assert a.tile is b.tile and a.additive
     flag["add"] = False
-    c = modtrace.compile_mod(mod, "score")
+    c = _compile(mod, "score")
     assert c.tile is not a.tile and c.grad is not None and not c.additive
 
 
 def test_cutile_defs_are_not_traced():
-    from flashattn import mods
-
     def tile_def(score, b, h, q_idx, kv_idx):
         return mods.ct.tanh(score)
-    m = modtrace.to_mod(tile_def, "score")
+    m = modtrace.to_mod(tile_def, mods.ScoreMod)
     assert m.tile is tile_def
 
 
 def test_score_must_be_a_float_value():
     with pytest.raises(TypeError, match="returned a bool value"):
-        modtrace.compile_mod(lambda s, b, h, q, kv: s > 0, "score")
+        _compile(lambda s, b, h, q, kv: s > 0, "score")
     with pytest.raises(TypeError, match="returned a float, not a tile"):
-        modtrace.compile_mod(lambda s, b, h, q, kv: 1.0, "score")
+        _compile(lambda s, b, h, q, kv: 1.0, "score")
 
 
 def test_derivatives_at_ties_follow_torch():
@@ -571,7 +574,7 @@ def test_derivatives_at_ties_follow_torch():
     def mod(score, b, h, q, kv):
         return (torch.clamp(score, -1.0, 1.0) + torch.relu(score) + score.abs()
                 + torch.maximum(score, (kv - q) * 1.0) + torch.minimum(score, kv * 0.0))
-    m = modtrace.compile_mod(mod, "score")
+    m = _compile(mod, "score")
     qs, ks = torch.arange(0, 32), torch.arange(0, 32)
     s = torch.tensor([-1.0, 0.0, 1.0, 2.0, -3.0, 0.5, 5.0, 4.0]).repeat(32, 4)
     s[:, :8] = (ks[:8] - qs[:, None]).double().clamp(-1, 1)        # ties with kv - q
@@ -587,12 +590,12 @@ def test_tensors_converted_once_and_updates_seen():
 
     def mod(score, b, h, q, kv):
         return score + half[q] + f32[kv]
-    a, b = modtrace.compile_mod(mod, "score"), modtrace.compile_mod(mod, "score")
+    a, b = _compile(mod, "score"), _compile(mod, "score")
     assert a.tensors[0][1] is b.tensors[0][1]                  # fp16 -> fp32 copied once
     assert a.tensors[1][1].data_ptr() == f32.data_ptr()       # fp32 read in place
     half.add_(1.0)                                             # a new version: a new copy
-    c = modtrace.compile_mod(mod, "score")
+    c = _compile(mod, "score")
     assert torch.equal(c.tensors[0][1], half.float())
     big = torch.tensor([2**40])
     with pytest.raises(ModError, match="outside int32"):
-        modtrace.compile_mod(lambda s, b, h, q, kv: s + big[b * 0], "score")
+        _compile(lambda s, b, h, q, kv: s + big[b * 0], "score")
