@@ -1177,7 +1177,10 @@ def _uses_cutile(fn) -> bool:
     if code is None:
         return False
     gl = getattr(fn, "__globals__", {})
-    for name in _all_names(code):
+    names = _all_names(code)
+    if names & _cutile_only_names():
+        return True                        # .astype(), ct.gather(...): tile code
+    for name in names:
         if _is_ct_module(gl.get(name)) or _is_ct_function(gl.get(name)):
             return True
     for c in getattr(fn, "__closure__", None) or ():
@@ -1188,6 +1191,17 @@ def _uses_cutile(fn) -> bool:
         if _is_ct_module(v) or _is_ct_function(v):
             return True
     return False
+
+
+_CT_ONLY = frozenset(["ct", "astype", "gather", "scatter", "bitcast", "cdiv", "expand_dims",
+                      "extract", "mma", "truediv", "floordiv", "RoundingMode", "PaddingMode",
+                      "static_assert", "assume_divisible_by", "bool_"])
+
+
+def _cutile_only_names() -> frozenset:
+    """Names of cuda.tile that torch code does not use (``x.astype``, ``ct.gather``): a function
+    naming one is tile code."""
+    return _CT_ONLY
 
 
 def _is_ct_function(v) -> bool:
