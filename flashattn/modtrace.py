@@ -1220,7 +1220,10 @@ def _all_names(code):
 def to_mod(fn, cls):
     """A plain function as a ``cls`` (ScoreMod/MaskMod): traced (torch operations) unless it is
     a def written in cuda.tile, which is then its own tile function."""
-    if _uses_cutile(fn):
+    import torch
+    if _uses_cutile(fn) or torch.compiler.is_compiling():
+        # Under torch.compile the tracer cannot run inside Dynamo: a def is taken as tile code,
+        # as before; trace it eagerly (mods.as_mod(fn, kind)) and pass the mod instead.
         return cls(_name(fn), fn)
     try:
         return compile_mod(fn, cls)
