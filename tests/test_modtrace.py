@@ -619,3 +619,49 @@ def test_a_traced_mod_under_torch_compile(monkeypatch):
     out.backward(do)
     for a, b in zip(eager, comp):
         assert torch.equal(a.grad, b.grad)
+
+
+# --- on the GPU (-m gpu): the generated code compiled by tileiras and run ------------------------
+GPU_DEVICE = "cuda"
+GPU_MODS = ["_times_two", "_squared", "_causal", "_generate_alibi_bias(8)", "_head_offset",
+            "_trig2", "test_index_weird2", "test_seq_masking", "test_load_rel_bias",
+            "test_natten_2d", "test_silu_on_score", "test_njt_causal"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", GPU_MODS)
+def test_gpu_score_mod_forward_and_backward(name):
+    """The traced mod compiled for the GPU: forward and gradients against the dense fp64
+    reference (PyTorch's own error: the same reference in fp32, rounded to fp16)."""
+    fn = MODS[name][1]()
+    dev = GPU_DEVICE
+    # the captured tensors move with the mod: trace a version of fn reading CUDA copies
+    m = _compile(fn, "score").to(dev)
+    g = torch.Generator().manual_seed(seed_of(name))
+    q, k, v, do = (torch.randn(B, H, S, 64, generator=g).half().to(dev)
+                   for _ in range(4))
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    out = flex_attention(*leaves, score_mod=m)
+    out.backward(do)
+    grads, outs = [], []
+    for dt in (torch.float64, torch.float32):
+        ls = [t.detach().to(dt).requires_grad_() for t in (q, k, v)]
+        o, _ = flex_reference(*ls, score=_vmapped(_on(fn, dev)))
+        o.backward(do.to(dt))
+        outs.append(o)
+        grads.append([t.grad for t in ls])
+    assert_flash_criterion(out.detach().float(), outs[0].float(), outs[1].half(), 1e-3,
+                           seed=name)
+    for what, a, r, p in zip(("dq", "dk", "dv"), (t.grad for t in leaves), *grads):
+        assert_flash_criterion(a.float(), r.float(), p.half(), _floor(r), seed=f"{name}-{what}")
+
+
+def _on(fn, dev):
+    """``fn`` with the tensors it captures (closure cells) moved to ``dev``, for the reference."""
+    import types
+    cells = []
+    for c in fn.__closure__ or ():
+        v = c.cell_contents
+        cells.append(types.CellType(v.to(dev) if isinstance(v, torch.Tensor) else v))
+    return types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__,
+                              tuple(cells) or None)
