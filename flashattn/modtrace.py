@@ -38,7 +38,6 @@ __all__ = ["ModError", "Proxy", "Graph", "Node", "trace", "generate_source", "co
 
 SCORE_ARGS = ("score", "b", "h", "q_idx", "kv_idx")
 MASK_ARGS = ("b", "h", "q_idx", "kv_idx")
-_INDEX_INPUTS = ("b", "h", "q_idx", "kv_idx")
 
 
 class ModError(ValueError):
