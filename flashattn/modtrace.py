@@ -257,6 +257,12 @@ def build(g, op, *args):
         if a is b:
             return a
         d = "b" if a.dtype == b.dtype == "b" else _promote(_num(a.dtype), _num(b.dtype))
+        if d == "b" and (_is_const(a) or _is_const(b)):
+            # a select between bools with a constant side is logic: c & x, ~c | x, ...
+            if _is_const(b):
+                return build(g, "and", c, a) if not b.value else \
+                    build(g, "or", build(g, "not", c), a)
+            return build(g, "or", c, b) if a.value else build(g, "and", build(g, "not", c), b)
         return g.node("where", (c, a, b), d, nonneg=a.nonneg and b.nonneg)
     if op in ("to_f", "to_i", "to_b"):
         (a,) = args

@@ -665,3 +665,26 @@ def _on(fn, dev):
         cells.append(types.CellType(v.to(dev) if isinstance(v, torch.Tensor) else v))
     return types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__,
                               tuple(cells) or None)
+
+
+def test_pytorch_paged_attention_mods_trace():
+    """PagedAttention's converted score and mask mods (a page table read by kv_idx // page)."""
+    from torch.nn.attention.experimental._paged_attention import PagedAttention
+    pa = PagedAttention(8, 16, 2, device="cpu")
+    for b in range(2):
+        pa.reserve(torch.tensor(b), torch.tensor(48))
+    bm = create_block_mask(causal_mask, 2, 1, 48, 48, device="cpu", BLOCK_SIZE=16)
+    for fn, kind in ((pa.get_score_mod(rel_bias), "score"),
+                     (pa.convert_logical_block_mask(bm).mask_mod, "mask")):
+        m = _compile(fn, kind)
+        qs, ks = torch.arange(0, 32), torch.arange(48, 80)      # pages of batch 1 and none
+        for b in (0, 1):
+            bt = torch.tensor(b)
+            if kind == "mask":
+                want = fn(bt, torch.tensor(0), qs[:, None], ks[None, :])
+                assert torch.equal(_tile_run(m.tile, kind, m, None, b, 0, qs, ks), want)
+            else:
+                s = torch.randn(32, 32)
+                want = fn(s, bt, torch.tensor(0), qs[:, None], ks[None, :])
+                got = _tile_run(m.tile, kind, m, s, b, 0, qs, ks)
+                torch.testing.assert_close(got, want.float())
