@@ -13,10 +13,11 @@ the LSE is in natural-log units. Two keyword extras: ``sinks`` (a learnable per-
 every row's denominator, gpt-oss) and ``blasst_threshold`` (dynamic tile skipping, opt-in).
 
 How a mod reaches the kernel: a mod is a ``flashattn.mods.ScoreMod``/``MaskMod`` (a cuTile
-``def``, its torch twin and the tensors it reads) or a plain ``def`` written with Python
-operators. ``kernels/flex.py`` compiles one kernel per (score function, mask function) pair; it
-is built once and cached here (``_KERNELS``), and cuTile caches its compilation on disk. The
-mod's tensors are kernel arguments. Before a mod's first use it is run once on small tiles by
+``def``, its torch twin and the tensors it reads) or a plain function written with torch
+operations (traced into tile code and a derivative, ``flashattn.modtrace``). ``kernels/flex.py``
+compiles one kernel per (score function, mask function) pair; it is built once and cached
+here (``_KERNELS``), and cuTile caches its compilation on disk. The mod's tensors are kernel
+arguments. Before a mod's first use it is run once on small tiles by
 the interpreter's NumPy ``cuda.tile`` (``_probe``): a mod that cannot run on tiles, or returns
 the wrong type or shape, gets a ``TypeError``/``ModError`` naming it before anything compiles;
 a compiler failure on the GPU is re-raised as ``ModError`` naming the mods, with the compiler's
@@ -46,8 +47,7 @@ __all__ = ["flex_attention", "ModError", "flex_plan", "FLEX_CONFIGS", "flex_kern
            "flex_bwd_configs", "flex_bwd_plan"]
 
 
-class ModError(ValueError):
-    """A score function or mask the kernel cannot run or compile; the message names it."""
+from .modtrace import ModError  # noqa: E402  (the tracer raises it too)
 
 
 # Tiles and launch hints per architecture (the forward steps' first configurations, arch_tuned);
@@ -330,6 +330,8 @@ def _flex(query, key, value, score_mod, block_mask, scale, enable_gqa, return_ls
         if getattr(return_aux, "max_scores", False):
             raise NotImplementedError("flashattn.flex_attention does not return max_scores")
         want_lse = bool(getattr(return_aux, "lse", False))
+    from .flex_inputs import adapt       # PyTorch's broadcast K/V, Dv != D, empty BlockMask
+    query, key, value, block_mask, scale, dv = adapt(query, key, value, block_mask, scale)
     if not checked:
         # The dense family's rules (contract), under the names of torch's flex_attention.
         check_torch_tensors(query=query, key=key, value=value)
@@ -403,6 +405,8 @@ def _flex(query, key, value, score_mod, block_mask, scale, enable_gqa, return_ls
             lse = None
     else:
         out, lse = _forward(query, key, value, sinks, want_lse=want_lse, **plan_args)
+    if dv is not None:
+        out = out[..., :dv].contiguous()     # V was padded to the query's head dim
     if return_aux is not None:
         from torch.nn.attention.flex_attention import AuxOutput
         return out, AuxOutput(lse=lse, max_scores=None)

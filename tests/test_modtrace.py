@@ -20,8 +20,7 @@ from torch.nn.attention.flex_attention import (AuxRequest, _identity, and_masks,
 from torch.nn.attention.flex_attention import flex_attention as torch_flex
 
 from flashattn import interpret, mods, modtrace
-from flashattn.flex import flex_attention
-from flashattn.modtrace import ModError
+from flashattn.flex import ModError, flex_attention
 
 from criteria import assert_flash_criterion, seed_of
 from flex_reference import flex_reference
