@@ -33,8 +33,8 @@ import sys
 import threading
 import types
 
-__all__ = ["ModError", "Proxy", "Graph", "Node", "trace", "generate_source", "compile_mod", "to_mod",
-           "SCORE_ARGS", "MASK_ARGS"]
+__all__ = ["ModError", "Proxy", "Graph", "Node", "trace", "generate_source", "compile_mod",
+           "to_mod", "SCORE_ARGS", "MASK_ARGS"]
 
 SCORE_ARGS = ("score", "b", "h", "q_idx", "kv_idx")
 MASK_ARGS = ("b", "h", "q_idx", "kv_idx")

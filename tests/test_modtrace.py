@@ -348,7 +348,8 @@ MODS = {
     "test_njt_causal": ("score", njt_causal, None),
     "test_new_empty_mask_mod(score)": ("score", new_empty_score, None),
     # PyTorch marks this one expectedFailure too: a reduction over a captured tensor.
-    "test_captured_reduction": ("score", captured_reduction, r"index every dimension before using it \(.sum\)"),
+    "test_captured_reduction": ("score", captured_reduction,
+                                r"index every dimension before using it \(.sum\)"),
     "test_autograd_function_in_score_mod": ("score", autograd_function_in_score,
                                             "cannot be traced"),
     "_causal_mask": ("mask", _plain(causal_mask), None),
