@@ -41,9 +41,10 @@ __all__ = ["attention", "sdpa", "decode", "attention_varlen", "attention_varlen_
 # Submodules load on first use (flashattn.reference, flashattn.kernels, ...): importing
 # flashattn stays cheap, and `import flashattn; flashattn.reference.attention(...)` works.
 _SUBMODULES = ("aot", "api", "autograd", "autotune", "config", "contract", "decoding",
-               "dispatch", "env", "flash_attn_interface", "flash_attn_mods", "flex", "flex_op",
-               "fp8", "fp8_attention", "fp8_quant", "integrations", "interpret", "kernels",
-               "launch", "launch_bwd", "mla", "mods", "precompiler", "reference", "registry",
+               "dispatch", "env", "flash_attn_interface", "flash_attn_mods", "flex", "flex_aot",
+               "flex_blockmask", "flex_build", "flex_inputs", "flex_launch", "flex_op", "fp8",
+               "fp8_attention", "fp8_quant", "integrations", "interpret", "kernels", "launch",
+               "launch_bwd", "mla", "mods", "modtrace", "precompiler", "reference", "registry",
                "stats", "timing", "value_dim", "varlen", "varlen_op")
 
 

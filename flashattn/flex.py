@@ -13,8 +13,8 @@ the LSE is in natural-log units. Two keyword extras: ``sinks`` (a learnable per-
 every row's denominator, gpt-oss) and ``blasst_threshold`` (dynamic tile skipping, opt-in).
 
 How a mod reaches the kernel: a mod is a ``flashattn.mods.ScoreMod``/``MaskMod`` (a cuTile
-``def``, its torch twin and the tensors it reads) or a plain ``def`` written with Python
-operators (``mods.as_mod`` wraps it). Before its first use a mod runs once on small tiles in the
+``def``, its torch twin and the tensors it reads) or a plain function written with torch
+operations (``mods.as_mod``: traced into tile code and its derivative by ``flashattn.modtrace``). Before its first use a mod runs once on small tiles in the
 interpreter (``flex_build.probe``): one that cannot, or returns the wrong type or shape, gets a
 ``TypeError``/``ModError`` naming it before anything compiles; a compiler failure on the GPU is
 re-raised as ``ModError`` with the compiler's message.
@@ -125,6 +125,8 @@ def _flex(query, key, value, score_mod, block_mask, scale, enable_gqa, return_ls
         if getattr(return_aux, "max_scores", False):
             raise NotImplementedError("flashattn.flex_attention does not return max_scores")
         want_lse = bool(getattr(return_aux, "lse", False))
+    from .flex_inputs import adapt       # PyTorch's broadcast K/V, Dv != D, empty BlockMask
+    query, key, value, block_mask, scale, dv = adapt(query, key, value, block_mask, scale)
     if not checked:
         # The dense family's rules (contract), under the names of torch's flex_attention.
         check_torch_tensors(query=query, key=key, value=value)
@@ -197,6 +199,8 @@ def _flex(query, key, value, score_mod, block_mask, scale, enable_gqa, return_ls
             lse = None
     else:
         out, lse = forward(query, key, value, sinks, want_lse=want_lse, **plan_args)
+    if dv is not None:
+        out = out[..., :dv].contiguous()     # V was padded to the query's head dim
     if return_aux is not None:
         from torch.nn.attention.flex_attention import AuxOutput
         return out, AuxOutput(lse=lse, max_scores=None)

@@ -9,16 +9,14 @@ from __future__ import annotations
 
 import threading
 
+from .modtrace import ModError  # the tracer raises it too
+
 __all__ = ["ModError", "flex_kernel", "flex_bwd_kernels", "probe"]
 
 _KERNELS: dict = {}
 _BWD_KERNELS: dict = {}
 _PROBED: dict = {}
 _LOCK = threading.Lock()
-
-
-class ModError(ValueError):
-    """A score function or mask the kernel cannot run or compile; the message names it."""
 
 
 def _built(cache: dict, key: tuple, factory: str):

@@ -25,9 +25,10 @@ tensors (the kernels take them as a tuple). The learnable attention
 sink (gpt-oss) is not a score function (it joins the softmax's denominator): it is
 ``flex_attention(..., sinks=logits)``, and ``sink_reference`` its PyTorch reference.
 
-A plain ``def`` written with Python operators only (``def causal(b, h, q_idx, kv_idx): return
-q_idx >= kv_idx``) is both at once and may be passed as it is. Mods with the same parameters
-share one ``tile`` function, hence one compiled kernel.
+A plain function written with torch operations, as FlexAttention's users write it
+(``torch.where``, ``torch.exp2``, ``bias[h, q_idx - kv_idx]``, ``and_masks``), may be passed as
+it is: it is traced into tile code and, for a score, its derivative (``flashattn.modtrace``).
+Mods with the same parameters share one ``tile`` function, hence one compiled kernel.
 """
 from __future__ import annotations
 
@@ -128,9 +129,9 @@ def _check_tensor(mod, name, t):
 
 
 def as_mod(fn, kind: str):
-    """A ScoreMod/MaskMod as it is, or a plain ``def`` wrapped as one (its own tile and torch
-    function; the kernel cache keys on the function): the one place where a user's function
-    becomes the tile code the flex kernels compile."""
+    """A ScoreMod/MaskMod as it is, or a plain function made one: written with torch operations
+    it is traced into tile code and its derivative (``flashattn.modtrace``); a ``def`` written in
+    cuda.tile is its own tile and torch function (the kernel cache keys on the function)."""
     cls = {"score": ScoreMod, "mask": MaskMod}[kind]
     if isinstance(fn, cls):
         return fn
@@ -140,11 +141,8 @@ def as_mod(fn, kind: str):
     if not callable(fn):
         raise TypeError(f"{kind}_mod must be a function or a flashattn.mods.{cls.__name__}, got "
                         f"{type(fn).__name__}")
-    import types
-    if not isinstance(fn, types.FunctionType):
-        raise TypeError(f"{kind}_mod {fn!r} must be a def (or a flashattn.mods.{cls.__name__}), "
-                        f"not a {type(fn).__name__}: cuTile compiles a function from its source")
-    return cls(getattr(fn, "__name__", "mod"), fn)
+    from .modtrace import to_mod
+    return to_mod(fn, cls)
 
 
 # === masks ====================================================================================

@@ -267,9 +267,9 @@ def test_score_returning_bool_or_scalar():
 
 def test_mod_that_cannot_run_on_tiles():
     def uses_torch(score, b, h, q_idx, kv_idx):
-        return torch.tanh(score)
+        return torch.cumsum(score, 0)       # torch code the tracer cannot express
     _bad(lambda q, k, v: flex_attention(q, k, v, score_mod=uses_torch), ModError,
-         "score_mod 'uses_torch' cannot run on cuTile tiles")
+         "score_mod 'uses_torch': torch.cumsum is not supported")
 
 
 def test_lambda_and_wrong_kind():
@@ -293,7 +293,8 @@ def test_bad_options_and_arguments():
     _bad(lambda q, k, v: flex_attention(q, k, v, blasst_threshold=-1.0), ValueError, "blasst")
     def no_grad_mod(score, b, h, q_idx, kv_idx):
         return score * 2.0
-    _bad(lambda q, k, v: flex_attention(q.requires_grad_(), k, v, score_mod=no_grad_mod),
+    _bad(lambda q, k, v: flex_attention(q.requires_grad_(), k, v,
+                                        score_mod=mods.ScoreMod("no_grad_mod", no_grad_mod)),
          NotImplementedError, "'no_grad_mod' has no derivative: it is forward-only")
     with pytest.raises(ValueError, match="sliding_window"):
         mods.sliding_window(-3)
