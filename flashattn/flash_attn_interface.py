@@ -419,9 +419,9 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         _, page, Hkv, Dk = k.shape
         total_k = None
     else:
-        if tuple(v.shape) != tuple(k.shape):
-            raise ValueError(f"k and v must have the same shape, got {tuple(k.shape)} and "
-                             f"{tuple(v.shape)}")
+        if tuple(v.shape[:2]) != tuple(k.shape[:2]):
+            raise ValueError(f"k and v must have the same tokens and heads, got "
+                             f"{tuple(k.shape)} and {tuple(v.shape)}")
         total_k, Hkv, Dk = k.shape
     _check_heads(Hq, Hkv, D, Dk, "k and v")
     cq = _offsets(cu_seqlens_q, "cu_seqlens_q", None, total_q, q.device)
@@ -441,6 +441,10 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                              f"{tuple(block_table.shape)}")
     plain = (left < 0 and right in ((-1, 0) if causal else (-1,)) and not cap
              and slopes is None and not paged)
+    if v.shape[-1] != Dk and not (plain and not return_attn_probs):
+        raise ValueError(f"a value head dim other than the query's ({v.shape[-1]} vs {D}) is "
+                         "supported without window, softcap, ALiBi, block_table or "
+                         "return_attn_probs")
     if plain and not return_attn_probs:
         from .varlen import attention_varlen
         out = attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,

@@ -117,3 +117,35 @@ def test_key_head_dim_must_match_the_query():
     k = torch.randn(1, 1, 8, 128, dtype=torch.float16)
     with flashattn.interpret.enabled(), pytest.raises(ValueError, match="head dim"):
         flashattn.attention(q, k, k, causal=True)
+
+
+def test_flash_attn_varlen_func_takes_mla_prefill_head_dims():
+    """DeepSeek's unabsorbed prefill through flash-attn's packed call: Q K^T over 192 dims, P V
+    over 128, causal, two sequences, forward and backward against float64."""
+    import flashattn
+    g = torch.Generator().manual_seed(3)
+    cu = torch.tensor([0, 37, 117], dtype=torch.int32)
+    q = torch.randn(117, 4, 192, generator=g).half().requires_grad_()
+    k = torch.randn(117, 2, 192, generator=g).half().requires_grad_()
+    v = torch.randn(117, 2, 128, generator=g).half().requires_grad_()
+    with flashattn.interpret.enabled():
+        o = flashattn.flash_attn_varlen_func(q, k, v, cu, cu, 80, 80, causal=True)
+        o.float().sum().backward()
+    assert o.shape == (117, 4, 128)
+    qd, kd, vd = (t.detach().double().requires_grad_() for t in (q, k, v))
+    outs = []
+    for s, e in ((0, 37), (37, 117)):
+        qq = qd[s:e].transpose(0, 1)
+        kk = kd[s:e].transpose(0, 1).repeat_interleave(2, 0)
+        vv = vd[s:e].transpose(0, 1).repeat_interleave(2, 0)
+        sc = qq @ kk.transpose(-1, -2) / 192 ** 0.5
+        sc = sc.masked_fill(torch.ones(e - s, e - s).triu(1).bool(), float("-inf"))
+        outs.append((sc.softmax(-1) @ vv).transpose(0, 1))
+    ref = torch.cat(outs)
+    ref.sum().backward()
+    assert (o.double() - ref).abs().max().item() < 4e-3
+    for got, want in ((q.grad, qd.grad), (k.grad, kd.grad), (v.grad, vd.grad)):
+        assert (got.double() - want).abs().max().item() < 2e-2 * max(1.0, want.abs().max().item())
+    with flashattn.interpret.enabled(), pytest.raises(ValueError, match="value head dim"):
+        flashattn.flash_attn_varlen_func(q, k, v, cu, cu, 80, 80, causal=True,
+                                         window_size=(16, 0))
