@@ -15,6 +15,10 @@ them:
 A public call runs its family's check once, at its entry; the launch code behind it trusts
 what it is given.
 
+Why one module of this size: it is the package's one validation leaf (every entry point's rules,
+imported by the launch code, the references and the tools alike); split by family, the shared
+per-argument helpers would need a module of their own that every part imports.
+
 CPU tensors pass the device rule only with ``interpret=True``: the caller says whether the CPU
 interpreter runs them (``flashattn.dispatch.interpreting``; this module imports nothing from the
 package, so it does not ask itself). Refused, the message names the opt-in (``INTERPRET_HINT``).

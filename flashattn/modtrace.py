@@ -22,6 +22,10 @@ of d score_mod / d score by the chain rule over the graph), writes it to
 file), imports it and returns a ``flashattn.mods.ScoreMod``/``MaskMod`` whose tensors are the
 captured ones. Identical graphs share one file, one function, hence one compiled kernel; a mod
 is traced again on every call (cheap), so a captured tensor or flag that changes is seen.
+
+Why one module of this size: the tracer's proxies, the graph, the derivative rules and the code
+generator share one node type and one table of operations (name, arity, torch function, tile
+form, derivative); split, every new operation would be an edit in four files.
 """
 from __future__ import annotations
 
