@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 
+from .contract import check_kernel_device, check_rank, check_torch_tensors
 from .dispatch import device_arch, device_sm_count, expect, interpreting, launch_kernel
 from .kernels.mla_decode_spec import (MLA_COMBINE, MLA_HINTS, MLA_SPLIT, MLA_SPLIT_FP8, MlaDims,
                                       mla_num_splits, mla_plan, mla_steps)
@@ -40,10 +41,10 @@ def _require(ok: bool, msg: str, exc=ValueError):
 
 
 def _tensor(name, t, *, ndim, dtypes, device=None):
-    import torch
-    _require(isinstance(t, torch.Tensor), f"{name} must be a torch.Tensor, got "
-             f"{type(t).__name__}", TypeError)
-    _require(t.dim() == ndim, f"{name} must have {ndim} dimensions, got shape {tuple(t.shape)}")
+    """The contract's per-argument rules (a tensor, its rank, one device), and the dtypes this
+    entry point takes (an FP8 cache among them, which the dense rules do not have)."""
+    check_torch_tensors(**{name: t})
+    check_rank(name, t.shape, ndim)
     _require(_dt(t) in dtypes, f"{name} must be {' or '.join(dtypes)}, got {_dt(t)}", TypeError)
     if device is not None:
         _require(t.device == device, f"{name} is on {t.device}, q on {device}: put them on one "
@@ -63,7 +64,7 @@ def get_mla_metadata(cache_seqlens, num_heads_per_head_k: int, num_heads_k: int)
                     ("num_heads_k", num_heads_k)):
         _require(isinstance(v, int) and not isinstance(v, bool) and v >= 1,
                  f"{name} must be a positive int, got {v!r}", TypeError)
-    _device_ok("cache_seqlens", cache_seqlens.device)
+    _device_ok(cache_seqlens)
     B = cache_seqlens.shape[0]
     _require(B >= 1, "cache_seqlens is empty: no sequence to decode")
     max_len = int(cache_seqlens.max().item())
@@ -79,11 +80,9 @@ def get_mla_metadata(cache_seqlens, num_heads_per_head_k: int, num_heads_k: int)
     return meta, cum
 
 
-def _device_ok(name, dev):
-    _require(dev.type == "cuda" or interpreting(dev),
-             f"{name} is on {dev}: the MLA kernels run on a CUDA GPU, or on the CPU in the "
-             "interpreter (flashattn.interpret.enabled() or FLASHATTN_INTERPRET=1); the CPU "
-             "reference is flashattn.reference.mla.mla_decode_reference")
+def _device_ok(t):
+    check_kernel_device(t, interpreting(t.device), "the MLA kernels run",
+                        "flashattn.reference.mla.mla_decode_reference")
 
 
 def _check(q, k_cache, block_table, cache_seqlens, head_dim_v, softmax_scale, causal,
@@ -91,7 +90,7 @@ def _check(q, k_cache, block_table, cache_seqlens, head_dim_v, softmax_scale, ca
     import torch
     _tensor("q", q, ndim=4, dtypes=_DTYPES)
     dev = q.device
-    _device_ok("q", dev)
+    _device_ok(q)
     _tensor("k_cache", k_cache, ndim=4, dtypes=(_dt(q),) + _FP8, device=dev)
     _tensor("block_table", block_table, ndim=2, dtypes=("int32",), device=dev)
     _tensor("cache_seqlens", cache_seqlens, ndim=1, dtypes=("int32",), device=dev)
