@@ -427,32 +427,6 @@ class Proxy:
             a, b = b, a
         return Proxy(self.g, build(self.g, op, a, b))
 
-    def __add__(self, o): return self._b("add", o)
-    def __radd__(self, o): return self._b("add", o, True)
-    def __sub__(self, o): return self._b("sub", o)
-    def __rsub__(self, o): return self._b("sub", o, True)
-    def __mul__(self, o): return self._b("mul", o)
-    def __rmul__(self, o): return self._b("mul", o, True)
-    def __truediv__(self, o): return self._b("truediv", o)
-    def __rtruediv__(self, o): return self._b("truediv", o, True)
-    def __floordiv__(self, o): return self._b("floordiv", o)
-    def __rfloordiv__(self, o): return self._b("floordiv", o, True)
-    def __mod__(self, o): return self._b("mod", o)
-    def __rmod__(self, o): return self._b("mod", o, True)
-    def __pow__(self, o): return self._b("pow", o)
-    def __rpow__(self, o): return self._b("pow", o, True)
-    def __and__(self, o): return self._b("and", o)
-    def __rand__(self, o): return self._b("and", o, True)
-    def __or__(self, o): return self._b("or", o)
-    def __ror__(self, o): return self._b("or", o, True)
-    def __xor__(self, o): return self._b("xor", o)
-    def __rxor__(self, o): return self._b("xor", o, True)
-    def __lt__(self, o): return self._b("lt", o)
-    def __le__(self, o): return self._b("le", o)
-    def __gt__(self, o): return self._b("gt", o)
-    def __ge__(self, o): return self._b("ge", o)
-    def __eq__(self, o): return self._b("eq", o)          # noqa: E704
-    def __ne__(self, o): return self._b("ne", o)
     __hash__ = object.__hash__
 
     def __neg__(self): return Proxy(self.g, build(self.g, "neg", self.node))
@@ -582,6 +556,16 @@ class Proxy:
 
     def __repr__(self):
         return f"Proxy({self.node.op}, {self.node.dtype})"
+
+
+# Arithmetic, bitwise and comparison operators: each records one node, operands in order
+# (the reflected form swaps them).
+for _op in ("add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "and", "or", "xor"):
+    setattr(Proxy, f"__{_op}__", lambda self, o, _op=_op: self._b(_op, o))
+    setattr(Proxy, f"__r{_op}__", lambda self, o, _op=_op: self._b(_op, o, True))
+for _op in ("lt", "le", "gt", "ge", "eq", "ne"):
+    setattr(Proxy, f"__{_op}__", lambda self, o, _op=_op: self._b(_op, o))
+del _op
 
 
 def _flat(args, kwargs):

@@ -383,44 +383,22 @@ def _atomic(op, array, indices, update, expected=None, check_bounds=True):
     return T.Tile(old, arr.dtype)
 
 
-def atomic_add(array, indices, update, /, *, check_bounds=True,
-               memory_order=T.MemoryOrder.ACQ_REL, memory_scope=T.MemoryScope.DEVICE):
-    return _atomic("add", array, indices, update)
+def _atomic_op(op):
+    """cuTile's ``atomic_<op>(array, indices, update)``: the old values, as a tile."""
+    def fn(array, indices, update, /, *, check_bounds=True,
+           memory_order=T.MemoryOrder.ACQ_REL, memory_scope=T.MemoryScope.DEVICE):
+        return _atomic(op, array, indices, update)
+    fn.__name__ = fn.__qualname__ = f"atomic_{op}"
+    return fn
 
 
-def atomic_xchg(array, indices, update, /, *, check_bounds=True,
-                memory_order=T.MemoryOrder.ACQ_REL, memory_scope=T.MemoryScope.DEVICE):
-    return _atomic("xchg", array, indices, update)
-
-
-def atomic_max(array, indices, update, /, *, check_bounds=True,
-               memory_order=T.MemoryOrder.ACQ_REL, memory_scope=T.MemoryScope.DEVICE):
-    return _atomic("max", array, indices, update)
-
-
-def atomic_min(array, indices, update, /, *, check_bounds=True,
-               memory_order=T.MemoryOrder.ACQ_REL, memory_scope=T.MemoryScope.DEVICE):
-    return _atomic("min", array, indices, update)
+atomic_add, atomic_xchg, atomic_max, atomic_min, atomic_and, atomic_or, atomic_xor = map(
+    _atomic_op, ("add", "xchg", "max", "min", "and", "or", "xor"))
 
 
 def atomic_cas(array, indices, expected, desired, /, *, check_bounds=True,
                memory_order=T.MemoryOrder.ACQ_REL, memory_scope=T.MemoryScope.DEVICE):
     return _atomic("cas", array, indices, desired, expected=expected)
-
-
-def atomic_and(array, indices, update, /, *, check_bounds=True,
-               memory_order=T.MemoryOrder.ACQ_REL, memory_scope=T.MemoryScope.DEVICE):
-    return _atomic("and", array, indices, update)
-
-
-def atomic_or(array, indices, update, /, *, check_bounds=True,
-              memory_order=T.MemoryOrder.ACQ_REL, memory_scope=T.MemoryScope.DEVICE):
-    return _atomic("or", array, indices, update)
-
-
-def atomic_xor(array, indices, update, /, *, check_bounds=True,
-               memory_order=T.MemoryOrder.ACQ_REL, memory_scope=T.MemoryScope.DEVICE):
-    return _atomic("xor", array, indices, update)
 
 
 def bid(axis):

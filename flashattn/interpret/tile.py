@@ -635,12 +635,18 @@ def exp2(x, /, *, flush_to_zero=False):
     return _unary_math(np.exp2, x, flush_to_zero, "exp2")
 
 
-def log(x, /):
-    return _unary_math(np.log, x, False, "log")
+def _plain_unary(name):
+    """cuTile's ``name(x, /)``: the NumPy function of that name on the float tile."""
+    fn = getattr(np, name)
+
+    def op(x, /):
+        return _unary_math(fn, x, False, name)
+    op.__name__ = op.__qualname__ = name
+    return op
 
 
-def log2(x, /):
-    return _unary_math(np.log2, x, False, "log2")
+log, log2, sin, cos, tan, sinh, cosh, floor, ceil = map(
+    _plain_unary, ("log", "log2", "sin", "cos", "tan", "sinh", "cosh", "floor", "ceil"))
 
 
 def sqrt(x, /, *, rounding_mode=None, flush_to_zero=False):
@@ -655,34 +661,6 @@ def rsqrt(x, /, *, flush_to_zero=False):
 def tanh(x, /, *, rounding_mode=None):
     _rounding(rounding_mode, "tanh", _APPROX)
     return _unary_math(np.tanh, x, False, "tanh")
-
-
-def sin(x, /):
-    return _unary_math(np.sin, x, False, "sin")
-
-
-def cos(x, /):
-    return _unary_math(np.cos, x, False, "cos")
-
-
-def tan(x, /):
-    return _unary_math(np.tan, x, False, "tan")
-
-
-def sinh(x, /):
-    return _unary_math(np.sinh, x, False, "sinh")
-
-
-def cosh(x, /):
-    return _unary_math(np.cosh, x, False, "cosh")
-
-
-def floor(x, /):
-    return _unary_math(np.floor, x, False, "floor")
-
-
-def ceil(x, /):
-    return _unary_math(np.ceil, x, False, "ceil")
 
 
 def abs(x, /):                                                       # noqa: A001 (cuTile's name)
