@@ -803,23 +803,21 @@ def sum(x, /, axis=None, *, keepdims=False, rounding_mode=None,     # noqa: A001
     return _reduce(None, x, axis, keepdims, "sum", flush_to_zero)
 
 
-def max(x, /, axis=None, *, keepdims=False, flush_to_zero=False,    # noqa: A001
-        propagate_nan=False):
-    # NaN inputs are skipped unless propagate_nan (cuTile's rule); a row all NaN gives NaN.
-    x = _tile(x)
-    fn = np.max if propagate_nan or not x.dtype.is_float else np.nanmax
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)              # all-NaN slices
-        return _reduce(fn, x, axis, keepdims, "max", flush_to_zero)
+def _extreme(name, np_fn, nan_fn):
+    """cuTile's ``max``/``min`` reduction: NaN inputs are skipped unless propagate_nan (cuTile's
+    rule); a row all NaN gives NaN."""
+    def op(x, /, axis=None, *, keepdims=False, flush_to_zero=False, propagate_nan=False):
+        x = _tile(x)
+        fn = np_fn if propagate_nan or not x.dtype.is_float else nan_fn
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)          # all-NaN slices
+            return _reduce(fn, x, axis, keepdims, name, flush_to_zero)
+    op.__name__ = op.__qualname__ = name
+    return op
 
 
-def min(x, /, axis=None, *, keepdims=False, flush_to_zero=False,    # noqa: A001
-        propagate_nan=False):
-    x = _tile(x)
-    fn = np.min if propagate_nan or not x.dtype.is_float else np.nanmin
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        return _reduce(fn, x, axis, keepdims, "min", flush_to_zero)
+max = _extreme("max", np.max, np.nanmax)                            # noqa: A001 (cuTile's names)
+min = _extreme("min", np.min, np.nanmin)                            # noqa: A001
 
 
 def prod(x, /, axis=None, *, keepdims=False, rounding_mode=None, flush_to_zero=False):
