@@ -78,7 +78,7 @@ def visited_steps(bm, B, Hq, Nq, Nk, c) -> int:
     if bm.full_kv_num_blocks is not None:
         n += bm.full_kv_num_blocks.sum().item()
     rep = (B // bm.kv_num_blocks.shape[0]) * (Hq // bm.kv_num_blocks.shape[1])
-    return int(n * rep * c["QPB"] * c["TPB"])
+    return int(n * rep * c["Q_TILES_PER_BLOCK"] * c["KV_TILES_PER_BLOCK"])
 
 
 

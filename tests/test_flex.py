@@ -165,8 +165,8 @@ def test_empty_rows_and_blocks():
 
 
 def test_block_size_served_by_smaller_tiles_and_tail():
-    """A 64 x 64 BlockMask served by 16 x 32 tiles (QPB = 4, TPB = 2), Nk not a multiple of
-    the key block (the tail's tiles wholly past Nk are skipped)."""
+    """A 64 x 64 BlockMask served by 16 x 32 tiles (Q_TILES_PER_BLOCK = 4, KV_TILES_PER_BLOCK = 2),
+    Nk not a multiple of the key block (the tail's tiles wholly past Nk are skipped)."""
     q, k, v = _qkv("tiles", 1, 2, 2, 70, 70, 16, torch.float16)
     bm = create_block_mask(mods.sliding_window(20), None, None, 70, 70, device="cpu",
                            BLOCK_SIZE=64)

@@ -31,7 +31,8 @@ def test_the_table_serves_blocks_of_128():
             c = p[name]["constants"]
             assert (c["TILE_M"], c["TILE_N"]) == (cfg.TILE_M, cfg.TILE_N), (arch, name)
             assert p[name]["hints"] == cfg.hints()
-            assert (c["QPB"], c["TPB"]) == (128 // cfg.TILE_M, 128 // cfg.TILE_N)
+            per_block = (c["Q_TILES_PER_BLOCK"], c["KV_TILES_PER_BLOCK"])
+            assert per_block == (128 // cfg.TILE_M, 128 // cfg.TILE_N)
         assert p["dq"]["grid"] == (1024 // dq.TILE_M, 4, 1)
         assert p["dkdv"]["grid"] == (1024 // dkdv.TILE_N, 2, 1)
     assert _plan("sm_90", (128, 128))["dq"]["hints"] == {"num_worker_warps": 8}

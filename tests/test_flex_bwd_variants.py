@@ -33,7 +33,8 @@ def test_the_plan_of_each_variant():
     assert (ps["dq"]["kind"], ps["dkdv"]["kind"]) == ("t", "mn")
     dkdv, dq = FLEX_BWD_CONFIGS["sm_90"][128]
     c = p["dkdv"]["constants"]
-    assert (c["TILE_M"], c["TILE_N"], c["QPB"], c["TPB"]) == (64, 128, 2, 1)
+    assert (c["TILE_M"], c["TILE_N"]) == (64, 128)
+    assert (c["Q_TILES_PER_BLOCK"], c["KV_TILES_PER_BLOCK"]) == (2, 1)
     assert p["dkdv"]["hints"] == dkdv.hints() and p["dkdv"]["grid"] == (8, 2, 1)
     # 1000 rows: the last block of 128 holds a sub-tile past the end, so not "even"
     assert (c["EVEN_K"], c["EVEN_M"]) == (False, False)

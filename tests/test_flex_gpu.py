@@ -207,7 +207,7 @@ def test_backward_matches_reference(name, causal):
 
 def test_block_mask_64_multiples():
     """A (64, 192) BlockMask: 64-row query tiles, each key block served by three 64-key tiles
-    (TPB = 3) with Nk's tail inside the last block."""
+    (KV_TILES_PER_BLOCK = 3) with Nk's tail inside the last block."""
     from flashattn import flex_attention, mods
     case = "gpu-bm64"
     q, k, v = _qkv(case, "float16")

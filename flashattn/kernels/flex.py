@@ -6,7 +6,7 @@ are plain ``def``s captured in the factory's closure (cuTile reads their source 
 ids, ALiBi slopes, a bias table) come as one tuple of arrays per mod (``ST`` for the score
 function, ``MT`` for the mask; FlashAttention-4's ``aux_tensors``), spread after the mod's
 FlexAttention arguments. ``mod_callers`` is where a mod's tile function enters any flex kernel;
-``block_count``/``listed_block``/``listed_tile`` walk a BlockMask's lists (the backward's too).
+``mask_row``/``listed_block``/``listed_tile`` walk a BlockMask's lists (the backward's too).
 
 Layout (``scaled_dot_product_attention``'s)::
 
@@ -18,8 +18,9 @@ Layout (``scaled_dot_product_attention``'s)::
 Grid: ``(cdiv(Nq, TILE_M), B * Hq, 1)``, one program per query tile per (batch, head). With a
 block mask, a program visits only the key blocks its query block lists: first the partial ones
 (``KvIdx``: the mask function is evaluated), then the full ones (``FullIdx``: only the ragged
-end of K is masked). A block absent from both lists costs nothing. ``Q_BLOCK = TILE_M * QPB``
-and ``KV_BLOCK = TILE_N * TPB``: the tiles divide the BlockMask's block size.
+end of K is masked). A block absent from both lists costs nothing. ``Q_BLOCK = TILE_M *
+Q_TILES_PER_BLOCK`` and ``KV_BLOCK = TILE_N * KV_TILES_PER_BLOCK``: the tiles divide the
+BlockMask's block size.
 
 Mod conventions (FlexAttention's arguments, as tiles):
 
@@ -89,6 +90,14 @@ def block_count(Num, mb, mh, row):
     return ct.gather(Num, (mb, mh, row)).item()
 
 
+def mask_row(Num, batch_idx, head_idx, row, mask_bmul, mask_hmul):
+    """(mb, mh, n): the BlockMask's batch and head of this program (0 on an axis the mask lacks)
+    and how many blocks its row ``row`` lists."""
+    mb = batch_idx * mask_bmul
+    mh = head_idx * mask_hmul
+    return mb, mh, block_count(Num, mb, mh, row)
+
+
 def listed_block(Idx, mb, mh, row, i):
     """The ``i``-th block that row ``row`` of a BlockMask's index table lists."""
     return ct.gather(Idx, (mb, mh, row, i)).item()
@@ -146,7 +155,8 @@ def make_flex_kernel(score_fn=None, mask_fn=None):
                     mask_hmul: int,
                     TILE_M: ConstInt, TILE_N: ConstInt, TILE_D: ConstInt, EVEN_K: ConstBool,
                     HAS_SCORE: ConstBool, HAS_MASK: ConstBool, HAS_BLOCKS: ConstBool,
-                    HAS_FULL: ConstBool, QPB: ConstInt, TPB: ConstInt, TAIL: ConstBool,
+                    HAS_FULL: ConstBool, Q_TILES_PER_BLOCK: ConstInt,
+                    KV_TILES_PER_BLOCK: ConstInt, TAIL: ConstBool,
                     HAS_SINK: ConstBool, GUARD: ConstBool, WRITE_LSE: ConstBool,
                     BLASST: ConstBool, BLASST_T: ConstFloat):
         """Flex forward: see the module docstring. sm_scale: the softmax scale; group_size =
@@ -182,10 +192,8 @@ def make_flex_kernel(score_fn=None, mask_fn=None):
 
         if HAS_BLOCKS:
             # --- The key blocks the BlockMask lists for this query block ---
-            qb = bid_x // QPB
-            mb = batch_idx * mask_bmul
-            mh = head_idx * mask_hmul
-            n_part = block_count(KvNum, mb, mh, qb)
+            qb = bid_x // Q_TILES_PER_BLOCK
+            mb, mh, n_part = mask_row(KvNum, batch_idx, head_idx, qb, mask_bmul, mask_hmul)
             if HAS_FULL:
                 n_full = block_count(FullNum, mb, mh, qb)
             else:
@@ -199,17 +207,10 @@ def make_flex_kernel(score_fn=None, mask_fn=None):
                         blk = listed_block(FullIdx, mb, mh, qb, i - n_part)
                 else:
                     blk = listed_block(KvIdx, mb, mh, qb, i)
-                for t in range(0, TPB):
-                    j = blk * TPB + t
-                    if TAIL:
-                        # A block straddling Nk: its tiles wholly past the end are not loaded.
-                        if j * TILE_N < k_seqlen:
-                            m_i, l_i, acc = flex_tile(
-                                Q, K, V, q, j, m_i, l_i, acc, offs_m, offs_n_tile, batch_idx,
-                                head_idx, kv_head, k_seqlen, qk_scale, sm_scale, partial,
-                                ST, MT, TILE_M, TILE_N, TILE_D, EVEN_K,
-                                HAS_SCORE, HAS_MASK, GUARD, BLASST, BLASST_T)
-                    else:
+                for t in range(0, KV_TILES_PER_BLOCK):
+                    j = blk * KV_TILES_PER_BLOCK + t
+                    # TAIL: a block straddles Nk; its tiles wholly past the end are not loaded.
+                    if not TAIL or j * TILE_N < k_seqlen:
                         m_i, l_i, acc = flex_tile(
                             Q, K, V, q, j, m_i, l_i, acc, offs_m, offs_n_tile, batch_idx,
                             head_idx, kv_head, k_seqlen, qk_scale, sm_scale, partial,

@@ -32,7 +32,7 @@ import math
 import cuda.tile as ct
 
 from .common import INV_LOG_2, ConstBool, ConstInt, dscores, guard_lse, recompute_p
-from .flex import block_count, listed_tile, mod_callers
+from .flex import block_count, listed_tile, mask_row, mod_callers
 
 
 def make_flex_bwd_kernels(score_fn=None, grad_fn=None, mask_fn=None):
@@ -87,17 +87,13 @@ def make_flex_bwd_kernels(score_fn=None, grad_fn=None, mask_fn=None):
     def dq_block(q, do, lse2, delta, dq, K, V, j, batch_idx, head_idx, kv_head, offs_m,
                  offs_n_tile, k_seqlen, q_seqlen, sm_scale, MASKED: ConstBool, ST, MT,
                  TILE_M: ConstInt, TILE_N: ConstInt, TILE_D: ConstInt, HAS_SCORE: ConstBool,
-                 HAS_GRAD: ConstBool, HAS_MASK: ConstBool, EVEN_K: ConstBool, TPB: ConstInt):
+                 HAS_GRAD: ConstBool, HAS_MASK: ConstBool, EVEN_K: ConstBool,
+                 KV_TILES_PER_BLOCK: ConstInt):
         """dq_step, skipped for a sub-tile wholly past Nk (only where one can be listed)."""
-        if EVEN_K or TPB == 1:
+        if EVEN_K or KV_TILES_PER_BLOCK == 1 or j * TILE_N < k_seqlen:
             dq = dq_step(q, do, lse2, delta, dq, K, V, j, batch_idx, head_idx, kv_head, offs_m,
                          offs_n_tile, k_seqlen, q_seqlen, sm_scale, MASKED, ST, MT, TILE_M,
                          TILE_N, TILE_D, HAS_SCORE, HAS_GRAD, HAS_MASK, EVEN_K)
-        else:
-            if j * TILE_N < k_seqlen:
-                dq = dq_step(q, do, lse2, delta, dq, K, V, j, batch_idx, head_idx, kv_head,
-                             offs_m, offs_n_tile, k_seqlen, q_seqlen, sm_scale, MASKED, ST,
-                             MT, TILE_M, TILE_N, TILE_D, HAS_SCORE, HAS_GRAD, HAS_MASK, EVEN_K)
         return dq
 
     @ct.kernel
@@ -107,7 +103,8 @@ def make_flex_bwd_kernels(score_fn=None, grad_fn=None, mask_fn=None):
                        TILE_M: ConstInt, TILE_N: ConstInt, TILE_D: ConstInt,
                        EVEN_K: ConstBool, EVEN_M: ConstBool, HAS_SCORE: ConstBool,
                        HAS_GRAD: ConstBool, HAS_MASK: ConstBool, HAS_BLOCKS: ConstBool,
-                       HAS_FULL: ConstBool, QPB: ConstInt, TPB: ConstInt):
+                       HAS_FULL: ConstBool, Q_TILES_PER_BLOCK: ConstInt,
+                       KV_TILES_PER_BLOCK: ConstInt):
         """dQ of one query tile: the partial blocks (masked), then the full ones."""
         bid_x = ct.bid(0)
         bid_y = ct.bid(1)
@@ -131,24 +128,22 @@ def make_flex_bwd_kernels(score_fn=None, grad_fn=None, mask_fn=None):
         k_seqlen = K.shape[2]
         q_seqlen = Q.shape[2]
         if HAS_BLOCKS:
-            qb = bid_x // QPB
-            mb = batch_idx * mask_bmul
-            mh = head_idx * mask_hmul
-            n_part = block_count(KvNum, mb, mh, qb)
-            for u in range(0, n_part * TPB):
-                j = listed_tile(KvIdx, mb, mh, qb, u, TPB)
+            qb = bid_x // Q_TILES_PER_BLOCK
+            mb, mh, n_part = mask_row(KvNum, batch_idx, head_idx, qb, mask_bmul, mask_hmul)
+            for u in range(0, n_part * KV_TILES_PER_BLOCK):
+                j = listed_tile(KvIdx, mb, mh, qb, u, KV_TILES_PER_BLOCK)
                 dq = dq_block(q, do, lse2, delta, dq, K, V, j, batch_idx, head_idx, kv_head,
                               offs_m, offs_n_tile, k_seqlen, q_seqlen, sm_scale, True, ST, MT,
                               TILE_M, TILE_N, TILE_D, HAS_SCORE, HAS_GRAD, HAS_MASK, EVEN_K,
-                              TPB)
+                              KV_TILES_PER_BLOCK)
             if HAS_FULL:
                 n_full = block_count(FullNum, mb, mh, qb)
-                for u in range(0, n_full * TPB):
-                    j = listed_tile(FullIdx, mb, mh, qb, u, TPB)
+                for u in range(0, n_full * KV_TILES_PER_BLOCK):
+                    j = listed_tile(FullIdx, mb, mh, qb, u, KV_TILES_PER_BLOCK)
                     dq = dq_block(q, do, lse2, delta, dq, K, V, j, batch_idx, head_idx,
                                   kv_head, offs_m, offs_n_tile, k_seqlen, q_seqlen, sm_scale,
                                   False, ST, MT, TILE_M, TILE_N, TILE_D, HAS_SCORE, HAS_GRAD,
-                                  HAS_MASK, EVEN_K, TPB)
+                                  HAS_MASK, EVEN_K, KV_TILES_PER_BLOCK)
         else:
             for j in range(0, ct.cdiv(k_seqlen, TILE_N)):
                 dq = dq_step(q, do, lse2, delta, dq, K, V, j, batch_idx, head_idx, kv_head,
@@ -190,19 +185,13 @@ def make_flex_bwd_kernels(score_fn=None, grad_fn=None, mask_fn=None):
                    offs_n, k_seqlen, q_seqlen, sm_scale, MASKED: ConstBool, ST, MT,
                    TILE_M: ConstInt, TILE_N: ConstInt, TILE_D: ConstInt, HAS_SCORE: ConstBool,
                    HAS_GRAD: ConstBool, HAS_MASK: ConstBool, EVEN_K: ConstBool,
-                   EVEN_M: ConstBool, QPB: ConstInt):
+                   EVEN_M: ConstBool, Q_TILES_PER_BLOCK: ConstInt):
         """dkdv_step, skipped for a sub-tile wholly past Nq (only where one can be listed)."""
-        if EVEN_M or QPB == 1:
+        if EVEN_M or Q_TILES_PER_BLOCK == 1 or it * TILE_M < q_seqlen:
             dk, dv = dkdv_step(k, v, dk, dv, Q, dO, Lse, Delta, it, batch_idx, head_idx,
                                offs_m_tile, offs_n, k_seqlen, q_seqlen, sm_scale, MASKED, ST,
                                MT, TILE_M, TILE_N, TILE_D, HAS_SCORE, HAS_GRAD, HAS_MASK,
                                EVEN_K, EVEN_M)
-        else:
-            if it * TILE_M < q_seqlen:
-                dk, dv = dkdv_step(k, v, dk, dv, Q, dO, Lse, Delta, it, batch_idx, head_idx,
-                                   offs_m_tile, offs_n, k_seqlen, q_seqlen, sm_scale, MASKED,
-                                   ST, MT, TILE_M, TILE_N, TILE_D, HAS_SCORE, HAS_GRAD,
-                                   HAS_MASK, EVEN_K, EVEN_M)
         return dk, dv
 
     @ct.kernel
@@ -212,7 +201,8 @@ def make_flex_bwd_kernels(score_fn=None, grad_fn=None, mask_fn=None):
                          TILE_M: ConstInt, TILE_N: ConstInt, TILE_D: ConstInt,
                          EVEN_K: ConstBool, EVEN_M: ConstBool, HAS_SCORE: ConstBool,
                          HAS_GRAD: ConstBool, HAS_MASK: ConstBool, HAS_BLOCKS: ConstBool,
-                         HAS_FULL: ConstBool, QPB: ConstInt, TPB: ConstInt):
+                         HAS_FULL: ConstBool, Q_TILES_PER_BLOCK: ConstInt,
+                         KV_TILES_PER_BLOCK: ConstInt):
         """dK, dV of one key tile on transposed tiles, summed over its GQA group."""
         bid_n = ct.bid(0)
         bid_y = ct.bid(1)
@@ -229,27 +219,27 @@ def make_flex_bwd_kernels(score_fn=None, grad_fn=None, mask_fn=None):
         dv = ct.full((TILE_N, TILE_D), 0.0, dtype=ct.float32)
         k_seqlen = K.shape[2]
         q_seqlen = Q.shape[2]
-        kb = bid_n // TPB
+        kb = bid_n // KV_TILES_PER_BLOCK
         for g in range(0, group_size):
             head_idx = kv_head * group_size + g
             if HAS_BLOCKS:
-                mb = batch_idx * mask_bmul
-                mh = head_idx * mask_hmul
-                n_part = block_count(QNum, mb, mh, kb)
-                for u in range(0, n_part * QPB):
-                    it = listed_tile(QIdx, mb, mh, kb, u, QPB)
+                mb, mh, n_part = mask_row(QNum, batch_idx, head_idx, kb, mask_bmul, mask_hmul)
+                for u in range(0, n_part * Q_TILES_PER_BLOCK):
+                    it = listed_tile(QIdx, mb, mh, kb, u, Q_TILES_PER_BLOCK)
                     dk, dv = dkdv_block(k, v, dk, dv, Q, dO, Lse, Delta, it, batch_idx,
                                         head_idx, offs_m_tile, offs_n, k_seqlen, q_seqlen,
                                         sm_scale, True, ST, MT, TILE_M, TILE_N, TILE_D,
-                                        HAS_SCORE, HAS_GRAD, HAS_MASK, EVEN_K, EVEN_M, QPB)
+                                        HAS_SCORE, HAS_GRAD, HAS_MASK, EVEN_K, EVEN_M,
+                                        Q_TILES_PER_BLOCK)
                 if HAS_FULL:
                     n_full = block_count(FullQNum, mb, mh, kb)
-                    for u in range(0, n_full * QPB):
-                        it = listed_tile(FullQIdx, mb, mh, kb, u, QPB)
+                    for u in range(0, n_full * Q_TILES_PER_BLOCK):
+                        it = listed_tile(FullQIdx, mb, mh, kb, u, Q_TILES_PER_BLOCK)
                         dk, dv = dkdv_block(k, v, dk, dv, Q, dO, Lse, Delta, it, batch_idx,
                                             head_idx, offs_m_tile, offs_n, k_seqlen, q_seqlen,
                                             sm_scale, False, ST, MT, TILE_M, TILE_N, TILE_D,
-                                            HAS_SCORE, HAS_GRAD, HAS_MASK, EVEN_K, EVEN_M, QPB)
+                                            HAS_SCORE, HAS_GRAD, HAS_MASK, EVEN_K, EVEN_M,
+                                        Q_TILES_PER_BLOCK)
             else:
                 for it in range(0, ct.cdiv(q_seqlen, TILE_M)):
                     dk, dv = dkdv_step(k, v, dk, dv, Q, dO, Lse, Delta, it, batch_idx,

@@ -51,10 +51,11 @@ FLEX_BWD_SCORE_CONFIGS: dict[str, dict[int, Config]] = {
 BWD_CONFIG = Config(64, 64)     # elsewhere, and where an entry's tiles do not divide the blocks
 
 FLEX_CONSTANTS = ("TILE_M", "TILE_N", "TILE_D", "EVEN_K", "HAS_SCORE", "HAS_MASK", "HAS_BLOCKS",
-                  "HAS_FULL", "QPB", "TPB", "TAIL", "HAS_SINK", "GUARD", "WRITE_LSE", "BLASST",
-                  "BLASST_T")
+                  "HAS_FULL", "Q_TILES_PER_BLOCK", "KV_TILES_PER_BLOCK", "TAIL", "HAS_SINK",
+                  "GUARD", "WRITE_LSE", "BLASST", "BLASST_T")
 FLEX_BWD_CONSTANTS = ("TILE_M", "TILE_N", "TILE_D", "EVEN_K", "EVEN_M", "HAS_SCORE", "HAS_GRAD",
-                      "HAS_MASK", "HAS_BLOCKS", "HAS_FULL", "QPB", "TPB")
+                      "HAS_MASK", "HAS_BLOCKS", "HAS_FULL", "Q_TILES_PER_BLOCK",
+                      "KV_TILES_PER_BLOCK")
 _SCALARS = (("sm_scale", float), ("num_heads", int), ("group_size", int), ("mask_bmul", int),
             ("mask_hmul", int))
 _BLOCKS = ((3, "Num"), (4, "Idx"))
@@ -146,7 +147,7 @@ def flex_plan(*, B, Hq, Hkv, Nq, Nk, D, block_size=None, has_full=False, score=N
     consts = dict(
         TILE_M=tm, TILE_N=tn, TILE_D=tile_d_for(D), EVEN_K=Nk % tn == 0,
         HAS_SCORE=score is not None, HAS_MASK=mask is not None, HAS_BLOCKS=has_blocks,
-        HAS_FULL=bool(has_full), QPB=qpb, TPB=tpb,
+        HAS_FULL=bool(has_full), Q_TILES_PER_BLOCK=qpb, KV_TILES_PER_BLOCK=tpb,
         TAIL=has_blocks and tpb > 1 and Nk % block_size[1] != 0,
         HAS_SINK=bool(sinks),
         GUARD=(has_blocks or score is not None) and not sinks,
@@ -193,7 +194,7 @@ def flex_bwd_plan(*, B, Hq, Hkv, Nq, Nk, D, block_size=None, has_full=False, sco
                       HAS_SCORE=score is not None,
                       HAS_GRAD=score is not None and score.grad is not None,
                       HAS_MASK=mask is not None, HAS_BLOCKS=block_size is not None,
-                      HAS_FULL=bool(has_full), QPB=qpb, TPB=tpb)
+                      HAS_FULL=bool(has_full), Q_TILES_PER_BLOCK=qpb, KV_TILES_PER_BLOCK=tpb)
         hints = cfg.hints() if (cfg.TILE_M, cfg.TILE_N) == (tm, tn) else {}
         grid = (-(-Nq // tm), B * Hq, 1) if name == "dq" else (-(-Nk // tn), B * Hkv, 1)
         plans[name] = dict(config=cfg, constants=consts, hints=hints, grid=grid)

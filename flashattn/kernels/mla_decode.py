@@ -34,7 +34,8 @@ import cuda.tile as ct
 
 from flashattn.kernels.common import (INV_LOG_2, ConstBool, ConstInt, mask_scores, merge_lse,
                                       online_softmax_update)
-from flashattn.kernels.splitkv import finalize, page_of, sequence_length, split_tiles, store_split
+from flashattn.kernels.splitkv import (combine_program, finalize, page_of, sequence_length,
+                                      split_program, split_tiles, store_split)
 
 LN_2 = math.log(2.0)
 
@@ -50,13 +51,7 @@ def mla_decode_split_kernel(Q, KV, BlockTable, SeqLens, Descale, Opart, Lse, Out
     Grid: ``(cdiv(R, TILE_M), num_splits, B * Hkv)``. ``page_size`` is a multiple of TILE_N.
     FINAL (one split): writes Out and LseOut itself; otherwise Opart and Lse.
     """
-    bid_m = ct.bid(0)
-    split = ct.bid(1)
-    bh = ct.bid(2)
-    num_splits = ct.num_blocks(1)
-    num_kv_heads = KV.shape[2]
-    batch_idx = bh // num_kv_heads
-    kv_head = bh % num_kv_heads
+    bid_m, split, num_splits, bh, batch_idx, kv_head = split_program(KV.shape[2])
     group = Q.shape[2] // num_q                                     # query heads per cache head
     page_size = KV.shape[1]
 
@@ -124,12 +119,8 @@ def mla_combine_kernel(Opart, Lse, Out, LseOut, TILE_M: ConstInt, D_LAT: ConstIn
     Grid: ``(cdiv(R, TILE_M), B * Hkv, 1)``. A row whose splits all have ``lse = -inf`` gets
     output 0 and LSE +inf; a NaN partial stays NaN.
     """
-    bid_m = ct.bid(0)
-    bh = ct.bid(1)
+    bid_m, bh, batch_idx, kv_head = combine_program(Out.shape[1])
     num_splits = Opart.shape[0]
-    num_kv_heads = Out.shape[1]
-    batch_idx = bh // num_kv_heads
-    kv_head = bh % num_kv_heads
     m = ct.full((TILE_M, 1), -math.inf, dtype=ct.float32)
     l = ct.full((TILE_M, 1), 0.0, dtype=ct.float32)
     acc = ct.full((TILE_M, D_LAT), 0.0, dtype=ct.float32)

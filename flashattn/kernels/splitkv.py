@@ -7,6 +7,7 @@ it reads (the query heads of one GQA group times the new tokens, row ``r`` being
 head). The cache length is split across programs; each program writes a normalised partial
 output and its log-sum-exp, and a combine merges them. A kernel built on these helpers::
 
+    bid_m, split, num_splits, bh, batch_idx, kv_head = split_program(num_kv_heads)
     seqlen, bad = sequence_length(SeqLens, BlockTable, batch_idx, page_size, PAGED)
     t_start, t_end, mask_from = split_tiles(seqlen, split, num_splits, num_q, TILE_N)
     q_pos = query_positions(seqlen, num_q, bid_m, TILE_M)
@@ -18,7 +19,7 @@ output and its log-sum-exp, and a combine merges them. A kernel built on these h
     store_split(Out, Opart, Lse, o, lse, batch_idx, kv_head, split, bh, bid_m, TILE_M, TILE_D,
                 FINAL)
 
-and its combine reads the partials with ``merge_splits``. Invalid device data (a length outside
+and its combine (``combine_program``) reads the partials with ``merge_splits``. Invalid device data (a length outside
 ``[0, capacity]``, a page id outside ``[0, num_pages)``) is clamped for addressing and turns the
 program's output into NaN (``bad``): never an out-of-bounds read, never a silent wrong answer.
 
@@ -32,6 +33,24 @@ import math
 import cuda.tile as ct
 
 from .common import ConstBool, ConstInt, merge_lse
+
+
+def split_program(num_kv_heads):
+    """(bid_m, split, num_splits, bh, batch_idx, kv_head) of this program, on the grid
+    ``(row blocks, num_splits, B * Hkv)``."""
+    bid_m = ct.bid(0)
+    split = ct.bid(1)
+    bh = ct.bid(2)
+    num_splits = ct.num_blocks(1)
+    return bid_m, split, num_splits, bh, bh // num_kv_heads, bh % num_kv_heads
+
+
+def combine_program(num_kv_heads):
+    """(row, bh, batch_idx, kv_head) of a combine program, on the grid ``(rows or row blocks,
+    B * Hkv, 1)``."""
+    row = ct.bid(0)
+    bh = ct.bid(1)
+    return row, bh, bh // num_kv_heads, bh % num_kv_heads
 
 
 def sequence_length(SeqLens, BlockTable, batch_idx, page_size, PAGED: ConstBool):

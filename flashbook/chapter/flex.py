@@ -137,7 +137,7 @@ def factory_listing(part: str = "mods") -> str:
         return (head.rstrip() + "\n\n    def flex_tile(...):     # one key tile j, after S = Q K^T\n"
                 + "\n".join("        " + ln for ln in body.splitlines()) + "\n        ...")
     if part == "blocks":
-        body = _between(src, "n_part = block_count(KvNum", "if TAIL:")
+        body = _between(src, "n_part = mask_row(KvNum", "# TAIL:")
         return (body.rstrip() + "\n        m_i, l_i, acc = flex_tile(..., j, ..., partial, ...)"
                 "   # the tile body")
     raise ValueError(f"part is 'mods' or 'blocks', not {part!r}")

@@ -55,7 +55,8 @@ def make_flex_bwd_kernels_mn(score_fn=None, grad_fn=None, mask_fn=None):
                        TILE_M: ConstInt, TILE_N: ConstInt, TILE_D: ConstInt,
                        EVEN_K: ConstBool, EVEN_M: ConstBool, HAS_SCORE: ConstBool,
                        HAS_GRAD: ConstBool, HAS_MASK: ConstBool, HAS_BLOCKS: ConstBool,
-                       HAS_FULL: ConstBool, QPB: ConstInt, TPB: ConstInt):
+                       HAS_FULL: ConstBool, Q_TILES_PER_BLOCK: ConstInt,
+                       KV_TILES_PER_BLOCK: ConstInt):
         """dQ of one query tile: the forward's schedule. See the module docstring."""
         bid_x = ct.bid(0)
         bid_y = ct.bid(1)
@@ -77,7 +78,7 @@ def make_flex_bwd_kernels_mn(score_fn=None, grad_fn=None, mask_fn=None):
         k_seqlen = K.shape[2]
         q_seqlen = Q.shape[2]
         if HAS_BLOCKS:
-            qb = bid_x // QPB
+            qb = bid_x // Q_TILES_PER_BLOCK
             mb = batch_idx * mask_bmul
             mh = head_idx * mask_hmul
             n_part = block_count(KvNum, mb, mh, qb)
@@ -85,13 +86,13 @@ def make_flex_bwd_kernels_mn(score_fn=None, grad_fn=None, mask_fn=None):
                 n_full = block_count(FullNum, mb, mh, qb)
             else:
                 n_full = 0 * n_part
-            n_iter = (n_part + n_full) * TPB
+            n_iter = (n_part + n_full) * KV_TILES_PER_BLOCK
         else:
             n_part = 0
             n_iter = ct.cdiv(k_seqlen, TILE_N)
         for u in range(0, n_iter):
             if HAS_BLOCKS:
-                i = u // TPB
+                i = u // KV_TILES_PER_BLOCK
                 partial = i < n_part
                 if HAS_FULL:
                     if partial:
@@ -100,7 +101,7 @@ def make_flex_bwd_kernels_mn(score_fn=None, grad_fn=None, mask_fn=None):
                         blk = listed_block(FullIdx, mb, mh, qb, i - n_part)
                 else:
                     blk = listed_block(KvIdx, mb, mh, qb, i)
-                j = blk * TPB + u % TPB
+                j = blk * KV_TILES_PER_BLOCK + u % KV_TILES_PER_BLOCK
             else:
                 partial = u < 0
                 j = u
@@ -125,7 +126,8 @@ def make_flex_bwd_kernels_mn(score_fn=None, grad_fn=None, mask_fn=None):
                          TILE_M: ConstInt, TILE_N: ConstInt, TILE_D: ConstInt,
                          EVEN_K: ConstBool, EVEN_M: ConstBool, HAS_SCORE: ConstBool,
                          HAS_GRAD: ConstBool, HAS_MASK: ConstBool, HAS_BLOCKS: ConstBool,
-                         HAS_FULL: ConstBool, QPB: ConstInt, TPB: ConstInt):
+                         HAS_FULL: ConstBool, Q_TILES_PER_BLOCK: ConstInt,
+                         KV_TILES_PER_BLOCK: ConstInt):
         """dK, dV of one key tile, summed over its GQA group. See the module docstring."""
         bid_n = ct.bid(0)
         bid_y = ct.bid(1)
@@ -142,7 +144,7 @@ def make_flex_bwd_kernels_mn(score_fn=None, grad_fn=None, mask_fn=None):
         dv = ct.full((TILE_N, TILE_D), 0.0, dtype=ct.float32)
         k_seqlen = K.shape[2]
         q_seqlen = Q.shape[2]
-        kb = bid_n // TPB
+        kb = bid_n // KV_TILES_PER_BLOCK
         for g in range(0, group_size):
             head_idx = kv_head * group_size + g
             if HAS_BLOCKS:
@@ -153,13 +155,13 @@ def make_flex_bwd_kernels_mn(score_fn=None, grad_fn=None, mask_fn=None):
                     n_full = block_count(FullQNum, mb, mh, kb)
                 else:
                     n_full = 0 * n_part
-                n_iter = (n_part + n_full) * QPB
+                n_iter = (n_part + n_full) * Q_TILES_PER_BLOCK
             else:
                 n_part = 0
                 n_iter = ct.cdiv(q_seqlen, TILE_M)
             for u in range(0, n_iter):
                 if HAS_BLOCKS:
-                    i = u // QPB
+                    i = u // Q_TILES_PER_BLOCK
                     partial = i < n_part
                     if HAS_FULL:
                         if partial:
@@ -168,7 +170,7 @@ def make_flex_bwd_kernels_mn(score_fn=None, grad_fn=None, mask_fn=None):
                             blk = listed_block(FullQIdx, mb, mh, kb, i - n_part)
                     else:
                         blk = listed_block(QIdx, mb, mh, kb, i)
-                    it = blk * QPB + u % QPB
+                    it = blk * Q_TILES_PER_BLOCK + u % Q_TILES_PER_BLOCK
                 else:
                     partial = u < 0
                     it = u
