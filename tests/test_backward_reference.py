@@ -9,8 +9,7 @@ import torch
 
 from flashattn import reference as R
 from flashattn.reference import backward as RB
-from flashattn.reference.emulate import schedule
-from flashbook.steps import STEPS, Config
+from flashattn.config import Config
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")   # tests/conftest.py
@@ -143,13 +142,10 @@ def test_empty_inputs():
 
 
 # --- the schedules are the forward's ------------------------------------------------------------
-SPLIT_STEP = STEPS["loop_split"]      # SPLIT_LOOP, no REMAP/PAIR: the plain forward schedule
-
-
 def forward_pairs(Nq, Nk, causal, pos, config):
-    """{(query tile, key tile): kind} the forward (SPLIT_LOOP) visits."""
+    """{(query tile, key tile): kind} the shipped forward visits."""
     out = {}
-    for prog in schedule(SPLIT_STEP, Nq, Nk, causal=causal, input_pos=pos, config=config):
+    for prog in R.schedule(Nq, Nk, causal=causal, input_pos=pos, config=config):
         for i, keys in zip(prog.query_tiles, prog.key_tiles):
             for j, kind in keys:
                 out[(i, j)] = kind

@@ -104,13 +104,13 @@ def test_below_shows_a_small_error_as_a_bound():
 @pytest.mark.parametrize("step,N,input_pos", [("loop_split", 1000, 0), ("baseline", 512, 0),
                                               ("remap", 300, 130), ("pair", 1024, 0)])
 def test_tile_kinds_is_the_emulated_schedule(step, N, input_pos):
-    from flashattn import reference
     from flashbook.chapter.helpers import FULL, MASKED, SKIPPED
+    from flashbook.ladder import emulate
     from flashattn.config import Config
     config = Config(128, 64)
     kinds = chapter.tile_kinds(step, N, config, input_pos=input_pos)
     assert kinds.shape == (-(-N // 128), -(-(N + input_pos) // 64))
-    c = reference.tile_counts(step, N, N + input_pos, causal=True, input_pos=input_pos,
-                              config=config)
+    c = emulate.tile_counts(step, N, N + input_pos, causal=True, input_pos=input_pos,
+                            config=config)
     assert c == dict(full=int((kinds == FULL).sum()), masked=int((kinds == MASKED).sum()),
                      skipped=int((kinds == SKIPPED).sum()))

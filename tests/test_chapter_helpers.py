@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 from flashbook import chapter
-from flashattn import reference
 from flashbook.chapter import helpers
+from flashbook.ladder import emulate
 from flashattn.config import Config
 
 
@@ -49,7 +49,7 @@ def test_tile_kinds_with_cached_keys():
 def test_tile_kinds_agree_with_tile_counts(step, N, cfg):
     k = chapter.tile_kinds(step, N, cfg)
     assert k.shape == (math.ceil(N / cfg.TILE_M), math.ceil(N / cfg.TILE_N))
-    counts = reference.tile_counts(step, N, N, causal=True, config=cfg)
+    counts = emulate.tile_counts(step, N, N, causal=True, config=cfg)
     assert {"skipped": int((k == helpers.SKIPPED).sum()), "full": int((k == helpers.FULL).sum()),
             "masked": int((k == helpers.MASKED).sum())} == counts
 

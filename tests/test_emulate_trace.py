@@ -1,6 +1,7 @@
-"""The hand-written mirror of the forward kernel's schedule (``flashattn.reference.emulate``:
-``schedule``, ``work_per_program``, ``tile_counts``, read by chapters 7, 8 and 10) against what
-the real ``fmha_kernel`` does, recorded by the interpreter's trace (``flashattn.interpret``).
+"""The hand-written mirror of the forward kernel's schedule (``flashbook.ladder.emulate``:
+``schedule``, ``work_per_program``, ``tile_counts``, read by chapters 7, 8 and 10; the shipped
+kernel's is ``flashattn.reference.schedule``) against what the real ``fmha_kernel`` does,
+recorded by the interpreter's trace (``flashattn.interpret``).
 
 For each step whose schedule the mirror states (the plain grid, REMAP, PAIR; the persistent
 grid's work items, dealt round-robin as the kernel deals them), causal and not, at a few
@@ -19,6 +20,7 @@ import torch
 
 from flashattn import interpret, kernels
 from flashattn import reference as R
+from flashbook.ladder import emulate as E
 from flashattn.kernels import fmha_constants, fmha_grid, fmha_spec
 from flashbook.steps import Config, get_step
 from flashbook.ladder import LADDER
@@ -115,8 +117,8 @@ def _setup(variant, causal, shape, config):
     name, sms = variant
     step = get_step(name)
     Nq, Nk, pos = shape
-    config = CONFIGS[config] or R.default_config(step)
-    progs = R.schedule(step, Nq, Nk, causal=causal, input_pos=pos, config=config)
+    config = CONFIGS[config] or E.default_config(step)
+    progs = E.schedule(step, Nq, Nk, causal=causal, input_pos=pos, config=config)
     return step, Nq, Nk, pos, config, sms, progs
 
 
@@ -125,12 +127,14 @@ def _setup(variant, causal, shape, config):
 @pytest.mark.parametrize("variant", VARIANTS, ids=_id)
 def test_the_trace_is_the_mirrors_schedule(variant, causal, shape, config):
     step, Nq, Nk, pos, config, sms, progs = _setup(variant, causal, shape, config)
+    if fmha_spec(step) is kernels.FMHA:           # the shipped kernel: the library's schedule
+        assert progs == R.schedule(Nq, Nk, causal=causal, input_pos=pos, config=config)
     grid, tr = launch_traced(step, Nq, Nk, causal=causal, input_pos=pos, config=config,
                              sm_count=sms)
     items = expected_items(step, grid, progs)
     # Work: K tiles and V tiles loaded by each program = work_per_program's (summed over a
     # persistent program's items).
-    work = R.work_per_program(step, Nq, Nk, causal=causal, input_pos=pos, config=config)
+    work = E.work_per_program(step, Nq, Nk, causal=causal, input_pos=pos, config=config)
     assert work == [p.work for p in progs]
     want = collections.Counter({prog: sum(len(p.key_tiles[i]) for _, _, p, i in its)
                                 for prog, its in items.items()})
@@ -196,6 +200,6 @@ def test_the_masked_tiles_are_the_mirrors(variant, causal, shape, probe):
                if kind == "masked"]
         assert got.get(prog, []) == exp, f"program {prog}"
     # tile_counts: what the kernel visited and masked, per (batch, head).
-    c = R.tile_counts(step, Nq, Nk, causal=causal, input_pos=pos, config=config)
+    c = E.tile_counts(step, Nq, Nk, causal=causal, input_pos=pos, config=config)
     assert len(probe.MASKED) == c["masked"] * B * HQ
     assert sum(tr.loads("K").values()) == (c["full"] + c["masked"]) * B * HQ

@@ -1,4 +1,5 @@
-"""The CPU emulation of the fused kernel: every step's tiling rules give exact attention (CPU)."""
+"""The CPU emulation of the ladder kernel (flashbook/ladder/emulate.py): every step's tiling rules
+give exact attention; the shipped kernel's schedule is the library's (CPU)."""
 import zlib
 
 import numpy as np
@@ -6,6 +7,7 @@ import pytest
 import torch
 
 from flashattn import reference as R
+from flashbook.ladder import SHIPPED_FLAGS, emulate as E
 from flashbook.steps import EXPERIMENTS, STEPS, Config
 
 
@@ -50,14 +52,14 @@ def test_emulation_matches_reference(step, causal, shape, heads, D, config):
     B, Hq, Hkv = HEADS[heads]
     seed = zlib.crc32(repr((step, causal, heads, shape, D, config)).encode())  # fixed per case
     q, k, v = make_qkv(seed, B, Hq, Hkv, Nq, Nk, D)
-    out = R.emulate(step, q, k, v, causal=causal, input_pos=input_pos, config=CONFIGS[config])
+    out = E.emulate(step, q, k, v, causal=causal, input_pos=input_pos, config=CONFIGS[config])
     assert_matches_reference(out, q, k, v, causal=causal, input_pos=input_pos)
 
 
 @pytest.mark.parametrize("causal", [False, True])
 def test_naive_and_torch_inputs(causal):
     q, k, v = make_qkv(0, 1, 4, 2, 50, 50, 24)
-    out = R.emulate("naive", torch.from_numpy(q), torch.from_numpy(k), torch.from_numpy(v),
+    out = E.emulate("naive", torch.from_numpy(q), torch.from_numpy(k), torch.from_numpy(v),
                     causal=causal, scale=0.2)
     assert_matches_reference(out, q, k, v, causal=causal, scale=0.2)
 
@@ -65,7 +67,7 @@ def test_naive_and_torch_inputs(causal):
 @pytest.mark.parametrize("step", ["baseline", "lazy_rescale", "pair"])
 def test_round_p_is_fp16_close(step):
     q, k, v = make_qkv(1, 1, 2, 2, 100, 100, 64)
-    out = R.emulate(step, q, k, v, causal=True, round_p=True)
+    out = E.emulate(step, q, k, v, causal=True, round_p=True)
     assert_matches_reference(out, q, k, v, rtol=5e-3, causal=True)
 
 
@@ -76,18 +78,14 @@ def test_lazy_rescale_takes_both_branches(slope, monkeypatch):
     q, k, v = make_qkv(2, 1, 2, 1, 120, 300, 16)
     k[..., 0] += slope * np.arange(300)                               # score grows with j
     q[..., 0] = np.abs(q[..., 0]) + 1
-    config = R.default_config("lazy_rescale")
-    lazy = R.emulate("lazy_rescale", q, k, v, config=config)
+    config = E.default_config("lazy_rescale")
+    lazy = E.emulate("lazy_rescale", q, k, v, config=config)
     assert_matches_reference(lazy, q, k, v)
     # The stale-max branch ran: the result is not bit-identical to the eager update ...
-    assert not np.array_equal(lazy, R.emulate("remap", q, k, v, config=config))
+    assert not np.array_equal(lazy, E.emulate("remap", q, k, v, config=config))
     # ... and the rescaling branch ran after the first tile: without it exp2 overflows.
-    # Patched where the emulation reads it: flashattn.reference re-exports a copy, and its
-    # name ``emulate`` is the function, which shadows the submodule of the same name.
-    import importlib
-    monkeypatch.setattr(importlib.import_module("flashattn.reference.emulate"), "LAZY_THRESHOLD",
-                        np.inf)
-    assert np.isnan(R.emulate("lazy_rescale", q, k, v, config=config)).any()
+    monkeypatch.setattr(E, "LAZY_THRESHOLD", np.inf)
+    assert np.isnan(E.emulate("lazy_rescale", q, k, v, config=config)).any()
 
 
 @pytest.mark.parametrize("scale", [0.0, -0.5])
@@ -112,7 +110,7 @@ def test_schedule_rules(step, causal, shape, config):
     Nq, Nk, input_pos = shape
     TM, TN = config.TILE_M, config.TILE_N
     n_m, n_n = -(-Nq // TM), -(-Nk // TN)
-    progs = R.schedule(step, Nq, Nk, causal=causal, input_pos=input_pos, config=config)
+    progs = E.schedule(step, Nq, Nk, causal=causal, input_pos=input_pos, config=config)
     assert [p.bid for p in progs] == list(range(len(progs)))
     # Every query tile is computed exactly once.
     assert sorted(t for p in progs for t in p.query_tiles) == list(range(n_m))
@@ -136,9 +134,9 @@ def test_schedule_rules(step, causal, shape, config):
                 elif split:
                     # SPLIT_LOOP masks only from mask_start, which may be one tile early.
                     assert needs_mask or (causal and j == first // TN)
-    c = R.tile_counts(step, Nq, Nk, causal=causal, input_pos=input_pos, config=config)
+    c = E.tile_counts(step, Nq, Nk, causal=causal, input_pos=input_pos, config=config)
     assert c["full"] + c["masked"] + c["skipped"] == n_m * n_n
-    assert c["full"] + c["masked"] == sum(R.work_per_program(
+    assert c["full"] + c["masked"] == sum(E.work_per_program(
         step, Nq, Nk, causal=causal, input_pos=input_pos, config=config))
     if not causal:
         assert c["skipped"] == 0
@@ -146,28 +144,49 @@ def test_schedule_rules(step, causal, shape, config):
         assert c["full"] == 0                                        # every visited tile masked
 
 
+SHIPPED_ORDER = [name for name in FUSED if all(
+    {**SHIPPED_FLAGS, **{**STEPS, **EXPERIMENTS}[name].flag_values()}[f] == SHIPPED_FLAGS[f]
+    for f in ("SPLIT_LOOP", "REMAP", "PAIR", "PERSISTENT"))]
+
+
+@pytest.mark.parametrize("causal,shape", CASES + [(True, (100, 1000, 900))], ids=case_id)
+@pytest.mark.parametrize("step", SHIPPED_ORDER)
+def test_the_shipped_schedule_is_the_librarys(step, causal, shape):
+    """A step launched as the shipped kernel is (order, mask rule, grid) has the library's
+    schedule, ``flashattn.reference.schedule``; a step off those flags has another."""
+    Nq, Nk, input_pos = shape
+    config = E.default_config(step)
+    assert E.schedule(step, Nq, Nk, causal=causal, input_pos=input_pos, config=config) == \
+        R.schedule(Nq, Nk, causal=causal, input_pos=input_pos, config=config)
+    if causal and Nq > config.TILE_M:
+        for other in ("baseline", "loop_split", "pair"):
+            assert E.schedule(other, Nq, Nk, causal=True, input_pos=input_pos,
+                              config=config) != \
+                R.schedule(Nq, Nk, causal=True, input_pos=input_pos, config=config)
+
+
 def test_remap_reverses_causal_order():
     n = 4096 // 256
-    progs = R.schedule("remap", 4096, 4096, causal=True)
+    progs = E.schedule("remap", 4096, 4096, causal=True)
     assert [p.query_tiles for p in progs] == [(n - 1 - i,) for i in range(n)]
-    work = R.work_per_program("remap", 4096, 4096, causal=True)
+    work = E.work_per_program("remap", 4096, 4096, causal=True)
     assert work == sorted(work, reverse=True)                          # longest first
-    assert [p.query_tiles for p in R.schedule("remap", 4096, 4096, causal=False)] == \
+    assert [p.query_tiles for p in E.schedule("remap", 4096, 4096, causal=False)] == \
         [(i,) for i in range(n)]
-    assert [p.query_tiles for p in R.schedule("loop_split", 4096, 4096, causal=True)] == \
+    assert [p.query_tiles for p in E.schedule("loop_split", 4096, 4096, causal=True)] == \
         [(i,) for i in range(n)]
 
 
 @pytest.mark.parametrize("config", [None, Config(256, 128), Config(64, 64), Config(128, 64)])
 def test_pair_balances_causal_work(config):
     N = 8192
-    config = config or R.default_config("pair")
-    work = R.work_per_program("pair", N, N, causal=True, config=config)
+    config = config or E.default_config("pair")
+    work = E.work_per_program("pair", N, N, causal=True, config=config)
     assert max(work) / min(work) <= 1.05
-    plain = R.work_per_program("loop_split", N, N, causal=True, config=config)
+    plain = E.work_per_program("loop_split", N, N, causal=True, config=config)
     assert max(plain) / min(plain) > 10
     assert sum(work) == sum(plain)                                     # same tiles, regrouped
-    progs = R.schedule("pair", N, N, causal=True, config=config)
+    progs = E.schedule("pair", N, N, causal=True, config=config)
     n = len(plain)
     assert len(progs) == n // 2
     assert all(p.query_tiles == (p.bid, n - 1 - p.bid) for p in progs)
@@ -175,23 +194,23 @@ def test_pair_balances_causal_work(config):
 
 def test_pair_odd_tile_count_middle_program():
     """With an odd number of query tiles the middle program does one tile only."""
-    progs = R.schedule("pair", 5 * 64, 5 * 64, causal=True, config=Config(64, 64))
+    progs = E.schedule("pair", 5 * 64, 5 * 64, causal=True, config=Config(64, 64))
     assert [p.query_tiles for p in progs] == [(0, 4), (1, 3), (2,)]
 
 
 def test_tile_counts_loop_split_causal():
     # 1024 x 1024 causal, 256 x 128 tiles: 4 x 8 tiles; each query tile has 2 diagonal tiles.
-    c = R.tile_counts("loop_split", 1024, 1024, causal=True)
+    c = E.tile_counts("loop_split", 1024, 1024, causal=True)
     assert c == dict(full=2 * (0 + 1 + 2 + 3), masked=4 * 2, skipped=4 * 8 - 20)
-    assert R.tile_counts("baseline", 1024, 1024, causal=True, config=Config(256, 128)) == \
+    assert E.tile_counts("baseline", 1024, 1024, causal=True, config=Config(256, 128)) == \
         dict(full=0, masked=20, skipped=12)
 
 
 def test_default_configs():
-    assert R.default_config("large_tiles") == Config(256, 128)
-    assert R.default_config("pair") == EXPERIMENTS["pair"].config_for("sm_90")
+    assert E.default_config("large_tiles") == Config(256, 128)
+    assert E.default_config("pair") == EXPERIMENTS["pair"].config_for("sm_90")
     from flashbook.steps import seed_space
-    assert R.default_config("autotune") == seed_space("sm_90")[0]
-    assert R.default_config("arch_tuned") == STEPS["arch_tuned"].configs("sm_90")[0]
+    assert E.default_config("autotune") == seed_space("sm_90")[0]
+    assert E.default_config("arch_tuned") == STEPS["arch_tuned"].configs("sm_90")[0]
     with pytest.raises(ValueError, match="naive"):
-        R.schedule("naive", 10, 10, causal=False)
+        E.schedule("naive", 10, 10, causal=False)

@@ -137,11 +137,11 @@ def test_reference_is_a_package_with_the_contract_checks():
     import importlib
 
     from flashattn import contract
-    emulate, exact, online = (importlib.import_module(f"flashattn.reference.{m}")
-                              for m in ("emulate", "exact", "online"))
+    tiles, exact, online = (importlib.import_module(f"flashattn.reference.{m}")
+                            for m in ("tiles", "exact", "online"))
     assert R.check_shapes is contract.check_shapes
     assert R.attention is exact.attention and R.softmax is online.softmax
-    assert R.emulate is emulate.emulate and R.schedule is emulate.schedule
+    assert R.schedule is tiles.schedule and R.key_tiles is tiles.key_tiles
     for name in R.__all__:
         assert hasattr(R, name), name
 

@@ -19,13 +19,8 @@ import torch
 
 from ..contract import check_shapes, tile_d_for
 from ..config import Config
-from .emulate import INV_LOG_2, _as_f32, _exp2, _key_tiles
+from .tiles import INV_LOG_2, as_f32, exp2, key_tiles
 from .exact import attention, causal_mask
-
-# The forward's masking rule the backward follows: with SPLIT_LOOP only the tiles that straddle
-# the causal diagonal, and the ragged last key tile, are masked.
-_SPLIT = {"SPLIT_LOOP": True}
-
 
 # --- exact ------------------------------------------------------------------------------------
 def _as_torch(tensors, names):
@@ -161,7 +156,7 @@ def dkdv_query_tiles(j: int, Nq: int, Nk: int, *, causal: bool, input_pos: int,
 def dkdv_schedule(Nq: int, Nk: int, *, causal: bool, input_pos: int = 0,
                   config: Config = Config(64, 64)) -> list[DkdvProgram]:
     """The programs of bwd_dkdv_kernel, key tile by key tile. Equal to the forward's schedule
-    (``emulate.schedule`` with SPLIT_LOOP) transposed: tests/test_backward_reference.py."""
+    (``tiles.schedule``) transposed: tests/test_backward_reference.py."""
     TM, TN = config.TILE_M, config.TILE_N
     return [DkdvProgram(j, dkdv_query_tiles(j, Nq, Nk, causal=causal, input_pos=input_pos,
                                             TILE_M=TM, TILE_N=TN))
@@ -171,9 +166,9 @@ def dkdv_schedule(Nq: int, Nk: int, *, causal: bool, input_pos: int = 0,
 def dq_schedule(Nq: int, Nk: int, *, causal: bool, input_pos: int = 0,
                 config: Config = Config(64, 64)) -> list[tuple[int, tuple]]:
     """[(query tile i, ((j, kind), ...))] of bwd_dq_kernel: the forward's key tiles per query
-    tile (SPLIT_LOOP rule), reused from ``emulate``."""
+    tile (``tiles.key_tiles``: masked only on the diagonal and the ragged end)."""
     TM, TN = config.TILE_M, config.TILE_N
-    return [(i, _key_tiles(i, Nk, TM, TN, causal, input_pos, _SPLIT))
+    return [(i, key_tiles(i, Nk, tile_m=TM, tile_n=TN, causal=causal, input_pos=input_pos))
             for i in range(-(-Nq // TM))]
 
 
@@ -223,7 +218,7 @@ def emulate_backward(q, k, v, out, dout, lse, *, causal: bool = False,
     and +inf padding of the LSE past the sequences, so padded rows give P = 0. A row whose LSE
     is -inf (or +inf: it sees no key) gets P = 0 and dS = 0: dQ 0, nothing added to dK, dV.
     """
-    q, k, v, dout = (_as_f32(t) for t in (q, k, v, dout))
+    q, k, v, dout = (as_f32(t) for t in (q, k, v, dout))
     check_shapes(q.shape, k.shape, v.shape, causal=causal, scale=scale, input_pos=input_pos)
     if dout.shape != q.shape:
         raise ValueError(f"dout must have the shape of q {q.shape}, got {dout.shape}")
@@ -241,7 +236,7 @@ def emulate_backward(q, k, v, out, dout, lse, *, causal: bool = False,
     if lse is None:
         lse = attention_lse(q.astype(np.float64), k.astype(np.float64), causal=causal,
                             scale=scale, input_pos=input_pos)
-    out, lse = _as_f32(out), _as_f32(lse)
+    out, lse = as_f32(out), as_f32(lse)
     if out.shape != q.shape or lse.shape != (B, Hq, Nq):
         raise ValueError(f"out must be shaped {q.shape} and lse {(B, Hq, Nq)}, got "
                          f"{out.shape} and {lse.shape}")
@@ -287,7 +282,7 @@ def emulate_backward(q, k, v, out, dout, lse, *, causal: bool = False,
                         m = _mask(Nk, TN, TM, j, i, causal=causal, input_pos=input_pos,
                                   transposed=True)
                         st = st + np.where(m, f32(0), f32(-np.inf))
-                    pt = _exp2(st * c2 - lse_t, True)                  # P^T
+                    pt = exp2(st * c2 - lse_t, True)                   # P^T
                     dv_acc += _round(pt, round_p) @ dot                # dV += P^T dO
                     dpt = vt @ dot.swapaxes(-1, -2)                    # dP^T = V dO^T
                     dst = pt * (dpt - delta_t)                         # dS^T
@@ -321,7 +316,7 @@ def emulate_backward(q, k, v, out, dout, lse, *, causal: bool = False,
                     m = _mask(Nk, TN, TM, j, i, causal=causal, input_pos=input_pos,
                               transposed=False)
                     s = s + np.where(m, f32(0), f32(-np.inf))
-                p = _exp2(s * c2 - lse_t, True)                        # P
+                p = exp2(s * c2 - lse_t, True)                         # P
                 dp = dot @ vt.swapaxes(-1, -2)                         # dP = dO V^T
                 ds = p * (dp - delta_t)                                # dS
                 dq_acc += _round(ds, round_p) @ kt                     # dQ += dS K

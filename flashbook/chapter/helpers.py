@@ -35,9 +35,9 @@ def tile_kinds(step, N: int, config, input_pos: int = 0) -> np.ndarray:
     (``input_pos`` keys already in a cache), tiled by ``config`` (its ``TILE_M`` x ``TILE_N``).
     Returns an int array [query tiles, key tiles]: 0 skipped (never loaded), 1 full (computed
     without a mask), 2 masked (the diagonal, or a ragged end), read from
-    ``flashattn.reference.schedule`` — the same loop bounds as the kernel.
+    ``flashbook.ladder.emulate.schedule`` — the same loop bounds as the kernel.
     """
-    from flashattn.reference import schedule
+    from flashbook.ladder.emulate import schedule
     Nk = N + input_pos
     kinds = np.full((-(-N // config.TILE_M), -(-Nk // config.TILE_N)), SKIPPED, dtype=int)
     for prog in schedule(step, N, Nk, causal=True, config=config, input_pos=input_pos):

@@ -9,7 +9,8 @@ rules) and runs the ladder. It does not import cuda.tile.
 ``decode.py`` and ``fmha_bwd.py`` are the decode and backward kernels with the switches the
 library folds away (the fused merge, dependent launches; chapters 11-12); ``variants`` holds
 their specs, the switches and the calls that run them (``variants.decode``,
-``variants.attention_backward``).
+``variants.attention_backward``). ``emulate.py`` is the ladder kernel in NumPy: every step's
+launch schedule (``schedule``, ``tile_counts``) and arithmetic (``emulate``), on a CPU.
 """
 from flashattn.kernels import FMHA_ARRAYS, FMHA_SCALARS, FusedKernel, KernelSpec
 

@@ -1,50 +1,38 @@
-"""A CPU emulation of the fused kernel: its launch schedule and its arithmetic, tile by tile.
+"""A CPU emulation of the ladder kernel (``fmha.py`` beside this file): every step's launch
+schedule and its arithmetic, tile by tile, in NumPy float32.
 
-    schedule, work_per_program, tile_counts  which key tiles each program visits
+    schedule, work_per_program, tile_counts  which key tiles each program of a step visits
     emulate(step, q, k, v, ...)              the fused kernel of one step, in NumPy float32
+    default_config(step)                     the tiles a step runs with on Hopper
+
+The shipped kernel's schedule is the library's (``flashattn.reference.tiles``); the steps off
+its flags change the order (REMAP off, PAIR), the mask rule (SPLIT_LOOP off) and the softmax
+(FAST_MATH off, LAZY_RESCALE).
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import numpy as np
-import torch
 
-from ..contract import check_shapes, tile_d_for
-from ..config import Config
-from ..registry import Step, get_step
-from .exact import causal_mask
-from .online import softmax
+from flashattn.config import Config
+from flashattn.contract import check_shapes, tile_d_for
+from flashattn.reference import causal_mask, softmax
+from flashattn.reference.tiles import INV_LOG_2, Program, as_f32, exp2, key_tiles
 
-INV_LOG_2 = 1.0 / math.log(2)  # as flashattn.kernels.fmha (not imported: it needs cuda.tile)
+from ..steps import Step, get_step
+from . import SHIPPED_FLAGS
+
 LAZY_THRESHOLD = 8.0           # LAZY_RESCALE: rescale only when a row max grows by more than 2^8
-
-
-@dataclass(frozen=True)
-class Program:
-    """One program of the grid's first axis (the same for every batch and head).
-
-    bid: ct.bid(0); query_tiles: the query tiles (bid_x) it computes, in order;
-    key_tiles[t]: ((j, kind), ...) the key tiles visited for query_tiles[t], kind "masked"
-    (mask_scores applied) or "full".
-    """
-    bid: int
-    query_tiles: tuple[int, ...]
-    key_tiles: tuple[tuple[tuple[int, str], ...], ...]
-
-    @property
-    def work(self) -> int:
-        """Key tiles visited, the unit of a program's run time."""
-        return sum(len(t) for t in self.key_tiles)
-
-
-# What kernels/fmha.py does: a step whose flags do not name these runs it.
-FMHA_BEHAVIOUR = dict(FAST_MATH=True, SPLIT_LOOP=True, REMAP=True, PAIR=False, LAZY_RESCALE=False)
 
 
 def _step(step) -> Step:
     return get_step(step) if isinstance(step, str) else step
+
+
+def _flags(step) -> dict:
+    """The step's flags, the shipped ones where it names none."""
+    return {**SHIPPED_FLAGS, **step.flag_values()}
 
 
 def default_config(step) -> Config:
@@ -52,49 +40,35 @@ def default_config(step) -> Config:
     return _step(step).configs("sm_90")[0]
 
 
-def _key_tiles(bid_x, Nk, TILE_M, TILE_N, causal, input_pos, flags):
-    """The key tiles attend_query_tile visits for query tile bid_x, as (j, kind) pairs."""
-    even_k = Nk % TILE_N == 0
-    if causal:
-        m_end = input_pos + (bid_x + 1) * TILE_M
-        Tc = -(-min(m_end, Nk) // TILE_N)
-        mask_start = min((input_pos + bid_x * TILE_M) // TILE_N, Nk // TILE_N)
-    else:
-        Tc = -(-Nk // TILE_N)
-        mask_start = Nk // TILE_N
-    needs_mask = causal or not even_k
-    tiles = []
-    for j in range(Tc):
-        masked = needs_mask and (j >= mask_start if flags["SPLIT_LOOP"] else True)
-        tiles.append((j, "masked" if masked else "full"))
-    return tuple(tiles)
-
-
 def schedule(step, Nq: int, Nk: int, *, causal: bool, input_pos: int = 0,
              config: Config | None = None) -> list[Program]:
     """The programs of the launch grid's first axis, in launch order (bid 0, 1, ...).
 
     Mirrors fmha_kernel: REMAP reverses the order when causal; PAIR halves the grid
-    and program i does query tiles i and n-1-i; see ``Program``.
+    and program i does query tiles i and n-1-i; without SPLIT_LOOP every visited tile is
+    masked when the mask is needed; see ``Program``.
     """
     step = _step(step)
     if step.kernel != "fmha":
         raise ValueError(f"step {step.name!r} is not the fused kernel: it has no tile schedule")
     config = config or default_config(step)
-    flags = {**FMHA_BEHAVIOUR, **step.flag_values()}
-    TM, TN = config.TILE_M, config.TILE_N
-    n = -(-Nq // TM)                                                  # num_m_blocks
-    programs = []
-    for bid in range(-(-n // 2) if flags["PAIR"] else n):
-        if flags["PAIR"]:
-            tiles = [bid] if n - 1 - bid == bid else [bid, n - 1 - bid]
-        elif flags["REMAP"] and causal:
-            tiles = [n - 1 - bid]
-        else:
-            tiles = [bid]
-        keys = tuple(_key_tiles(t, Nk, TM, TN, causal, input_pos, flags) for t in tiles)
-        programs.append(Program(bid, tuple(tiles), keys))
-    return programs
+    flags = _flags(step)
+    n = -(-Nq // config.TILE_M)                                       # num_m_blocks
+    if flags["PAIR"]:
+        groups = [(i,) if n - 1 - i == i else (i, n - 1 - i) for i in range(-(-n // 2))]
+    elif flags["REMAP"] and causal:
+        groups = [(n - 1 - i,) for i in range(n)]
+    else:
+        groups = [(i,) for i in range(n)]
+    mask_all = not flags["SPLIT_LOOP"] and (causal or Nk % config.TILE_N != 0)
+
+    def visits(bid_x):
+        tiles = key_tiles(bid_x, Nk, tile_m=config.TILE_M, tile_n=config.TILE_N, causal=causal,
+                          input_pos=input_pos)
+        return tuple((j, "masked") for j, _ in tiles) if mask_all else tiles
+
+    return [Program(bid, tiles, tuple(visits(t) for t in tiles))
+            for bid, tiles in enumerate(groups)]
 
 
 def work_per_program(step, Nq: int, Nk: int, *, causal: bool, input_pos: int = 0,
@@ -120,27 +94,13 @@ def tile_counts(step, Nq: int, Nk: int, *, causal: bool, input_pos: int = 0,
                 skipped=total - len(kinds))
 
 
-def _exp2(x, ftz: bool):
-    p = np.exp2(x)
-    if ftz:
-        # FAST_MATH: exp2(..., flush_to_zero=True) returns 0 instead of a denormal.
-        p = np.where(p < np.finfo(np.float32).tiny, np.float32(0), p)
-    return p
-
-
 def _update(qk, m_i, l_i, acc, qk_scale, ftz):
     """online_softmax_update of fmha.py, batched over (batch, head) in the first axis."""
     m_ij = np.maximum(m_i, qk.max(axis=-1, keepdims=True) * qk_scale)    # (BH, TILE_M, 1)
-    p = _exp2(qk * qk_scale - m_ij, ftz)                                # (BH, TILE_M, TILE_N)
-    alpha = _exp2(m_i - m_ij, ftz)                                      # (BH, TILE_M, 1)
+    p = exp2(qk * qk_scale - m_ij, ftz)                                 # (BH, TILE_M, TILE_N)
+    alpha = exp2(m_i - m_ij, ftz)                                       # (BH, TILE_M, 1)
     l_i = l_i * alpha + p.sum(axis=-1, keepdims=True)
     return p, m_ij, l_i, acc * alpha
-
-
-def _as_f32(t) -> np.ndarray:
-    if isinstance(t, torch.Tensor):
-        t = t.detach().to("cpu", torch.float32).numpy()
-    return np.asarray(t, dtype=np.float32)
 
 
 def emulate(step, q, k, v, *, causal: bool = False, scale: float | None = None,
@@ -159,7 +119,7 @@ def emulate(step, q, k, v, *, causal: bool = False, scale: float | None = None,
     scale <= 0 gives NaN once a tile is masked (tests/test_emulation.py::test_nonpositive_scale).
     """
     step = _step(step)
-    q, k, v = _as_f32(q), _as_f32(k), _as_f32(v)
+    q, k, v = as_f32(q), as_f32(k), as_f32(v)
     check_shapes(q.shape, k.shape, v.shape, causal=causal, scale=scale, input_pos=input_pos)
     B, Hq, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
@@ -176,7 +136,7 @@ def emulate(step, q, k, v, *, causal: bool = False, scale: float | None = None,
         return p @ v
 
     config = config or default_config(step)
-    flags = {**FMHA_BEHAVIOUR, **step.flag_values()}
+    flags = _flags(step)
     TM, TN, TD = config.TILE_M, config.TILE_N, tile_d_for(D)
     ftz = flags["FAST_MATH"]
     n_m, n_n = -(-Nq // TM), -(-Nk // TN)
@@ -212,7 +172,7 @@ def emulate(step, q, k, v, *, causal: bool = False, scale: float | None = None,
                         m_blk = qk.max(axis=-1, keepdims=True) * qk_scale  # (BH, TILE_M, 1)
                         grow = (m_blk - m_i).max(axis=(1, 2))[:, None, None]  # per program
                         p_f, m_f, l_f, acc_f = _update(qk, m_i, l_i, acc, qk_scale, ftz)
-                        p_s = _exp2(qk * qk_scale - m_i, ftz)         # stale max, no rescale
+                        p_s = exp2(qk * qk_scale - m_i, ftz)          # stale max, no rescale
                         l_s = l_i + p_s.sum(axis=-1, keepdims=True)
                         full = grow > LAZY_THRESHOLD
                         p = np.where(full, p_f, p_s)
@@ -225,3 +185,7 @@ def emulate(step, q, k, v, *, causal: bool = False, scale: float | None = None,
                     acc = acc + p @ vp[:, cols]                       # (BH, TILE_M, TILE_D)
                 out[:, rows] = acc / l_i
     return out[:, :Nq, :D].reshape(B, Hq, Nq, D)
+
+
+__all__ = ["LAZY_THRESHOLD", "Program", "default_config", "emulate", "schedule",
+           "tile_counts", "work_per_program"]
