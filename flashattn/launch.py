@@ -11,6 +11,7 @@ profiler target and autotune call them directly on inputs they made. Each launch
 """
 from __future__ import annotations
 
+from .contract import check_like
 from .dispatch import attention_steps, device_arch, device_sm_count, expect, launch_kernel
 from .kernels import NAIVE, fmha_plan, hinted, naive_constants
 from .config import Config
@@ -35,16 +36,10 @@ def check_lse_out(q, lse, *, contiguous: bool = True) -> None:
     """``lse`` must be an fp32 (B, Hq, Nq) tensor on q's device, contiguous unless told not to
     (the backward copies it) (ValueError/TypeError)."""
     import torch
-    if not isinstance(lse, torch.Tensor):
-        raise TypeError(f"lse must be a torch.Tensor, got {type(lse).__name__}")
     B, Hq, Nq, _ = q.shape
-    if tuple(lse.shape) != (B, Hq, Nq):
-        raise ValueError(f"lse must have shape (B, Hq, Nq) = {(B, Hq, Nq)}, got "
-                         f"{tuple(lse.shape)}")
-    if lse.dtype != torch.float32:
-        raise TypeError(f"lse must be float32 (the forward's log-sum-exp), got {lse.dtype}")
-    if lse.device != q.device:
-        raise ValueError(f"lse is on {lse.device}, q on {q.device}: one device")
+    check_like("lse", lse, shape=(B, Hq, Nq), dtype=torch.float32, device=q.device,
+               shape_is=f"shape (B, Hq, Nq) = {(B, Hq, Nq)}",
+               dtype_is="be float32 (the forward's log-sum-exp)")
     if contiguous and not lse.is_contiguous():
         raise ValueError("lse must be contiguous (the kernel writes it in place)")
 
