@@ -159,21 +159,6 @@ def check_out(out):
     return out
 
 
-def check_like(name: str, t, *, shape, dtype, device, shape_is: str, dtype_is: str) -> None:
-    """``t`` a torch tensor of ``shape`` and ``dtype`` on q's ``device`` (any strides);
-    ``shape_is`` and ``dtype_is`` say in the messages what is asked. Raises TypeError or
-    ValueError naming ``name``."""
-    import torch
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if tuple(t.shape) != tuple(shape):
-        raise ValueError(f"{name} must have {shape_is}, got {tuple(t.shape)}")
-    if t.dtype != dtype:
-        raise TypeError(f"{name} must {dtype_is}, got {t.dtype}")
-    if t.device != device:
-        raise ValueError(f"{name} is on {t.device}, q on {device}: one device")
-
-
 def check_torch_tensors(**tensors) -> None:
     """Each named argument a torch.Tensor (None allowed for ``block_table`` only)."""
     import torch

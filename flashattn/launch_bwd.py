@@ -12,8 +12,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .contract import check_causal, check_like, check_tensors
+from .contract import check_causal, check_tensors
 from .dispatch import attention_steps, device_arch, expect, interpreting, launch_kernel, on_device
+from .launch import check_like, check_lse_out
 from .kernels import BWD, BWD_ATOMIC, KernelSpec, bwd_configs, bwd_constants, bwd_grid, hinted
 from .config import Config
 
@@ -48,7 +49,6 @@ def check_like_q(q, layout: str = "", **tensors) -> None:
 
 def check_backward_tensors(q, out, dout, lse) -> None:
     """out and dout of q's shape, dtype and device; lse a float32 (B, Hq, Nq) tensor there."""
-    from .launch import check_lse_out
     check_like_q(q, out=out, dout=dout)
     check_lse_out(q, lse, contiguous=False)      # the forward's LSE; copied if not contiguous
 
