@@ -195,16 +195,17 @@ def launch_decode(q, k_cache, v_cache, cache_seqlens, block_table, dims, target,
                   KDescale=k_descale if fp8 else placeholder(1, 1),
                   VDescale=v_descale if fp8 else placeholder(1, 1),
                   Opart=opart, Lse=lse, Out=out_rows)
-    with on_device(target), expect(target, lambda: decode_steps(plan, seqlens, dims),
-                                   "flashattn.decode"):
-        launch_kernel(target, plan["split_grid"], hinted(spec.kernel(), plan["hints"]),
-                      spec.args(arrays, dict(qk_scale=scale, num_q=Nq),
-                                plan["split_constants"]))
-        if plan["combine"] in ("row", "block"):
-            cspec = DECODE_COMBINE_ROW if plan["combine"] == "row" else DECODE_COMBINE
-            launch_kernel(target, plan["combine_grid"], cspec.kernel(),
-                          cspec.args(dict(Opart=opart, Lse=lse, Out=out_rows), {},
-                                     plan["combine_constants"]))
+    launches = [(plan["split_grid"], hinted(spec.kernel(), plan["hints"]),
+                 spec.args(arrays, dict(qk_scale=scale, num_q=Nq), plan["split_constants"]))]
+    if plan["combine"] in ("row", "block"):
+        cspec = DECODE_COMBINE_ROW if plan["combine"] == "row" else DECODE_COMBINE
+        launches.append((plan["combine_grid"], cspec.kernel(),
+                         cspec.args(dict(Opart=opart, Lse=lse, Out=out_rows), {},
+                                    plan["combine_constants"])))
+    steps = lambda: decode_steps(plan, seqlens, dims)       # noqa: E731 (interpreted only)
+    with on_device(target), expect(target, steps, "flashattn.decode"):
+        for grid, kernel, args in launches:
+            launch_kernel(target, grid, kernel, args)
     return out
 
 
