@@ -110,7 +110,8 @@ def launch(q, k, v, out, step: Step, config: Config, *, causal: bool, scale: flo
     """Launch a step with an explicit configuration on validated, contiguous tensors.
 
     ``lse``: a contiguous fp32 (B, Hq, Nq) tensor to receive each query row's natural-log
-    log-sum-exp (what ``launch_bwd.attention_backward`` takes); fused steps only.
+    log-sum-exp (what ``launch_bwd.attention_backward`` takes); fused steps only. ``target``:
+    the ``dispatch.Target`` of q's device, if the caller has it.
     """
     if lse is not None:
         check_lse_out(q, lse)
@@ -123,14 +124,12 @@ def launch(q, k, v, out, step: Step, config: Config, *, causal: bool, scale: flo
         launches = [fmha_args(q, k, v, out, step, config, causal=causal, scale=scale,
                               input_pos=input_pos, lse=lse, target=target)]
     B, Hq, Nq, _ = q.shape
+    passes = 2 if step.kernel == "naive" else 1      # the naive scores and P @ V visit each pair
+    steps = lambda: passes * B * Hq * attention_steps(  # noqa: E731 (interpreted only)
+        Nq, k.shape[2], config.TILE_M, config.TILE_N, causal=causal, offset=input_pos)
     device = q.device if target is None else target
-    # The estimate counts (query tile, key tile) steps; the naive scores and P @ V count twice.
-    with on_device(device), expect(
-            device, lambda: B * Hq * attention_steps(Nq, k.shape[2], config.TILE_M,
-                                                     config.TILE_N, causal=causal,
-                                                     offset=input_pos)
-            * (2 if step.kernel == "naive" else 1),
-            lambda: f"flashattn.attention (step {step.name!r}, {config.label()})"):
+    with on_device(device), expect(device, steps, lambda: f"flashattn.attention (step "
+                                   f"{step.name!r}, {config.label()})"):
         for grid, kernel, args in launches:
             launch_kernel(device, grid, kernel, args, stream="current")
     return out
