@@ -10,7 +10,7 @@ import math
 
 from .contract import check_causal, check_tensors
 from .autotune import resolve
-from .dispatch import on_device, interpreting
+from .dispatch import interpreting, target_of
 from .launch import launch
 from .registry import get_step
 
@@ -111,13 +111,15 @@ def run_step(q, k, v, step: str, *, causal: bool = False, scale: float | None = 
         from . import autograd
         return autograd.attention(q, k, v, causal=causal, scale=scale, input_pos=input_pos,
                                   step=step)
+    target = target_of(getattr(q, "device", None))      # asked once, passed down
     causal = check_causal(causal)
     check_tensors(q, k, v, causal=causal, scale=scale, input_pos=input_pos,
-                  interpret=interpreting(getattr(q, "device", None)))
+                  interpret=target.interpreting)
     if step != "best":
         get_step(step)  # unknown names fail before any work
-    elif prefer_decode(q, k, causal, input_pos):
-        return launch_via_decode(q, k, v, causal=causal, scale=scale, input_pos=input_pos)
+    elif _decode_shaped(q, k, causal, input_pos):      # the contract has checked the device
+        return launch_via_decode(q, k, v, causal=causal, scale=scale, input_pos=input_pos,
+                                 target=target)
     B, Hq, Nq, D = q.shape
     out = torch.empty((B, Hq, Nq, D), dtype=q.dtype, device=q.device)
     if out.numel() == 0:
@@ -125,10 +127,9 @@ def run_step(q, k, v, step: str, *, causal: bool = False, scale: float | None = 
     q, k, v = (t if t.is_contiguous() else t.contiguous() for t in (q, k, v))
     if scale is None:
         scale = 1.0 / math.sqrt(D)
-    s, config = resolve(step, q, k, causal)
-    with on_device(q.device):
-        launch(q, k, v, out, s, config, causal=causal, scale=float(scale), input_pos=input_pos)
-    return out
+    s, config = resolve(step, q, k, causal, target)
+    return launch(q, k, v, out, s, config, causal=causal, scale=float(scale),
+                  input_pos=input_pos, target=target)
 
 
 def _fp8_call(q, k, v, q_descale, k_descale, v_descale, out_dtype) -> bool:
@@ -204,6 +205,13 @@ def prefer_decode(q, k, causal: bool, input_pos: int = 0) -> bool:
     on a decode step's shape (``Nq <= DECODE_PATH_MAX_NQ``, ``Nk >= DECODE_PATH_MIN_NK``,
     fp16/bf16 on a kernel device, ``B x Hkv`` within a grid axis). Reads shapes, dtypes and
     devices only; inputs ``attention`` would refuse give False."""
+    device = getattr(q, "device", None)
+    on_kernel_device = getattr(device, "type", None) == "cuda" or interpreting(device)
+    return on_kernel_device and _decode_shaped(q, k, causal, input_pos)
+
+
+def _decode_shaped(q, k, causal: bool, input_pos: int) -> bool:
+    """``prefer_decode`` without its device rule (which the dense contract checks)."""
     try:
         B, Hq, Nq, D = (int(x) for x in q.shape)
         Bk, Hkv, Nk, Dk = (int(x) for x in k.shape)
@@ -211,9 +219,7 @@ def prefer_decode(q, k, causal: bool, input_pos: int = 0) -> bool:
         return False
     if str(q.dtype).replace("torch.", "") not in ("float16", "bfloat16"):
         return False
-    on_kernel_device = (getattr(q.device, "type", None) == "cuda"
-                        or interpreting(getattr(q, "device", None)))
-    if not on_kernel_device or Bk != B or Dk != D or not 1 <= D <= 256:
+    if Bk != B or Dk != D or not 1 <= D <= 256:
         return False
     if Hkv < 1 or Hq % Hkv or B * Hkv > DECODE_PATH_MAX_GRID or B < 1:
         return False
@@ -230,16 +236,19 @@ def attention_via_decode(q, k, v, *, causal: bool = False, scale: float | None =
     cache k, v, each sequence ``input_pos + Nq`` long when causal (``Nk`` otherwise), for the
     shapes ``prefer_decode`` accepts; ``num_splits`` as ``decode``. ValueError for a
     non-causal call with Nq > 1 (decode's rows are causal) or bad inputs."""
+    target = target_of(getattr(q, "device", None))
     causal = check_causal(causal)
     check_tensors(q, k, v, causal=causal, scale=scale, input_pos=input_pos,
-                  interpret=interpreting(getattr(q, "device", None)))
+                  interpret=target.interpreting)
     return launch_via_decode(q, k, v, causal=causal, scale=scale, input_pos=input_pos,
-                             num_splits=num_splits)
+                             num_splits=num_splits, target=target)
 
 
-def launch_via_decode(q, k, v, *, causal: bool, scale, input_pos: int, num_splits=None):
+def launch_via_decode(q, k, v, *, causal: bool, scale, input_pos: int, target,
+                      num_splits=None):
     """``attention_via_decode`` on inputs ``contract.check_tensors`` has passed: the contiguous
-    cache's dims follow from the shapes, and ``decode.launch_decode`` runs it."""
+    cache's dims follow from the shapes, and ``decoding.launch_decode`` runs it on ``target``
+    (the ``dispatch.Target`` of q's device)."""
     import torch
     from .contract import check_decode_shapes
     from .decoding import launch_decode
@@ -255,6 +264,5 @@ def launch_via_decode(q, k, v, *, causal: bool, scale, input_pos: int, num_split
     k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (k, v))
     seqlens = torch.full((B,), length, dtype=torch.int32, device=q.device)
     dims = check_decode_shapes(tuple(q.shape), tuple(k.shape), tuple(v.shape), (B,))
-    with on_device(q.device):
-        return launch_decode(q, k, v, seqlens, None, dims, scale=scale, num_splits=num_splits,
-                             max_seqlen=length)
+    return launch_decode(q, k, v, seqlens, None, dims, target, scale=scale,
+                         num_splits=num_splits, max_seqlen=length)

@@ -38,21 +38,23 @@ def attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: boo
                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse): the fused forward of ``step`` (``"best"``: ``autotune.resolve``'s choice)
     with the LSE written; lse is fp32 (B, Hq, Nq) in natural-log units."""
-    from .dispatch import interpreting
+    from .dispatch import target_of
+    target = target_of(q.device)                     # asked once, passed down
     check_tensors(q, k, v, causal=causal, scale=scale, input_pos=input_pos,
-                  interpret=interpreting(getattr(q, "device", None)))
-    return forward_lse(q, k, v, causal=causal, scale=scale, input_pos=input_pos, step=step)
+                  interpret=target.interpreting)
+    return forward_lse(q, k, v, causal=causal, scale=scale, input_pos=input_pos, step=step,
+                       target=target)
 
 
 def forward_lse(q, k, v, *, causal: bool, scale: float | None, input_pos: int = 0,
-                step: str = "best", config=None):
+                step: str = "best", config=None, target=None):
     """``attention_fwd`` on inputs ``contract.check_tensors`` has passed: (out, lse), no check
     of the tensors again (the varlen backward calls this once per sequence). ``config``: run
     ``step`` with these tiles instead of the ones chosen for the shape, or ``"first"``: its
     first configuration on this architecture, whatever the shape (no autotuning: the same
-    compiled kernels for every length)."""
+    compiled kernels for every length). ``target``: the ``dispatch.Target`` of q's device,
+    if the caller has it."""
     from .autotune import resolve
-    from .dispatch import on_device
     from .launch import launch
     B, Hq, Nq, D = q.shape
     out = torch.empty((B, Hq, Nq, D), dtype=q.dtype, device=q.device)
@@ -61,20 +63,12 @@ def forward_lse(q, k, v, *, causal: bool, scale: float | None, input_pos: int = 
         return out, lse
     q, k, v = (t if t.is_contiguous() else t.contiguous() for t in (q, k, v))
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
-    if config is None:
-        s, config = resolve(step, q, k, causal)
-    else:
-        from .dispatch import device_arch
-        from .registry import resolve_name
-        arch = device_arch(q.device)
-        s = resolve_name(step, arch)
-        if config == "first":
-            config = s.configs(arch)[0] if s.tuned else s.config_for(arch)
+    s, config = resolve(step, q, k, causal, target, config=config)
     if s.kernel != "fmha":
         raise ValueError(f"step {s.name!r} does not write the LSE the backward needs; "
                          "use a fused step (any but 'naive')")
-    with on_device(q.device):
-        launch(q, k, v, out, s, config, causal=causal, scale=scale, input_pos=input_pos, lse=lse)
+    launch(q, k, v, out, s, config, causal=causal, scale=scale, input_pos=input_pos, lse=lse,
+           target=target)
     return out, lse
 
 

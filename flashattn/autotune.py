@@ -98,17 +98,19 @@ def search(step, arch: str, q, k, v, causal: bool, *, rounds: int = 8, inner: in
     return timings
 
 
-def choose(step, arch: str, q, k, causal: bool) -> Config:
+def choose(step, arch: str, q, k, causal: bool, target=None) -> Config:
     """The cached winner for this shape on this GPU, searching on first use (never for the
-    interpreter: the cached winner or the first configuration, see the module docstring)."""
+    interpreter: the cached winner or the first configuration, see the module docstring).
+    ``target``: the ``dispatch.Target`` of q's device, if the caller has it."""
     import torch
     space = step.configs(arch)
     if os.environ.get("FLASHATTN_AUTOTUNE", "1") == "0":
         return space[0]
-    gpu = device_name(q.device)
+    device = q.device if target is None else target
+    gpu, interpreted = device_name(device), interpreting(device)
     cache = _load(gpu)
     key = f"{step.name}:{shape_key(q, k, causal)}"
-    if key not in cache and interpreting(q.device):
+    if key not in cache and interpreted:
         return space[0]
     if key not in cache:
         # Search on fresh random inputs of the same shape, so the caller's data is untouched.
@@ -125,11 +127,19 @@ def choose(step, arch: str, q, k, causal: bool) -> Config:
     return Config(c["TILE_M"], c["TILE_N"], **{h: c.get(h) for h in Config.HINTS})
 
 
-def resolve(step: str, q, k, causal: bool) -> tuple[Step, Config]:
+def resolve(step: str, q, k, causal: bool, target=None, *,
+            config=None) -> tuple[Step, Config]:
     """The Step object and the Config it runs with for these inputs on this GPU: "best"
-    resolved for the GPU's architecture, a tuned step's configuration chosen by ``choose``."""
-    arch = device_arch(q.device)
+    resolved for the GPU's architecture, a tuned step's configuration chosen by ``choose``.
+    ``target``: the ``dispatch.Target`` the caller resolved for q's device (default: q's).
+    ``config``: run with these tiles instead, or ``"first"``: the step's first configuration
+    on this architecture, whatever the shape (the same compiled kernels for every length)."""
+    arch = device_arch(q.device if target is None else target)
     s = resolve_name(step, arch)
+    if config == "first":
+        return s, s.configs(arch)[0] if s.tuned else s.config_for(arch)
+    if config is not None:
+        return s, config
     if s.tuned:
-        return s, choose(s, arch, q, k, causal)
+        return s, choose(s, arch, q, k, causal, target)
     return s, s.config_for(arch)

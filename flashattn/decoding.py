@@ -27,8 +27,7 @@ from __future__ import annotations
 import math
 
 from .contract import check_decode, check_decode_tensors, check_optional_int, check_out
-from .dispatch import (device_arch, device_sm_count, expect, interpreting, launch_kernel,
-                       on_device)
+from .dispatch import expect, launch_kernel, on_device, target_of
 from .kernels import DECODE_COMBINE, DECODE_COMBINE_ROW, hinted
 from .kernels.decode_spec import (DECODE_FP8_DTYPES, decode_plan, decode_split_spec,
                                   decode_steps)
@@ -80,10 +79,12 @@ def decode(q, k_cache, v_cache, cache_seqlens, *, block_table=None, scale=None,
     Raises:
         TypeError, ValueError: as ``flashattn.contract.check_decode_tensors``.
     """
+    target = target_of(getattr(q, "device", None))      # asked once, passed down
     if any(_dtype_name(t) in DECODE_FP8_DTYPES for t in (k_cache, v_cache)):
         dims, k_descale, v_descale = _check_fp8_cache(q, k_cache, v_cache, cache_seqlens,
                                                       block_table, scale, check_values,
-                                                      k_descale, v_descale, v_transposed)
+                                                      k_descale, v_descale, v_transposed,
+                                                      target.interpreting)
     else:
         if v_transposed is not False:
             raise ValueError("v_transposed=True applies to fp8 caches only (the FP8-MMA "
@@ -92,13 +93,13 @@ def decode(q, k_cache, v_cache, cache_seqlens, *, block_table=None, scale=None,
             raise ValueError("k_descale and v_descale apply to fp8 caches only; the caches are "
                              f"{getattr(k_cache, 'dtype', None)} (quantise with "
                              "flashattn.quantize_fp8)")
-        interp = interpreting(getattr(q, "device", None))
         dims = check_decode_tensors(q, k_cache, v_cache, cache_seqlens, block_table,
-                                    scale=scale, check_values=check_values, interpret=interp)
+                                    scale=scale, check_values=check_values,
+                                    interpret=target.interpreting)
     check_optional_int("max_seqlen", max_seqlen, minimum=0)   # num_splits: decode_plan
     check_out(out)
-    return launch_decode(q, k_cache, v_cache, cache_seqlens, block_table, dims, scale=scale,
-                         num_splits=num_splits, max_seqlen=max_seqlen, out=out,
+    return launch_decode(q, k_cache, v_cache, cache_seqlens, block_table, dims, target,
+                         scale=scale, num_splits=num_splits, max_seqlen=max_seqlen, out=out,
                          k_descale=k_descale, v_descale=v_descale, v_transposed=v_transposed)
 
 
@@ -107,8 +108,9 @@ def _dtype_name(t) -> str:
 
 
 def _check_fp8_cache(q, k_cache, v_cache, cache_seqlens, block_table, scale, check_values,
-                     k_descale, v_descale, v_transposed):
-    """``decode``'s checks for fp8 caches: (dims, k_descale, v_descale as (B, Hkv) float32)."""
+                     k_descale, v_descale, v_transposed, interp):
+    """``decode``'s checks for fp8 caches: (dims, k_descale, v_descale as (B, Hkv) float32).
+    ``interp``: whether the interpreter runs q's device."""
     import torch
     from .fp8_attention import _check_arch
     from .fp8_quant import _descale_tensor
@@ -124,7 +126,6 @@ def _check_fp8_cache(q, k_cache, v_cache, cache_seqlens, block_table, scale, che
     if _dtype_name(k_cache) not in DECODE_FP8_DTYPES or k_cache.dtype != v_cache.dtype:
         raise TypeError(f"k_cache and v_cache must share one fp8 dtype (float8_e4m3fn or "
                         f"float8_e5m2), got {k_cache.dtype} and {v_cache.dtype}")
-    interp = interpreting(getattr(q, "device", None))
     if v_transposed:
         _check_v_transposed(k_cache, v_cache, block_table)
     # The shape, table and length rules of decode, checked on a stand-in query of the caches'
@@ -150,11 +151,12 @@ def _check_fp8_cache(q, k_cache, v_cache, cache_seqlens, block_table, scale, che
             _descale_tensor(v_descale, "v_descale", B, Hkv, q.device))
 
 
-def launch_decode(q, k_cache, v_cache, cache_seqlens, block_table, dims, *, scale=None,
-                  num_splits=None, max_seqlen=None, out=None, k_descale=None, v_descale=None,
-                  v_transposed=False):
-    """``decode`` on inputs its contract has passed (``dims``: what it found; fp8 caches: the
-    descales as (B, Hkv) float32 tensors): the plan and the launches, no check again."""
+def launch_decode(q, k_cache, v_cache, cache_seqlens, block_table, dims, target, *,
+                  scale=None, num_splits=None, max_seqlen=None, out=None, k_descale=None,
+                  v_descale=None, v_transposed=False):
+    """``decode`` on inputs its contract has passed (``dims``: what it found; ``target``: the
+    ``dispatch.Target`` of q's device; fp8 caches: the descales as (B, Hkv) float32 tensors):
+    the plan and the launches, no check again."""
     import torch
     B, Hq, Nq, D = q.shape
     Hkv = dims.Hkv
@@ -167,9 +169,9 @@ def launch_decode(q, k_cache, v_cache, cache_seqlens, block_table, dims, *, scal
         raise ValueError(f"out must be a contiguous {(B, Hq, Nq, D)} tensor of {q.dtype} on "
                          f"{q.device}, got {tuple(out.shape)} {out.dtype} on {out.device}")
     cache = _dtype_name(k_cache)
-    arch, sm_count = device_arch(q.device), device_sm_count(q.device)   # interpreted: its GPU
     plan = decode_plan(dims, cache=cache, v_transposed=v_transposed, num_splits=num_splits,
-                       max_seqlen=max_seqlen, sm_count=sm_count, arch=arch)
+                       max_seqlen=max_seqlen, sm_count=target.sm_count,
+                       arch=target.arch)                   # interpreted: the GPU it stands in for
     rows = plan["rows"]
     # The query heads of one GQA group, packed as rows: (B, Hq, Nq, D) -> (B, Hkv, G*Nq, D).
     q_rows = q.contiguous().view(B, Hkv, rows, D)
@@ -193,16 +195,17 @@ def launch_decode(q, k_cache, v_cache, cache_seqlens, block_table, dims, *, scal
                   KDescale=k_descale if fp8 else placeholder(1, 1),
                   VDescale=v_descale if fp8 else placeholder(1, 1),
                   Opart=opart, Lse=lse, Out=out_rows)
-    with on_device(q.device), expect(q.device, lambda: decode_steps(plan, seqlens, dims),
-                                     "flashattn.decode"):
-        launch_kernel(q.device, plan["split_grid"], hinted(spec.kernel(), plan["hints"]),
-                      spec.args(arrays, dict(qk_scale=scale, num_q=Nq),
-                                plan["split_constants"]))
-        if plan["combine"] in ("row", "block"):
-            cspec = DECODE_COMBINE_ROW if plan["combine"] == "row" else DECODE_COMBINE
-            launch_kernel(q.device, plan["combine_grid"], cspec.kernel(),
-                          cspec.args(dict(Opart=opart, Lse=lse, Out=out_rows), {},
-                                     plan["combine_constants"]))
+    launches = [(plan["split_grid"], hinted(spec.kernel(), plan["hints"]),
+                 spec.args(arrays, dict(qk_scale=scale, num_q=Nq), plan["split_constants"]))]
+    if plan["combine"] in ("row", "block"):
+        cspec = DECODE_COMBINE_ROW if plan["combine"] == "row" else DECODE_COMBINE
+        launches.append((plan["combine_grid"], cspec.kernel(),
+                         cspec.args(dict(Opart=opart, Lse=lse, Out=out_rows), {},
+                                    plan["combine_constants"])))
+    steps = lambda: decode_steps(plan, seqlens, dims)       # noqa: E731 (interpreted only)
+    with on_device(target), expect(target, steps, "flashattn.decode"):
+        for grid, kernel, args in launches:
+            launch_kernel(target, grid, kernel, args)
     return out
 
 

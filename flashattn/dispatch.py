@@ -4,6 +4,7 @@ interpreter opted in (``FLASHATTN_INTERPRET=1``, read at each call, or
 
     launch_kernel(q.device, grid, kernel, args)     # every launch site of the package
     device_arch(q.device), device_sm_count(q.device)   # "sm_90", 132 for an interpreted H200
+    target = target_of(q.device)    # all of that asked once at a call's entry, passed down
 
 Interpreted, the public operators run the real kernels with the configurations a GPU of
 ``flashattn.interpret.arch()`` gets; a tuned step times nothing there (the winner cached for
@@ -18,9 +19,10 @@ import functools
 import os
 import threading
 import warnings
+from dataclasses import dataclass
 
-__all__ = ["interpreting", "launch_kernel", "record_launches", "launch_key", "on_device",
-           "device_arch", "device_sm_count",
+__all__ = ["Target", "target_of", "interpreting", "launch_kernel", "record_launches",
+           "launch_key", "on_device", "device_arch", "device_sm_count",
            "device_name", "capturing", "expect", "attention_steps", "SlowInterpreterWarning",
            "STEP_COST_S", "LONG_CALL_S"]
 
@@ -35,11 +37,60 @@ class SlowInterpreterWarning(UserWarning):
     """A call that the CPU interpreter will take long over (more than ``LONG_CALL_S``)."""
 
 
+@dataclass(frozen=True, eq=False)
+class Target:
+    """Where one call's launches run, asked once at the call's entry and passed down: the
+    tensors' ``device``, whether the interpreter runs them, and, looked up on first use, the
+    GPU's architecture, SM count and name (for an interpreted CPU device, the GPU it stands in
+    for). Every function here that takes a device takes a Target as well."""
+    device: object
+    interpreting: bool
+
+    @functools.cached_property
+    def arch(self) -> str:
+        """"sm_90" for an H100/H200, ...; interpreted: the interpreter's ``arch()``."""
+        if self.interpreting:
+            from . import interpret
+            return interpret.arch()
+        return cuda_properties(_cuda_index(self.device))[0]
+
+    @functools.cached_property
+    def sm_count(self) -> int:
+        if self.interpreting:
+            from . import interpret
+            return interpret.sm_count()
+        return cuda_properties(_cuda_index(self.device))[1]
+
+    @functools.cached_property
+    def name(self) -> str:
+        """``torch.cuda.get_device_name``; interpreted, the name of the GPU it stands in for,
+        as that GPU reports it ("NVIDIA H200"): the key of its autotune cache."""
+        if self.interpreting:
+            from . import interpret
+            return interpret.ARCH_NAMES[self.arch]
+        import torch
+        return torch.cuda.get_device_name(self.device)
+
+
+def target_of(device) -> Target:
+    """The ``Target`` of tensors on ``device`` (a Target is its own)."""
+    if isinstance(device, Target):
+        return device
+    return Target(device, interpreting(device))
+
+
+def _device(device):
+    """The device itself, of a device or a ``Target``."""
+    return device.device if isinstance(device, Target) else device
+
+
 def interpreting(device) -> bool:
     """True when the launches for tensors on ``device`` go to the interpreter: a CPU device,
     and ``flashattn.interpret.active()`` (``FLASHATTN_INTERPRET=1`` or inside
     ``flashattn.interpret.enabled()``). Installs the interpreter's ``cuda.tile`` shim then (a
     no-op where cuda-tile is installed), so that the kernel modules import."""
+    if isinstance(device, Target):
+        return device.interpreting
     if getattr(device, "type", device) != "cpu":
         return False
     from . import interpret
@@ -60,7 +111,7 @@ def launch_kernel(device, grid, kernel, args, *, stream: str = "device",
     if _RECORDERS:
         skip = False
         for rec in _RECORDERS:
-            skip |= rec(device, grid, kernel, args)
+            skip |= rec(_device(device), grid, kernel, args)
         if skip:
             return
     if interpreting(device):
@@ -70,7 +121,7 @@ def launch_kernel(device, grid, kernel, args, *, stream: str = "device",
     import cuda.tile as ct
     import torch
     if stream == "device":
-        s = torch.cuda.current_stream(device)
+        s = torch.cuda.current_stream(_device(device))
     elif stream == "current":
         s = torch.cuda.current_stream()
     else:
@@ -130,6 +181,7 @@ def record_launches(*, run: bool = True):
 
 def on_device(device):
     """``torch.cuda.device(device)`` for a CUDA device; nothing for a CPU one."""
+    device = _device(device)
     if getattr(device, "type", None) == "cpu":
         return contextlib.nullcontext()
     import torch
@@ -156,36 +208,24 @@ def _cuda_index(device) -> int:
 
 
 def device_arch(device) -> str:
-    """"sm_90" for an H100/H200, ...; for an interpreted CPU device the interpreter's
-    ``arch()``. Every path of the library detects the architecture here."""
-    if interpreting(device):
-        from . import interpret
-        return interpret.arch()
-    return cuda_properties(_cuda_index(device))[0]
+    """``target_of(device).arch``: every path of the library detects the architecture there."""
+    return target_of(device).arch
 
 
 def device_sm_count(device) -> int:
-    """The SM count of the GPU (for an interpreted CPU device: the one it stands in for)."""
-    if interpreting(device):
-        from . import interpret
-        return interpret.sm_count()
-    return cuda_properties(_cuda_index(device))[1]
+    """``target_of(device).sm_count``."""
+    return target_of(device).sm_count
 
 
 def device_name(device) -> str:
-    """``torch.cuda.get_device_name``; for an interpreted CPU device the name of the GPU it
-    stands in for, as that GPU reports it ("NVIDIA H200"): the key of its autotune cache."""
-    if interpreting(device):
-        from . import interpret
-        return interpret.ARCH_NAMES[interpret.arch()]
-    import torch
-    return torch.cuda.get_device_name(device)
+    """``target_of(device).name``."""
+    return target_of(device).name
 
 
 def capturing(device) -> bool:
     """Whether a CUDA graph is being captured on ``device``'s current stream (never for a CPU
     device, where ``torch.cuda`` is not asked)."""
-    if getattr(device, "type", None) != "cuda":
+    if getattr(_device(device), "type", None) != "cuda":
         return False
     import torch
     return bool(torch.cuda.is_current_stream_capturing())

@@ -137,6 +137,20 @@ def _check_tensors(names, tensors, rank, layout, *, fp8_ok=False):
                         "flashattn.reference.attention on (B, H, N, D) tensors")
 
 
+def _check_cache(q, names, caches, layout):
+    """A KV cache's two tensors (named ``names``): ``_check_tensors`` of rank 4 in ``layout``,
+    q's dtype and device, one shape."""
+    a, b = names
+    k, v = caches
+    _check_tensors(names, caches, 4, layout)
+    if k.dtype != q.dtype or k.device != q.device:
+        raise TypeError(f"{a} and {b} must have q's dtype and device ({q.dtype} on "
+                        f"{q.device}), got {k.dtype} on {k.device}")
+    if tuple(v.shape) != tuple(k.shape):
+        raise ValueError(f"{a} and {b} must have the same shape, got {tuple(k.shape)} and "
+                         f"{tuple(v.shape)}")
+
+
 def _check_heads(Hq, Hkv, D, Dk, what):
     if Dk != D:
         raise ValueError(f"head dim differs: q has {D}, {what} have {Dk} ({LAYOUT_HINT})")
@@ -412,14 +426,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
             raise TypeError(f"{n} must be a non-negative int, got {m!r}")
     total_q, Hq, D = q.shape
     if paged:
-        _check_tensors(("k_cache", "v_cache"), (k, v), 4, " (num_blocks, page_block_size, "
-                       "nheads_k, headdim)")
-        if k.dtype != q.dtype or k.device != q.device:
-            raise TypeError(f"k and v must match q's dtype and device, got {k.dtype} on "
-                            f"{k.device}")
-        if tuple(v.shape) != tuple(k.shape):
-            raise ValueError(f"k and v must have the same shape, got {tuple(k.shape)} and "
-                             f"{tuple(v.shape)}")
+        _check_cache(q, ("k", "v"), (k, v), " (num_blocks, page_block_size, nheads_k, "
+                     "headdim)")
         _, page, Hkv, Dk = k.shape
         total_k = None
     else:
@@ -548,13 +556,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     cache_layout = (" (num_blocks, page_block_size, nheads_k, headdim)" if paged else
                     " (batch_cache, seqlen_cache, nheads_k, headdim), flash-attn's layout")
     _check_tensors(("q",), (q,), 4, LAYOUT)
-    _check_tensors(("k_cache", "v_cache"), (k_cache, v_cache), 4, cache_layout)
-    if k_cache.dtype != q.dtype or k_cache.device != q.device:
-        raise TypeError(f"k_cache and v_cache must have q's dtype and device ({q.dtype} on "
-                        f"{q.device}), got {k_cache.dtype} on {k_cache.device}")
-    if tuple(v_cache.shape) != tuple(k_cache.shape):
-        raise ValueError(f"k_cache and v_cache must have the same shape, got "
-                         f"{tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
+    _check_cache(q, ("k_cache", "v_cache"), (k_cache, v_cache), cache_layout)
     B, Nq, Hq, D = q.shape
     P, S, Hkv, Dk = k_cache.shape
     _check_heads(Hq, Hkv, D, Dk, "k_cache and v_cache")

@@ -86,6 +86,7 @@ def check_fp8_inputs(q, k, v, q_descale, k_descale, v_descale, *, causal, scale,
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    interp = interpreting(q.device)
     names = [_name(t.dtype) for t in (q, k, v)]
     if not all(n in FP8_DTYPES for n in names) or len(set(names)) != 1:
         raise TypeError(f"the FP8 forward takes q, k, v of one fp8 dtype (float8_e4m3fn or "
@@ -125,8 +126,7 @@ def check_fp8_inputs(q, k, v, q_descale, k_descale, v_descale, *, causal, scale,
                          f"16-byte multiples for the tensor-memory loads), got D = {D}")
     if not (q.device == k.device == v.device):
         raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
-    interp = interpreting(q.device)
-    _check_device(q, interp, "the FP8 kernels")
+    check_kernel_device(q, interp, "the FP8 kernels run", "flashattn.fp8.reference_fp8")
     _check_arch(q.device, interp)
     _check_grad(q, k, v)
     qd, kd, vd = (_descale_tensor(d, n, B, Hkv, q.device) for d, n in
@@ -178,10 +178,6 @@ def _check_grad(*ts):
         raise ValueError("the FP8 forward has no backward (FP8 training is out of scope): "
                          "call it under torch.no_grad() or on detached tensors, or train with "
                          "fp16/bf16 inputs")
-
-
-def _check_device(t, interp, what):
-    check_kernel_device(t, interp, f"{what} run", "flashattn.fp8.reference_fp8")
 
 
 def _check_arch(device, interp):

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from .contract import check_causal, check_tensors
 from .dispatch import attention_steps, device_arch, expect, interpreting, launch_kernel, on_device
+from .launch import check_like, check_lse_out
 from .kernels import BWD, BWD_ATOMIC, KernelSpec, bwd_configs, bwd_constants, bwd_grid, hinted
 from .config import Config
 
@@ -40,22 +41,14 @@ def check_like_q(q, layout: str = "", **tensors) -> None:
     """Each of ``tensors`` (by name: out, dout, ...) a torch tensor of q's shape, dtype and
     device (any strides). ``layout`` names q's axes in the shape message, e.g. "(total_q, Hq,
     D)". Raises TypeError/ValueError naming the tensor and the problem."""
-    import torch
     for name, t in tensors.items():
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if tuple(t.shape) != tuple(q.shape):
-            raise ValueError(f"{name} must have the shape of q {tuple(q.shape)}"
-                             f"{' ' + layout if layout else ''}, got {tuple(t.shape)}")
-        if t.dtype != q.dtype:
-            raise TypeError(f"{name} must have q's dtype {q.dtype}, got {t.dtype}")
-        if t.device != q.device:
-            raise ValueError(f"{name} is on {t.device}, q on {q.device}: one device")
+        check_like(name, t, shape=q.shape, dtype=q.dtype, device=q.device,
+                   shape_is=f"the shape of q {tuple(q.shape)}{' ' + layout if layout else ''}",
+                   dtype_is=f"have q's dtype {q.dtype}")
 
 
 def check_backward_tensors(q, out, dout, lse) -> None:
     """out and dout of q's shape, dtype and device; lse a float32 (B, Hq, Nq) tensor there."""
-    from .launch import check_lse_out
     check_like_q(q, out=out, dout=dout)
     check_lse_out(q, lse, contiguous=False)      # the forward's LSE; copied if not contiguous
 
