@@ -124,8 +124,9 @@ def _check_fp8_cache(q, k_cache, v_cache, cache_seqlens, block_table, scale, che
         raise TypeError(f"q has dtype {q.dtype}; decoding over an fp8 cache takes float16 or "
                         "bfloat16 queries")
     if _dtype_name(k_cache) not in DECODE_FP8_DTYPES or k_cache.dtype != v_cache.dtype:
-        raise TypeError(f"k_cache and v_cache must share one fp8 dtype (float8_e4m3fn or "
-                        f"float8_e5m2), got {k_cache.dtype} and {v_cache.dtype}")
+        raise TypeError(f"k_cache and v_cache must share one fp8 dtype "
+                        f"({' or '.join(DECODE_FP8_DTYPES)}), got {k_cache.dtype} and "
+                        f"{v_cache.dtype}")
     if v_transposed:
         _check_v_transposed(k_cache, v_cache, block_table)
     # The shape, table and length rules of decode, checked on a stand-in query of the caches'

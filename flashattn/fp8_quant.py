@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import math
 
-from .kernels.fp8_fwd_spec import FP8_DTYPES
 
 __all__ = ["quantize_fp8", "dequantize_fp8", "incoherent", "hadamard_rotation", "is_fp8",
            "FP8_MAX", "FP8_ARCHS"]
 
+# The largest finite value of each fp8 dtype the quantiser writes (its keys: the dtypes).
 FP8_MAX = {"float8_e4m3fn": 448.0, "float8_e5m2": 57344.0}
 # FP8 tensor cores: Ada (sm_89), Hopper (sm_90), Blackwell (sm_100, sm_103, sm_120, ...).
 FP8_ARCHS = ("sm_89", "sm_90", "sm_100", "sm_103", "sm_110", "sm_120", "sm_121")
@@ -34,7 +34,7 @@ def _name(dtype) -> str:
 
 def is_fp8(t) -> bool:
     """A torch tensor of float8_e4m3fn or float8_e5m2."""
-    return _name(getattr(t, "dtype", "")) in FP8_DTYPES
+    return _name(getattr(t, "dtype", "")) in FP8_MAX
 
 
 def quantize_fp8(x, *, num_kv_heads: int | None = None, dtype=None, margin: float = 1.0,
@@ -66,8 +66,9 @@ def quantize_fp8(x, *, num_kv_heads: int | None = None, dtype=None, margin: floa
     if not x.is_floating_point() or is_fp8(x):
         raise TypeError(f"x must be fp16, bf16 or fp32 to quantise, got {x.dtype}")
     dtype = torch.float8_e4m3fn if dtype is None else dtype
-    if _name(dtype) not in FP8_DTYPES:
-        raise ValueError(f"dtype must be torch.float8_e4m3fn or torch.float8_e5m2, got {dtype}")
+    if _name(dtype) not in FP8_MAX:
+        raise ValueError(f"dtype must be {' or '.join('torch.' + n for n in FP8_MAX)}, "
+                         f"got {dtype}")
     if not isinstance(v_transposed, bool):
         raise TypeError(f"v_transposed must be a bool, got {type(v_transposed).__name__}")
     if not (isinstance(margin, (int, float)) and math.isfinite(margin) and margin >= 1):
