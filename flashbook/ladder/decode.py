@@ -53,8 +53,9 @@ import cuda.tile as ct
 
 from flashattn.kernels.common import (INV_LOG_2, ConstBool, ConstInt, mask_scores, merge_lse,
                                      online_softmax_update)
-from flashattn.kernels.splitkv import (finalize, merge_splits, page_of, query_positions,
-                                      sequence_length, split_tiles, store_split)
+from flashattn.kernels.splitkv import (combine_program, finalize, merge_splits, page_of,
+                                      query_positions, sequence_length, split_program,
+                                      split_tiles, store_split)
 
 # q rows are scaled so their largest |value| lands here (V_TRANSPOSED): e4m3's largest finite
 # value (e5m2 holds it too, with the same relative spacing of its values).
@@ -173,13 +174,7 @@ def decode_split_kernel(Q, K, V, BlockTable, SeqLens, KDescale, VDescale, Opart,
     (one split): the program writes ``Out`` and leaves Opart and Lse alone; otherwise the
     reverse. KV_FP8, V_TRANSPOSED, SLICE_D, P_SHIFT: the cache's arithmetic (module docstring).
     """
-    bid_m = ct.bid(0)
-    split = ct.bid(1)
-    bh = ct.bid(2)
-    num_splits = ct.num_blocks(1)
-    num_kv_heads = K.shape[1]
-    batch_idx = bh // num_kv_heads
-    kv_head = bh % num_kv_heads
+    bid_m, split, num_splits, bh, batch_idx, kv_head = split_program(K.shape[1])
     if KV_FP8:
         k_ds = ct.gather(KDescale, (batch_idx, kv_head), padding_value=1.0).item()
         v_scale = ct.gather(VDescale, (batch_idx, kv_head), padding_value=1.0).item()
@@ -259,11 +254,7 @@ def decode_combine_kernel(Opart, Lse, Out, TILE_M: ConstInt, TILE_D: ConstInt, P
     if PDL:
         # E27 (off): launched as a programmatic dependent of the split kernel.
         ct.grid_dependency_control_wait()
-    bid_m = ct.bid(0)
-    bh = ct.bid(1)
-    num_kv_heads = Out.shape[1]
-    batch_idx = bh // num_kv_heads
-    kv_head = bh % num_kv_heads
+    bid_m, bh, batch_idx, kv_head = combine_program(Out.shape[1])
     out = merge_splits(Opart, Lse, bh, bid_m, TILE_M, TILE_D)       # [TILE_M, TILE_D]
     out = out.reshape((1, 1, TILE_M, TILE_D)).astype(Out.dtype)
     ct.store(Out, index=(batch_idx, kv_head, bid_m, 0), tile=out)
@@ -287,12 +278,8 @@ def decode_combine_row_kernel(Opart, Lse, Out, TILE_D: ConstInt, TILE_S: ConstIn
     if PDL:
         # E27 (off): launched as a programmatic dependent of the split kernel.
         ct.grid_dependency_control_wait()
-    row = ct.bid(0)
-    bh = ct.bid(1)
+    row, bh, batch_idx, kv_head = combine_program(Out.shape[1])
     num_splits = Opart.shape[0]
-    num_kv_heads = Out.shape[1]
-    batch_idx = bh // num_kv_heads
-    kv_head = bh % num_kv_heads
 
     m = ct.full((1, 1), -math.inf, dtype=ct.float32)                 # running max of lse_s
     l = ct.full((1, 1), 0.0, dtype=ct.float32)                       # sum of 2^(lse_s - m)
