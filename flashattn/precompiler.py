@@ -31,6 +31,7 @@ compiled kernel (configuration, kernel, constants, seconds, error).
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
 
 __all__ = ["precompile", "enumerate_kernels", "OPS", "LENGTHS", "BATCHES"]
 
@@ -126,7 +127,7 @@ def enumerate_kernels(config, *, arch: str = "sm_90", lengths=LENGTHS, batches=B
             seen.add(ident)
             out.append(dict(key, grid=tuple(grid), args=tuple(args)))
         return True                                     # record only
-    with interpret.enabled(arch), torch.no_grad() if "backward" not in c["op"] else _null():
+    with interpret.enabled(arch), torch.no_grad() if "backward" not in c["op"] else nullcontext():
         _RECORDERS.append(keep)
         try:
             for b in batches:
@@ -135,14 +136,6 @@ def enumerate_kernels(config, *, arch: str = "sm_90", lengths=LENGTHS, batches=B
         finally:
             _RECORDERS.remove(keep)
     return out
-
-
-class _null:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *a):
-        return False
 
 
 def jit_signature(kernel, args):

@@ -22,6 +22,7 @@ from flashattn.kernels import (BWD, BWD_CONFIGS, SPECS, KernelContractError, bwd
 from flashattn.launch_bwd import backward_launches, check_backward_tensors
 from flashbook.steps import ARCHS, Config
 from test_backward_gpu import reference, torch_same_precision
+from scripts import load
 
 pytestmark = pytest.mark.usefixtures("one_thread")   # tests/conftest.py: many small products
 
@@ -388,16 +389,13 @@ def test_the_interpreter_catches_a_missing_padding_mode(mutation, tmp_path):
     """The kernel file with one ``padding_mode=ct.PaddingMode.ZERO`` taken out, run through
     the interpreter on ragged lengths, gives NaN gradients (or an InterpreterError); the
     unmutated kernels on the same inputs are exact (test_kernels_on_the_interpreter)."""
-    import importlib.util
     src = KERNEL_FILE.read_text()
     old = MUTATIONS[mutation]
     assert src.count(old) == 1, f"the load of {mutation!r} is not in {KERNEL_FILE} as written"
     path = tmp_path / f"fmha_bwd_{mutation.replace('-', '_')}.py"
     path.write_text(src.replace(old, _without_padding(old)))
     interpret.install_shim()                              # no cuda.tile: the interpreter's
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    mutant = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mutant)
+    mutant = load(path, path.stem)
     B, Hq, Hkv, Nq, Nk, D = 1, 2, 1, 45, 37, 32           # ragged tiles; D == TILE_D
     q, k, v, dout = fp16_inputs(B, Hq, Hkv, Nq, Nk, D, seed=3)
     kw = dict(causal=False, scale=0.2, input_pos=0, configs={"bwd_dkdv": Config(16, 16),

@@ -24,6 +24,7 @@ from flashbook.ladder import emulate as E
 from flashattn.kernels import fmha_constants, fmha_grid, fmha_spec
 from flashbook.steps import Config, get_step
 from flashbook.ladder import LADDER
+from scripts import load
 
 pytestmark = pytest.mark.usefixtures("one_thread")   # tests/conftest.py
 
@@ -176,9 +177,7 @@ def probe(tmp_path):
     path = tmp_path / "fmha_probe.py"
     path.write_text(src + PROBE)
     interpret.install_shim()
-    spec = importlib.util.spec_from_file_location("fmha_probe", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load(path, "fmha_probe")
     return mod
 
 

@@ -5,7 +5,6 @@ GPU at a recorded seqlen, record --quick without --out, and note_tables reading 
 
 All on a CPU, fast: nothing here compiles or launches a kernel (the compile test fails before
 compile_step, which is replaced by one that fails the test if it is reached)."""
-import importlib.util
 import json
 import os
 import subprocess
@@ -25,6 +24,7 @@ from flashbook.data import results
 from flashbook.data.schema import read_json
 from flashbook.measure import ncu as P
 from flashbook.measure import record
+from scripts import load
 
 REPO = Path(__file__).resolve().parents[1]
 BAD_HEAD_DIMS = (0, -8, 257, 512)
@@ -366,10 +366,7 @@ def test_note_tables_backward_has_the_recorded_rows():
     if not results.json_docs(folder):
         pytest.skip("no recorded backward documents")
     assert not list(folder.glob("*.json")) or list(folder.glob("*.json.xz"))
-    spec = importlib.util.spec_from_file_location("experiments_note_tables",
-                                                  REPO / "experiments" / "note_tables.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load(REPO / "experiments" / "note_tables.py", "experiments_note_tables")
     table = mod.backward(None).splitlines()
     assert len(table) > 2                                  # header, rule, and rows
     names = {line.split("|")[1].strip() for line in table[2:]}

@@ -1,7 +1,6 @@
 """The scripts in experiments/ on a CPU: sweep.py with a stand-in for the benchmark,
 readme_figure.py on the recorded data, tile_grid.py with a stand-in compiler (and, marked
 slow, with the real one on a one-kernel grid)."""
-import importlib.util
 import json
 from pathlib import Path
 
@@ -9,15 +8,13 @@ import pytest
 
 from flashbook.data import results
 from flashbook.data.schema import ROW_FIELDS, add_derived, make_row
+from scripts import load
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def _script(name):
-    spec = importlib.util.spec_from_file_location(f"experiments_{name}",
-                                                  REPO / "experiments" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load(REPO / "experiments" / f"{name}.py", f"experiments_{name}")
     return mod
 
 

@@ -16,6 +16,7 @@ flash-attn's own shapes (the ``*_gpu`` tests). A case flashattn does not support
 """
 import itertools
 import math
+from contextlib import nullcontext
 
 import pytest
 import torch
@@ -150,24 +151,17 @@ def check(out, ref, pt, mult, atol=0.0, what="output"):
 
 
 def _ctx(device):
-    return flashattn.interpret.enabled() if device == "cpu" else _nullctx()
-
-
-class _nullctx:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *a):
-        return False
+    return flashattn.interpret.enabled() if device == "cpu" else nullcontext()
 
 
 def _heads(mha_type, nheads):
     return nheads if mha_type == "mha" else (1 if mha_type == "mqa" else 2)
 
 
-# --- test_flash_attn_output ----------------------------------------------------------------
-def run_output(seqlen_q, seqlen_k, d, dropout_p, causal, local, alibi, deterministic, mha_type,
-               dtype, kvpacked, softcap, device, batch_size, nheads):
+def _output_setup(seqlen_q, seqlen_k, d, dropout_p, local, mha_type, dtype, softcap, device,
+                  batch_size, nheads):
+    """flash-attn's output tests' common start: the skip, the seed, the heads, the window and
+    q (scaled up under softcap), drawn in flash-attn's order."""
     if softcap > 0.0 and dropout_p > 0.0:
         pytest.skip("Softcap and dropout not supported together (as flash-attn)")
     torch.random.manual_seed(0)
@@ -177,6 +171,15 @@ def run_output(seqlen_q, seqlen_k, d, dropout_p, causal, local, alibi, determini
     q = torch.randn(batch_size, seqlen_q, nheads, d, device=device, dtype=dtype)
     if softcap > 0:
         q = q * softcap
+    return nheads, nheads_k, window, q
+
+
+# --- test_flash_attn_output ----------------------------------------------------------------
+def run_output(seqlen_q, seqlen_k, d, dropout_p, causal, local, alibi, deterministic, mha_type,
+               dtype, kvpacked, softcap, device, batch_size, nheads):
+    nheads, nheads_k, window, q = _output_setup(seqlen_q, seqlen_k, d, dropout_p, local,
+                                                mha_type, dtype, softcap, device, batch_size,
+                                                nheads)
     q = q.detach().requires_grad_()
     if kvpacked:
         kv = torch.randn(batch_size, seqlen_k, 2, nheads_k, d, device=device, dtype=dtype,
@@ -310,15 +313,9 @@ def test_flash_attn_causal_gpu(seqlen_q, seqlen_k, swap_sq_sk, d, local, dtype):
 # --- test_flash_attn_varlen_output --------------------------------------------------------------
 def run_varlen_output(seqlen_q, seqlen_k, d, dropout_p, causal, local, alibi, mha_type, dtype,
                       softcap, device, batch_size, nheads):
-    if softcap > 0.0 and dropout_p > 0.0:
-        pytest.skip("Softcap and dropout not supported together (as flash-attn)")
-    torch.random.manual_seed(0)
-    nheads = nheads if softcap == 0.0 else max(2, nheads - 2)
-    nheads_k = _heads(mha_type, nheads)
-    window = (-1, -1) if not local else torch.randint(0, seqlen_k, (2,))
-    q = torch.randn(batch_size, seqlen_q, nheads, d, device=device, dtype=dtype)
-    if softcap > 0:
-        q = q * softcap
+    nheads, nheads_k, window, q = _output_setup(seqlen_q, seqlen_k, d, dropout_p, local,
+                                                mha_type, dtype, softcap, device, batch_size,
+                                                nheads)
     k = torch.randn(batch_size, seqlen_k, nheads_k, d, device=device, dtype=dtype)
     v = torch.randn(batch_size, seqlen_k, nheads_k, d, device=device, dtype=dtype)
     qm = padding_mask(seqlen_q, batch_size, device)

@@ -1,20 +1,19 @@
 """experiments/fp8_decode_v2.py (E32): the FP8-MMA decode variants run end to end on the CPU
 (``time --dry-run``: tiny shapes through the interpreter, fake timing), every row checked against
 its reference before it is timed; the script the lead runs on the H200."""
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
+
+from scripts import load
 
 torch = pytest.importorskip("torch")
 
 
 def _load():
     path = Path(__file__).resolve().parents[1] / "experiments" / "fp8_decode_v2.py"
-    spec = importlib.util.spec_from_file_location("fp8_decode_v2_test", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load(path, "fp8_decode_v2_test")
     return mod
 
 

@@ -22,6 +22,7 @@ from flashattn.interpret import tile as T
 from flashbook.steps import get_step
 
 from criteria import assert_close_to_reference
+from scripts import load
 
 HAVE_CT = importlib.util.find_spec("cuda.tile") is not None
 ROOT = Path(__file__).resolve().parents[1]
@@ -362,9 +363,7 @@ def _mutant(tmp_path, name, old, new, step):
     assert src.count(old) >= 1, f"the kernel no longer holds the text to mutate for {name!r}"
     path = tmp_path / f"fmha_mutant_{abs(hash(name))}.py"
     path.write_text(src.replace(old, new))                             # every occurrence
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load(path, path.stem)
     return mod.fmha_kernel
 
 

@@ -1,11 +1,12 @@
 """experiments/mla_bench.py on the CPU: its --dry-run runs every path of the H200 script (the
 inputs, the SDPA probe, FlexAttention eagerly, the FP8 row, the JSON) through the interpreter at
 tiny shapes, so the GPU run is known to work up to the GPU itself."""
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
+
+from scripts import load
 
 torch = pytest.importorskip("torch")
 
@@ -13,10 +14,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("experiments_mla_bench",
-                                                  REPO / "experiments" / "mla_bench.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load(REPO / "experiments" / "mla_bench.py", "experiments_mla_bench")
     return mod
 
 

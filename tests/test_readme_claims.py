@@ -3,20 +3,18 @@
 found five README sentences the data no longer said). CPU only, a few seconds."""
 from __future__ import annotations
 
-import importlib.util
 import re
 from pathlib import Path
 
 import pytest
 
+from scripts import load
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _claims_module():
-    spec = importlib.util.spec_from_file_location("readme_claims",
-                                                  ROOT / "experiments" / "readme_claims.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load(ROOT / "experiments" / "readme_claims.py", "readme_claims")
     return mod
 
 

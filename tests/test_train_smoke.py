@@ -1,7 +1,6 @@
 """experiments/train_gpt.py on a CPU: the data set is deterministic, the smoke run trains with
 SDPA and writes its curves, the flashattn wiring of the model traces on the meta device
 (forward and backward through the autograd operator), and bad options are refused."""
-import importlib.util
 import json
 import math
 from pathlib import Path
@@ -9,14 +8,14 @@ from pathlib import Path
 import pytest
 import torch
 
+from scripts import load
+
 PATH = Path(__file__).resolve().parents[1] / "experiments" / "train_gpt.py"
 
 
 @pytest.fixture(scope="module")
 def tg():
-    spec = importlib.util.spec_from_file_location("train_gpt", PATH)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load(PATH, "train_gpt")
     return mod
 
 

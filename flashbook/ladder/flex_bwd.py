@@ -11,7 +11,7 @@ import math
 import cuda.tile as ct
 
 from flashattn.kernels.common import INV_LOG_2, ConstBool, ConstInt, mask_scores
-from flashattn.kernels.flex import block_count, listed_block, mod_callers
+from flashattn.kernels.flex import block_count, listed_block, mask_row, mod_callers
 
 
 def make_flex_bwd_kernels_mn(score_fn=None, grad_fn=None, mask_fn=None):
@@ -79,9 +79,7 @@ def make_flex_bwd_kernels_mn(score_fn=None, grad_fn=None, mask_fn=None):
         q_seqlen = Q.shape[2]
         if HAS_BLOCKS:
             qb = bid_x // Q_TILES_PER_BLOCK
-            mb = batch_idx * mask_bmul
-            mh = head_idx * mask_hmul
-            n_part = block_count(KvNum, mb, mh, qb)
+            mb, mh, n_part = mask_row(KvNum, batch_idx, head_idx, qb, mask_bmul, mask_hmul)
             if HAS_FULL:
                 n_full = block_count(FullNum, mb, mh, qb)
             else:
@@ -148,9 +146,7 @@ def make_flex_bwd_kernels_mn(score_fn=None, grad_fn=None, mask_fn=None):
         for g in range(0, group_size):
             head_idx = kv_head * group_size + g
             if HAS_BLOCKS:
-                mb = batch_idx * mask_bmul
-                mh = head_idx * mask_hmul
-                n_part = block_count(QNum, mb, mh, kb)
+                mb, mh, n_part = mask_row(QNum, batch_idx, head_idx, kb, mask_bmul, mask_hmul)
                 if HAS_FULL:
                     n_full = block_count(FullQNum, mb, mh, kb)
                 else:
