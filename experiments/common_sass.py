@@ -125,6 +125,19 @@ def _fp8(case):
     return got[0]
 
 
+def sass_row(arch, name, label, r):
+    """One compiled kernel's row (``aot.KernelReport`` r): registers, stack, shared memory, SASS
+    lines, the opcode histogram and a hash of the SASS text; printed as it comes."""
+    text = "\n".join(x for x in getattr(r, "sass_text", "").splitlines() if "Function :" not in x)
+    row = dict(arch=arch, kernel=name, case=label, err=r.error[:200], reg=r.registers,
+               stack=r.stack_bytes, shared=r.shared_bytes, lines=r.sass_lines,
+               hist=histogram(text), sha=hashlib.sha256(text.encode()).hexdigest()[:16],
+               compile_s=round(r.compile_s, 1))
+    print(json.dumps({k: row[k] for k in ("arch", "kernel", "case", "reg", "stack", "shared",
+                                          "lines", "sha", "compile_s", "err")}), flush=True)
+    return row
+
+
 def run(out, only=None, kernel=None):
     from flashattn.aot import compile_spec
     rows = []
@@ -134,14 +147,7 @@ def run(out, only=None, kernel=None):
     for arch, name, label, fn in todo + list(extra_cases(only)):
         if kernel and name not in kernel.split(","):
             continue
-        r = fn()
-        text = "\n".join(x for x in getattr(r, "sass_text", "").splitlines() if "Function :" not in x)
-        row = dict(arch=arch, kernel=name, case=label, err=r.error[:200], reg=r.registers,
-                   stack=r.stack_bytes, shared=r.shared_bytes, lines=r.sass_lines,
-                   hist=histogram(text), sha=hashlib.sha256(text.encode()).hexdigest()[:16],
-                   compile_s=round(r.compile_s, 1))
-        rows.append(row)
-        print(json.dumps({k: row[k] for k in ("arch", "kernel", "case", "reg", "stack", "shared", "lines", "sha", "compile_s", "err")}), flush=True)
+        rows.append(sass_row(arch, name, label, fn()))
         json.dump(rows, open(out, "w"), indent=1)
 
 

@@ -2,10 +2,10 @@
 on sm_90, sm_100 and sm_120, to compare a refactor's before and after (no GPU: tileiras and
 cuobjdump). Runs against whichever flashattn is on PYTHONPATH, old layout or new.
 python experiments/library_sass.py OUT.json; python experiments/library_sass.py --diff A.json B.json"""
-import hashlib, json, sys
+import json, sys
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from common_sass import diff, histogram  # noqa: E402
+from common_sass import diff, sass_row  # noqa: E402
 
 ARCHS = ("sm_90", "sm_100", "sm_120")
 
@@ -54,14 +54,7 @@ def run(out, only=None):
             continue
         r = compile_spec(spec, arch, c, hints=hints, dtype=dtype, align=16 if dtype == "bfloat16" else 8,
                          label=label, keep_sass=True, use_cache=False)
-        text = "\n".join(x for x in getattr(r, "sass_text", "").splitlines() if "Function :" not in x)
-        row = dict(arch=arch, kernel=name, case=label, err=r.error[:200], reg=r.registers,
-                   stack=r.stack_bytes, shared=r.shared_bytes, lines=r.sass_lines,
-                   hist=histogram(text), sha=hashlib.sha256(text.encode()).hexdigest()[:16],
-                   compile_s=round(r.compile_s, 1))
-        rows.append(row)
-        print(json.dumps({k: row[k] for k in ("arch", "kernel", "case", "reg", "stack", "shared",
-                                              "lines", "sha", "compile_s", "err")}), flush=True)
+        rows.append(sass_row(arch, name, label, r))
         json.dump(rows, open(out, "w"), indent=1)
 
 
