@@ -2,6 +2,10 @@
 # The H200 call of 2026-12-04 (E39): MLA decode at DeepSeek-V3's shape, the GPU tests of the
 # merged tree's new and changed paths, the backward candidates, first-call latency, the flex dQ
 # error. Each part has its own limit (the call's is 600 s); files straight under $1.
+# Carry: main's tracked files (17.8 MiB of blocks) and .gpu (~54-56 MiB) exceed 64 MiB. Run from a
+# throwaway branch without what this call does not read (none of it reads results/ or
+# experiments/data/): git checkout -b gpu-run && git rm -rq notebooks book results
+# experiments/data && git commit -m "gpu-run only" (4.0 MiB of blocks), carry .gpu and .whl.
 set -uo pipefail
 out=${1:?output folder}
 python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/cutile-site \
